@@ -1,0 +1,207 @@
+//! The domain: tenants, subscriptions, events, deliveries and their attempts.
+
+mod ids;
+mod parse;
+
+pub use ids::{DeliveryId, EventId, SubscriptionId, TenantId};
+pub use parse::{Email, EndpointUrl, EventType, EventTypeFilter, Secret};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::policy::{RetryPolicy, Seconds};
+
+/// One customer account.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tenant {
+    pub id: TenantId,
+    pub name: String,
+    /// Who is told when a delivery dies, unless the subscription names someone else.
+    pub owner_email: Email,
+    /// Seed 002's `webhook_retries` rollout flag: off, a failed first attempt is final.
+    pub retries_enabled: bool,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubscriptionStatus {
+    Active,
+    Disabled,
+}
+
+/// How long a rotated-out secret still signs, so consumers can switch without a gap.
+pub const SECRET_ROTATION_GRACE_HOURS: i64 = 24;
+/// The default total timeout of one delivery attempt.
+pub const DEFAULT_TIMEOUT_MS: u32 = 10_000;
+pub const MAX_TIMEOUT_MS: u32 = 30_000;
+
+/// An endpoint and the events it wants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Subscription {
+    pub id: SubscriptionId,
+    pub tenant_id: TenantId,
+    pub url: EndpointUrl,
+    pub event_types: Vec<EventTypeFilter>,
+    /// The current signing secret.
+    pub secret: Secret,
+    /// The secret before the last rotation, still signing until `previous_secret_expires_at`.
+    pub previous_secret: Option<Secret>,
+    pub previous_secret_expires_at: Option<DateTime<Utc>>,
+    pub retry_policy: RetryPolicy,
+    pub timeout_ms: u32,
+    pub status: SubscriptionStatus,
+    /// Why it was disabled, when Hookwise disabled it (an endpoint answering 410).
+    pub disabled_reason: Option<String>,
+    pub owner_email: Option<Email>,
+    pub description: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl Subscription {
+    pub fn wants(&self, event_type: &EventType) -> bool {
+        self.status == SubscriptionStatus::Active && self.event_types.iter().any(|f| f.matches(event_type))
+    }
+
+    /// The secrets that sign a message sent at `now`: the current one, and the previous one
+    /// during its grace period.
+    pub fn signing_secrets(&self, now: DateTime<Utc>) -> Vec<Secret> {
+        let mut secrets = vec![self.secret.clone()];
+        if let (Some(prev), Some(until)) = (&self.previous_secret, self.previous_secret_expires_at) {
+            if now < until {
+                secrets.push(prev.clone());
+            }
+        }
+        secrets
+    }
+}
+
+/// An event as a service handed it to Hookwise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    pub id: EventId,
+    pub tenant_id: TenantId,
+    pub event_type: EventType,
+    /// A JSON object.
+    pub payload: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+    pub idempotency_key: Option<String>,
+}
+
+impl Event {
+    /// The body a subscriber receives.
+    pub fn envelope(&self) -> serde_json::Value {
+        serde_json::json!({
+            "id": self.id,
+            "type": self.event_type,
+            "timestamp": self.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+            "data": self.payload,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeliveryStatus {
+    /// No attempt made yet (or replayed and waiting for its fresh first attempt).
+    Pending,
+    /// At least one attempt failed; the next is scheduled.
+    Retrying,
+    Delivered,
+    Dead,
+}
+
+impl DeliveryStatus {
+    pub const ALL: [DeliveryStatus; 4] = [Self::Pending, Self::Retrying, Self::Delivered, Self::Dead];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Retrying => "retrying",
+            Self::Delivered => "delivered",
+            Self::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Self, crate::error::ValidationError> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s).ok_or_else(|| {
+            crate::error::ValidationError::new(
+                "invalid_status",
+                format!("unknown delivery status `{s}`: use pending, retrying, delivered or dead"),
+            )
+        })
+    }
+
+    /// Delivered and dead change only through replay.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Delivered | Self::Dead)
+    }
+}
+
+/// One event going to one subscription.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delivery {
+    pub id: DeliveryId,
+    pub tenant_id: TenantId,
+    pub event_id: EventId,
+    pub subscription_id: SubscriptionId,
+    /// Copied from the event so listings need no second read.
+    pub event_type: EventType,
+    pub status: DeliveryStatus,
+    /// Starts at 0; each replay starts a new round with a fresh attempt #1.
+    pub round: u32,
+    /// Attempts made in this round.
+    pub attempts: u32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// The delay waited before the latest retry (decorrelated jitter needs it).
+    pub last_delay_seconds: Option<Seconds>,
+    pub last_status_code: Option<u16>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The largest response excerpt kept with an attempt.
+pub const EXCERPT_LIMIT: usize = 4096;
+
+/// Cut a response body to [`EXCERPT_LIMIT`] bytes on a character boundary.
+pub fn excerpt(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&body[..body.len().min(EXCERPT_LIMIT)]);
+    let mut end = text.len().min(EXCERPT_LIMIT);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].to_owned()
+}
+
+/// The record of one attempt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attempt {
+    pub delivery_id: DeliveryId,
+    pub round: u32,
+    /// From 1.
+    pub attempt: u32,
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: u64,
+    pub status_code: Option<u16>,
+    /// Set when the attempt got no HTTP status: `timeout: ...`, `connect: ...`, `blocked: ...`.
+    pub error: Option<String>,
+    pub response_excerpt: Option<String>,
+    /// When the next attempt is due, if there is one.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn excerpt_is_cut_at_four_kilobytes_on_a_character_boundary() {
+        let body = "é".repeat(3000); // 6000 bytes
+        let cut = excerpt(body.as_bytes());
+        assert!(cut.len() <= EXCERPT_LIMIT);
+        assert!(cut.chars().all(|c| c == 'é'));
+        assert_eq!(excerpt(b"short"), "short");
+    }
+}

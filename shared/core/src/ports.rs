@@ -1,0 +1,235 @@
+//! The ports: what the services need from the outside world, in domain types only.
+//! SQLite (`hookwise-local`) and AWS (`hookwise-aws`) implement them; tests use the
+//! in-memory ones in `testing`.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::PortError;
+use crate::health::EndpointHealth;
+use crate::model::*;
+use crate::policy::Seconds;
+
+pub type PortResult<T> = Result<T, PortError>;
+
+/// What `Store::create_event` did.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Created {
+    New,
+    /// The tenant already had an event with this idempotency key: nothing was written.
+    Existing(EventId),
+}
+
+/// The state a conditional change expects to find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expected {
+    pub status: DeliveryStatus,
+    pub round: u32,
+    pub attempts: u32,
+}
+
+impl Expected {
+    pub fn of(d: &Delivery) -> Self {
+        Self { status: d.status, round: d.round, attempts: d.attempts }
+    }
+
+    pub fn holds_for(&self, d: &Delivery) -> bool {
+        *self == Self::of(d)
+    }
+}
+
+/// A delivery's move to a new state, applied only if it is still as `expected`, together
+/// with the record of the attempt that caused it (if any). A stale or duplicate message
+/// finds the delivery changed and gets `PortError::ConditionFailed`: it cannot move a
+/// delivery backwards or record the same attempt twice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeliveryChange {
+    pub expected: Expected,
+    /// The whole new state (same id, tenant, event and subscription).
+    pub next: Delivery,
+    pub attempt: Option<Attempt>,
+}
+
+/// Filters for a tenant's deliveries, newest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeliveryQuery {
+    pub status: Option<DeliveryStatus>,
+    pub subscription_id: Option<SubscriptionId>,
+    pub limit: u32,
+    /// Opaque: the `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeliveryPage {
+    pub items: Vec<Delivery>,
+    pub next_cursor: Option<String>,
+}
+
+/// Durable state: tenants, subscriptions, events, deliveries, attempts, endpoint health.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// `api_key_hash` is [`crate::auth::hash_api_key`] of the tenant's key; keys are never stored.
+    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> PortResult<()>;
+    async fn tenant_by_api_key(&self, api_key_hash: &str) -> PortResult<Option<Tenant>>;
+    async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>>;
+
+    /// Create or replace.
+    async fn put_subscription(&self, sub: &Subscription) -> PortResult<()>;
+    async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>>;
+    /// Oldest first.
+    async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>>;
+    /// `false` if there was none.
+    async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool>;
+
+    /// Write the event and its deliveries together, all or nothing. An event whose
+    /// idempotency key the tenant already used writes nothing.
+    async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created>;
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>>;
+    async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>>;
+
+    /// By id alone: the worker reads deliveries named in queue messages.
+    async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>>;
+    async fn list_deliveries(&self, tenant: &TenantId, query: &DeliveryQuery) -> PortResult<DeliveryPage>;
+    /// See [`DeliveryChange`]: `PortError::ConditionFailed` when the delivery moved on.
+    async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()>;
+    /// Every attempt of every round, in the order they were made.
+    async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>>;
+    /// Pending or retrying deliveries whose next attempt was due before `due_before`.
+    async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>>;
+
+    async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth>;
+    async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()>;
+
+    /// `true` the first time it is called for a delivery's round, `false` after: the owner
+    /// hears of each dead delivery once.
+    async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool>;
+}
+
+/// One message on the delivery queue: make this attempt of this delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct DeliveryTask {
+    pub delivery_id: DeliveryId,
+    pub round: u32,
+    pub attempt: u32,
+}
+
+/// The delivery queue and its dead-letter queue.
+#[async_trait]
+pub trait DeliveryQueue: Send + Sync {
+    /// The longest delay a message may carry (SQS: 900 s); later retries go through the
+    /// scheduler table.
+    fn max_delay_seconds(&self) -> u32;
+    /// Each task with its delay in seconds, at most `max_delay_seconds`.
+    async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()>;
+    /// Hand dead deliveries to the dead-letter handler.
+    async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()>;
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct ScheduledTask {
+    pub task: DeliveryTask,
+    pub due: DateTime<Utc>,
+}
+
+/// Retries due later than the queue can delay, kept until they are near.
+#[async_trait]
+pub trait SchedulerTable: Send + Sync {
+    async fn schedule(&self, item: &ScheduledTask) -> PortResult<()>;
+    /// Items due at or before `until`, earliest first.
+    async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>>;
+    async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()>;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutgoingEmail {
+    pub to: Email,
+    pub subject: String,
+    pub text: String,
+}
+
+#[async_trait]
+pub trait Mailer: Send + Sync {
+    async fn send(&self, email: &OutgoingEmail) -> PortResult<()>;
+}
+
+/// One signed POST, ready to go.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookRequest {
+    pub url: EndpointUrl,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+    pub timeout: Duration,
+}
+
+/// Why an attempt got no HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SendErrorKind {
+    Timeout,
+    Connect,
+    /// The SSRF guard refused the resolved address.
+    Blocked,
+    Other,
+}
+
+impl SendErrorKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::Connect => "connect",
+            Self::Blocked => "blocked",
+            Self::Other => "error",
+        }
+    }
+}
+
+/// What happened to one POST.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SendOutcome {
+    pub status_code: Option<u16>,
+    pub error: Option<(SendErrorKind, String)>,
+    /// At most [`crate::model::EXCERPT_LIMIT`] bytes of the response body.
+    pub response_excerpt: Option<String>,
+    pub duration_ms: u64,
+    /// `Retry-After` in seconds, when a 429 or 503 carried one.
+    pub retry_after: Option<Seconds>,
+}
+
+impl SendOutcome {
+    pub fn is_success(&self) -> bool {
+        self.status_code.is_some_and(|s| (200..300).contains(&s))
+    }
+
+    /// The error as it is recorded: `timeout: ...`, or `HTTP 503`.
+    pub fn describe(&self) -> String {
+        match (&self.error, self.status_code) {
+            (Some((kind, msg)), _) => format!("{}: {}", kind.as_str(), msg),
+            (None, Some(code)) => format!("HTTP {code}"),
+            (None, None) => "no response".into(),
+        }
+    }
+}
+
+/// POSTs webhooks. Never fails as a call: every failure is an outcome to record.
+#[async_trait]
+pub trait Sender: Send + Sync {
+    async fn send(&self, request: WebhookRequest) -> SendOutcome;
+}
+
+pub trait Clock: Send + Sync {
+    fn now(&self) -> DateTime<Utc>;
+}
+
+/// The wall clock.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now()
+    }
+}

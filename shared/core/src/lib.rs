@@ -15,5 +15,8 @@ pub mod model;
 pub mod policy;
 pub mod ports;
 pub mod signing;
+pub mod storm;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use error::{Error, PortError, Result, ValidationError};

@@ -1,0 +1,1 @@
+//! Retry-storm simulation (seed 003). Being written.

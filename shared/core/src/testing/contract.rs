@@ -1,0 +1,1 @@
+//! The contract suite every Store / DeliveryQueue / SchedulerTable implementation passes.

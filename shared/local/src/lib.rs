@@ -1,0 +1,1 @@
+//! Embedded backend. Being written.

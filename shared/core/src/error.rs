@@ -60,11 +60,18 @@ pub enum Error {
     NotFound { what: &'static str, id: String },
     #[error("{0}")]
     Conflict(String),
+    /// No API key, or one that names no tenant.
+    #[error("missing or unknown API key")]
+    Unauthorized,
     #[error(transparent)]
     Port(#[from] PortError),
 }
 
 impl Error {
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::Conflict(message.into())
+    }
+
     pub fn not_found(what: &'static str, id: impl ToString) -> Self {
         Self::NotFound { what, id: id.to_string() }
     }

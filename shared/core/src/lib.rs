@@ -15,6 +15,8 @@ pub mod model;
 pub mod policy;
 pub mod ports;
 pub mod signing;
+pub mod state;
+pub mod services;
 pub mod storm;
 #[cfg(feature = "testing")]
 pub mod testing;

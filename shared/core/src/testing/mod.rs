@@ -2,3 +2,4 @@
 //! every backend must pass. Never used on a production path.
 
 pub mod contract;
+pub mod memory;

@@ -1,0 +1,125 @@
+//! The dead-letter handler: make sure the delivery is dead, then tell its owner once, or in
+//! one digest when many die together (a storm must not become an email storm).
+
+use std::collections::BTreeMap;
+
+use super::Services;
+use crate::error::{PortError, Result};
+use crate::model::*;
+use crate::ports::{DeliveryTask, OutgoingEmail};
+use crate::state::give_up;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeadLetterReport {
+    /// Deliveries told about (in single emails or digests).
+    pub notified: usize,
+    pub emails: usize,
+}
+
+/// One dead delivery with what the email says about it.
+struct Notice {
+    delivery: Delivery,
+    url: String,
+    attempts: Vec<Attempt>,
+}
+
+impl Services {
+    pub async fn handle_dead_letters(&self, tasks: &[DeliveryTask]) -> Result<DeadLetterReport> {
+        let store = &self.ports.store;
+        let mut by_owner: BTreeMap<String, (Email, Vec<Notice>)> = BTreeMap::new();
+        for task in tasks {
+            let Some(mut delivery) = store.get_delivery(&task.delivery_id).await? else { continue };
+            if delivery.round != task.round {
+                continue; // replayed since: this round's death is old news
+            }
+            if let Some(change) = give_up(&delivery, "the delivery handler failed on every redelivery of this message", self.now()) {
+                // A poison message that exhausted the queue's own redrive.
+                match store.apply_change(&change).await {
+                    Ok(()) => delivery = change.next,
+                    Err(PortError::ConditionFailed(_)) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            if delivery.status != DeliveryStatus::Dead || !store.claim_dead_notice(&delivery.id, delivery.round).await? {
+                continue;
+            }
+            let sub = store.get_subscription(&delivery.tenant_id, &delivery.subscription_id).await?;
+            let tenant = store.get_tenant(&delivery.tenant_id).await?;
+            let Some(to) = sub.as_ref().and_then(|s| s.owner_email.clone()).or(tenant.map(|t| t.owner_email)) else {
+                tracing::warn!(delivery_id = %delivery.id, "dead delivery has no owner to tell");
+                continue;
+            };
+            let attempts = store.attempts(&delivery.id).await?.into_iter().filter(|a| a.round == delivery.round).collect();
+            let url = sub.map_or_else(|| "(deleted subscription)".to_owned(), |s| s.url.to_string());
+            by_owner.entry(to.to_string()).or_insert_with(|| (to, Vec::new())).1.push(Notice { delivery, url, attempts });
+        }
+
+        let mut report = DeadLetterReport::default();
+        for (_, (to, notices)) in by_owner {
+            let emails = if notices.len() >= self.config.digest_threshold {
+                vec![self.digest_email(&to, &notices)]
+            } else {
+                notices.iter().map(|n| self.dead_email(&to, n)).collect()
+            };
+            for email in &emails {
+                self.ports.mailer.send(email).await?;
+            }
+            report.notified += notices.len();
+            report.emails += emails.len();
+        }
+        Ok(report)
+    }
+
+    fn replay_hint(&self, d: &Delivery) -> String {
+        format!(
+            "  Replay it from the dashboard ({api}/dashboard), or:\n  curl -X POST -H \"Authorization: Bearer $HOOKWISE_API_KEY\" {api}/v1/deliveries/{id}/replay\n",
+            api = self.config.public_api_url.trim_end_matches('/'),
+            id = d.id
+        )
+    }
+
+    fn dead_email(&self, to: &Email, n: &Notice) -> OutgoingEmail {
+        let d = &n.delivery;
+        let mut text = format!(
+            "A webhook could not be delivered and Hookwise has stopped retrying it.\n\n\
+             Event:        {} ({})\nDelivery:     {}\nEndpoint:     {}\nAttempts:     {}\nLast result:  {}\n\nAttempts:\n",
+            d.event_id,
+            d.event_type,
+            d.id,
+            n.url,
+            d.attempts,
+            d.last_error.as_deref().unwrap_or("-"),
+        );
+        for a in &n.attempts {
+            text.push_str(&format!("  #{} at {}: {}\n", a.attempt, a.started_at.to_rfc3339(), attempt_result(a)));
+        }
+        text.push('\n');
+        text.push_str(&self.replay_hint(d));
+        OutgoingEmail { to: to.clone(), subject: format!("[Hookwise] Delivery of {} to {} failed", d.event_type, n.url), text }
+    }
+
+    fn digest_email(&self, to: &Email, notices: &[Notice]) -> OutgoingEmail {
+        let mut text = format!("{} webhook deliveries could not be delivered and Hookwise has stopped retrying them.\n\n", notices.len());
+        for n in notices {
+            let d = &n.delivery;
+            text.push_str(&format!(
+                "- Event {} ({}) to {}: {} attempts, last result {}\n",
+                d.event_id,
+                d.event_type,
+                n.url,
+                d.attempts,
+                d.last_error.as_deref().unwrap_or("-")
+            ));
+            text.push_str(&self.replay_hint(d));
+        }
+        OutgoingEmail { to: to.clone(), subject: format!("[Hookwise] {} webhook deliveries failed", notices.len()), text }
+    }
+}
+
+fn attempt_result(a: &Attempt) -> String {
+    match (&a.error, a.status_code) {
+        (Some(e), _) => e.clone(),
+        (None, Some(code)) => format!("HTTP {code}"),
+        (None, None) => "no response".into(),
+    }
+}

@@ -1,0 +1,173 @@
+//! Deliver one queued attempt, in typed phases: check the message is still due → build the
+//! signed request → send → decide → persist conditionally → hand on (queue, scheduler
+//! table or dead-letter queue).
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+
+use super::Services;
+use crate::error::{PortError, Result};
+use crate::health::{EndpointHealth, HealthSample};
+use crate::model::*;
+use crate::ports::{DeliveryTask, ScheduledTask, WebhookRequest};
+use crate::signing::signature_header;
+use crate::state::{self, after_attempt, decide, give_up, is_due_attempt, AttemptContext, Decision};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum DeliverOutcome {
+    Delivered,
+    Retrying { at: DateTime<Utc> },
+    Dead,
+    /// The delivery had moved on (a duplicate or late message): nothing done.
+    Stale,
+}
+
+/// The headers and body a subscriber receives (Standard Webhooks, plus `Idempotency-Key`).
+pub fn webhook_request(sub: &Subscription, event: &Event, now: DateTime<Utc>) -> WebhookRequest {
+    let body = serde_json::to_vec(&event.envelope()).expect("an envelope of JSON values serialises");
+    let timestamp = now.timestamp();
+    let id = event.id.as_str();
+    WebhookRequest {
+        url: sub.url.clone(),
+        headers: vec![
+            ("content-type".into(), "application/json".into()),
+            ("webhook-id".into(), id.to_owned()),
+            ("webhook-timestamp".into(), timestamp.to_string()),
+            ("webhook-signature".into(), signature_header(&sub.signing_secrets(now), id, timestamp, &body)),
+            ("idempotency-key".into(), id.to_owned()),
+            ("user-agent".into(), concat!("Hookwise/", env!("CARGO_PKG_VERSION")).into()),
+        ],
+        body,
+        timeout: std::time::Duration::from_millis(sub.timeout_ms.into()),
+    }
+}
+
+impl Services {
+    /// Handle a batch of queue messages, `deliver_concurrency` at a time; results in the
+    /// messages' order. An `Err` is an infrastructure failure: redeliver that message.
+    pub async fn deliver_batch(&self, tasks: &[DeliveryTask]) -> Vec<Result<DeliverOutcome>> {
+        futures::stream::iter(tasks).map(|t| self.deliver(t)).buffered(self.config.deliver_concurrency.max(1)).collect().await
+    }
+
+    #[tracing::instrument(skip_all, fields(delivery_id = %task.delivery_id, attempt = task.attempt))]
+    pub async fn deliver(&self, task: &DeliveryTask) -> Result<DeliverOutcome> {
+        let store = &self.ports.store;
+        let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
+            tracing::warn!("queued delivery does not exist; dropping the message");
+            return Ok(DeliverOutcome::Stale);
+        };
+        if !is_due_attempt(&delivery, task) {
+            return self.finish_stale(&delivery, task).await;
+        }
+        let subscription = store.get_subscription(&delivery.tenant_id, &delivery.subscription_id).await?;
+        let event = store.get_event(&delivery.tenant_id, &delivery.event_id).await?;
+        let (sub, event) = match (subscription, event) {
+            (Some(s), Some(e)) if s.status == SubscriptionStatus::Active => (s, e),
+            (Some(_), Some(_)) => return self.abandon(&delivery, task, "the subscription is disabled").await,
+            (None, _) => return self.abandon(&delivery, task, "the subscription was deleted").await,
+            (_, None) => return self.abandon(&delivery, task, "the event no longer exists").await,
+        };
+        let retries_enabled = store.get_tenant(&delivery.tenant_id).await?.is_none_or(|t| t.retries_enabled);
+        let mut health = store.endpoint_health(&sub.id).await?;
+
+        let started_at = self.now();
+        let outcome = self.ports.sender.send(webhook_request(&sub, &event, started_at)).await;
+        let now = self.now();
+        tracing::info!(event_id = %event.id, status = ?outcome.status_code, error = ?outcome.error.as_ref().map(|e| e.0), "attempt made");
+
+        let ctx = AttemptContext {
+            attempt: task.attempt,
+            previous_delay: delivery.last_delay_seconds,
+            health: health.score(now),
+            retries_enabled,
+        };
+        let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
+        let change = after_attempt(&delivery, task.attempt, started_at, &outcome, decision, now);
+        match store.apply_change(&change).await {
+            Ok(()) => {}
+            Err(PortError::ConditionFailed(_)) => return Ok(DeliverOutcome::Stale),
+            Err(e) => return Err(e.into()),
+        }
+        self.record_health(&sub, &mut health, now, outcome.is_success()).await;
+        if outcome.status_code == Some(410) {
+            self.disable_gone(sub).await?;
+        }
+        self.hand_on(&change.next, decision).await
+    }
+
+    /// After the change is stored: queue the next attempt, or hand a dead one on.
+    async fn hand_on(&self, delivery: &Delivery, decision: Decision) -> Result<DeliverOutcome> {
+        match decision {
+            Decision::Delivered => Ok(DeliverOutcome::Delivered),
+            Decision::Retry { at, .. } => {
+                if let Err(err) = self.schedule_attempt(state::next_task(delivery), at).await {
+                    // The delivery is stored as retrying with its due time: the sweep
+                    // re-queues it once overdue, so this message is done either way.
+                    tracing::warn!(error = %err, "scheduling the retry failed; the sweep will pick it up");
+                }
+                Ok(DeliverOutcome::Retrying { at })
+            }
+            Decision::Dead => {
+                // Must not be lost: an error here redelivers the message, and
+                // `finish_stale` sends it on again.
+                self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;
+                Ok(DeliverOutcome::Dead)
+            }
+        }
+    }
+
+    /// On the queue with a delay if the queue can hold it that long, else in the scheduler table.
+    pub(super) async fn schedule_attempt(&self, task: DeliveryTask, at: DateTime<Utc>) -> Result<(), PortError> {
+        let delay_ms = (at - self.now()).num_milliseconds().max(0);
+        let delay = (delay_ms as u64).div_ceil(1000);
+        if delay <= u64::from(self.ports.queue.max_delay_seconds()) {
+            self.ports.queue.enqueue(&[(task, delay as u32)]).await
+        } else {
+            self.ports.scheduler.schedule(&ScheduledTask { task, due: at }).await
+        }
+    }
+
+    /// A message for an attempt already made. If that attempt killed the delivery, the
+    /// dead-letter hand-off may be what failed last time: do it again (the owner is still
+    /// told only once).
+    async fn finish_stale(&self, delivery: &Delivery, task: &DeliveryTask) -> Result<DeliverOutcome> {
+        if delivery.status == DeliveryStatus::Dead && delivery.round == task.round && delivery.attempts == task.attempt {
+            self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;
+        }
+        tracing::debug!(status = delivery.status.as_str(), "stale message");
+        Ok(DeliverOutcome::Stale)
+    }
+
+    /// Dead without an attempt.
+    async fn abandon(&self, delivery: &Delivery, task: &DeliveryTask, reason: &str) -> Result<DeliverOutcome> {
+        let Some(change) = give_up(delivery, reason, self.now()) else { return Ok(DeliverOutcome::Stale) };
+        match self.ports.store.apply_change(&change).await {
+            Ok(()) => {}
+            Err(PortError::ConditionFailed(_)) => return Ok(DeliverOutcome::Stale),
+            Err(e) => return Err(e.into()),
+        }
+        tracing::info!(reason, attempt = task.attempt, "delivery abandoned");
+        self.hand_on(&change.next, Decision::Dead).await
+    }
+
+    /// Health is advisory: failing to save it must not fail the delivery.
+    async fn record_health(&self, sub: &Subscription, health: &mut EndpointHealth, at: DateTime<Utc>, success: bool) {
+        health.record(HealthSample { at, success });
+        if let Err(err) = self.ports.store.save_endpoint_health(&sub.id, health).await {
+            tracing::warn!(error = %err, "could not save endpoint health");
+        }
+    }
+
+    /// 410 Gone disables the subscription.
+    async fn disable_gone(&self, mut sub: Subscription) -> Result<()> {
+        sub.status = SubscriptionStatus::Disabled;
+        sub.disabled_reason = Some("the endpoint answered 410 Gone".into());
+        sub.updated_at = self.now();
+        self.ports.store.put_subscription(&sub).await?;
+        Ok(())
+    }
+}
+
+fn dead_task(delivery: &Delivery) -> DeliveryTask {
+    DeliveryTask { delivery_id: delivery.id.clone(), round: delivery.round, attempt: delivery.attempts }
+}

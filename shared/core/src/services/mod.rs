@@ -1,0 +1,91 @@
+//! The services: what Hookwise does, written once against the ports and run by every host
+//! (the Lambda functions, `hookwise dev`, the tests).
+
+mod dead_letter;
+mod deliver;
+mod events;
+mod replay;
+mod scheduler;
+mod subscriptions;
+mod tenants;
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+
+use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store};
+
+pub use dead_letter::DeadLetterReport;
+pub use deliver::DeliverOutcome;
+pub use events::{EventWithDeliveries, Ingested, NewEvent};
+pub use scheduler::SchedulerReport;
+pub use subscriptions::{NewSubscription, SubscriptionPatch};
+
+/// The adapters the services run on.
+#[derive(Clone)]
+pub struct Ports {
+    pub store: Arc<dyn Store>,
+    pub queue: Arc<dyn DeliveryQueue>,
+    pub scheduler: Arc<dyn SchedulerTable>,
+    pub mailer: Arc<dyn Mailer>,
+    pub sender: Arc<dyn Sender>,
+    pub clock: Arc<dyn Clock>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The scheduler moves retries due within this window onto the queue (15 minutes,
+    /// SQS's delay limit).
+    pub scheduler_horizon: Duration,
+    /// A pending or retrying delivery this long overdue is re-queued by the sweep.
+    pub sweep_grace: Duration,
+    /// Deliveries handled at once in a batch.
+    pub deliver_concurrency: usize,
+    /// When this many deliveries of one owner die in one batch, they get one digest email.
+    pub digest_threshold: usize,
+    /// Where the API is reached, for the replay instructions in emails.
+    pub public_api_url: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            scheduler_horizon: Duration::from_secs(15 * 60),
+            sweep_grace: Duration::from_secs(5 * 60),
+            deliver_concurrency: 32,
+            digest_threshold: 3,
+            public_api_url: "http://127.0.0.1:8080".into(),
+        }
+    }
+}
+
+pub struct Services {
+    ports: Ports,
+    config: Config,
+    // Held only between awaits, never across one.
+    rng: Mutex<StdRng>,
+}
+
+impl Services {
+    /// `rng` seeds ids, secrets, API keys and jitter: from the OS in production, fixed in tests.
+    pub fn new(ports: Ports, config: Config, rng: StdRng) -> Self {
+        Self { ports, config, rng: Mutex::new(rng) }
+    }
+
+    pub fn ports(&self) -> &Ports {
+        &self.ports
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn rng(&self) -> MutexGuard<'_, StdRng> {
+        self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn now(&self) -> chrono::DateTime<chrono::Utc> {
+        self.ports.clock.now()
+    }
+}

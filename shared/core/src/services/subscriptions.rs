@@ -1,0 +1,167 @@
+//! Subscriptions: create, read, change, delete, rotate the signing secret.
+
+use chrono::Duration;
+use serde::Deserialize;
+
+use super::Services;
+use crate::error::{Error, Result, ValidationError};
+use crate::model::*;
+use crate::policy::RetryPolicy;
+
+pub const MAX_EVENT_TYPE_FILTERS: usize = 50;
+pub const MAX_DESCRIPTION_LEN: usize = 500;
+
+/// `POST /v1/subscriptions`. Fields parse into validated types as they deserialize.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewSubscription {
+    pub url: EndpointUrl,
+    #[serde(default = "all_event_types")]
+    pub event_types: Vec<EventTypeFilter>,
+    #[serde(default)]
+    pub owner_email: Option<Email>,
+    #[serde(default)]
+    pub retry_policy: Option<RetryPolicy>,
+    #[serde(default)]
+    pub timeout_ms: Option<u32>,
+    #[serde(default)]
+    pub description: Option<String>,
+}
+
+fn all_event_types() -> Vec<EventTypeFilter> {
+    vec![EventTypeFilter::all()]
+}
+
+/// `PATCH /v1/subscriptions/{id}`: only the fields present change. `status: "active"`
+/// re-enables a subscription Hookwise disabled.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionPatch {
+    pub url: Option<EndpointUrl>,
+    pub event_types: Option<Vec<EventTypeFilter>>,
+    pub owner_email: Option<Email>,
+    pub retry_policy: Option<RetryPolicy>,
+    pub timeout_ms: Option<u32>,
+    pub description: Option<String>,
+    pub status: Option<SubscriptionStatus>,
+}
+
+fn check_event_types(types: &[EventTypeFilter]) -> Result<(), ValidationError> {
+    if types.is_empty() || types.len() > MAX_EVENT_TYPE_FILTERS {
+        return Err(ValidationError::new(
+            "invalid_event_types",
+            format!("event_types needs 1 to {MAX_EVENT_TYPE_FILTERS} filters (`[\"*\"]` for every event)"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_timeout(ms: u32) -> Result<u32, ValidationError> {
+    if ms == 0 || ms > MAX_TIMEOUT_MS {
+        return Err(ValidationError::new("invalid_timeout", format!("timeout_ms must be 1 to {MAX_TIMEOUT_MS}")));
+    }
+    Ok(ms)
+}
+
+fn check_description(d: &str) -> Result<(), ValidationError> {
+    if d.len() > MAX_DESCRIPTION_LEN {
+        return Err(ValidationError::new("invalid_description", format!("description is longer than {MAX_DESCRIPTION_LEN} characters")));
+    }
+    Ok(())
+}
+
+impl Services {
+    /// The new subscription, its `secret` included (the only time it is shown, with rotation).
+    pub async fn create_subscription(&self, tenant: &Tenant, new: NewSubscription) -> Result<Subscription> {
+        check_event_types(&new.event_types)?;
+        if let Some(d) = &new.description {
+            check_description(d)?;
+        }
+        let timeout_ms = check_timeout(new.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS))?;
+        let now = self.now();
+        let (id, secret) = {
+            let mut rng = self.rng();
+            (SubscriptionId::generate(now, &mut *rng), Secret::generate(&mut *rng))
+        };
+        let sub = Subscription {
+            id,
+            tenant_id: tenant.id.clone(),
+            url: new.url,
+            event_types: new.event_types,
+            secret,
+            previous_secret: None,
+            previous_secret_expires_at: None,
+            retry_policy: new.retry_policy.unwrap_or_default(),
+            timeout_ms,
+            status: SubscriptionStatus::Active,
+            disabled_reason: None,
+            owner_email: new.owner_email,
+            description: new.description,
+            created_at: now,
+            updated_at: now,
+        };
+        self.ports.store.put_subscription(&sub).await?;
+        Ok(sub)
+    }
+
+    pub async fn list_subscriptions(&self, tenant: &Tenant) -> Result<Vec<Subscription>> {
+        Ok(self.ports.store.list_subscriptions(&tenant.id).await?)
+    }
+
+    pub async fn get_subscription(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<Subscription> {
+        self.ports.store.get_subscription(&tenant.id, id).await?.ok_or_else(|| Error::not_found("subscription", id))
+    }
+
+    pub async fn update_subscription(&self, tenant: &Tenant, id: &SubscriptionId, patch: SubscriptionPatch) -> Result<Subscription> {
+        let mut sub = self.get_subscription(tenant, id).await?;
+        if let Some(url) = patch.url {
+            sub.url = url;
+        }
+        if let Some(types) = patch.event_types {
+            check_event_types(&types)?;
+            sub.event_types = types;
+        }
+        if let Some(email) = patch.owner_email {
+            sub.owner_email = Some(email);
+        }
+        if let Some(policy) = patch.retry_policy {
+            sub.retry_policy = policy;
+        }
+        if let Some(ms) = patch.timeout_ms {
+            sub.timeout_ms = check_timeout(ms)?;
+        }
+        if let Some(d) = patch.description {
+            check_description(&d)?;
+            sub.description = Some(d);
+        }
+        if let Some(status) = patch.status {
+            if status == SubscriptionStatus::Active {
+                sub.disabled_reason = None;
+            }
+            sub.status = status;
+        }
+        sub.updated_at = self.now();
+        self.ports.store.put_subscription(&sub).await?;
+        Ok(sub)
+    }
+
+    pub async fn delete_subscription(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<()> {
+        if self.ports.store.delete_subscription(&tenant.id, id).await? {
+            Ok(())
+        } else {
+            Err(Error::not_found("subscription", id))
+        }
+    }
+
+    /// A new signing secret; the old one keeps signing alongside it for a grace period.
+    pub async fn rotate_secret(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<Subscription> {
+        let mut sub = self.get_subscription(tenant, id).await?;
+        let now = self.now();
+        let fresh = Secret::generate(&mut *self.rng());
+        sub.previous_secret = Some(std::mem::replace(&mut sub.secret, fresh));
+        sub.previous_secret_expires_at = Some(now + Duration::hours(SECRET_ROTATION_GRACE_HOURS));
+        sub.updated_at = now;
+        self.ports.store.put_subscription(&sub).await?;
+        Ok(sub)
+    }
+}

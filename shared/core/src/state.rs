@@ -1,0 +1,155 @@
+//! The delivery state machine. An attempt's outcome, the policy, the endpoint's health and
+//! `now` decide `Delivered`, `Retry { at }` or `Dead`; each move is a conditional
+//! [`DeliveryChange`] that expects the state it started from, so a stale or duplicate
+//! message cannot move a delivery backwards or record an attempt twice.
+//!
+//! ```text
+//! pending ──attempt──▶ delivered
+//!    │                    ▲
+//!    └─fail─▶ retrying ───┘   (attempts left)
+//!                │ fail, none left / 410 / retries off
+//!                ▼
+//!              dead ──replay──▶ pending (next round, attempt #1)
+//! ```
+
+use chrono::{DateTime, Duration, Utc};
+use rand::Rng;
+
+use crate::model::{Attempt, Delivery, DeliveryStatus};
+use crate::policy::{RetryContext, RetryPolicy, Seconds};
+use crate::ports::{DeliveryChange, DeliveryTask, Expected, SendOutcome};
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Decision {
+    Delivered,
+    Retry { at: DateTime<Utc>, delay: Seconds },
+    Dead,
+}
+
+/// What is known about the attempt just made, besides its outcome.
+#[derive(Debug, Clone, Copy)]
+pub struct AttemptContext {
+    /// The attempt's number, from 1.
+    pub attempt: u32,
+    pub previous_delay: Option<Seconds>,
+    pub health: Option<f64>,
+    pub retries_enabled: bool,
+}
+
+/// Decide what follows an attempt.
+pub fn decide(
+    policy: &RetryPolicy,
+    outcome: &SendOutcome,
+    ctx: AttemptContext,
+    now: DateTime<Utc>,
+    rng: &mut impl Rng,
+) -> Decision {
+    if outcome.is_success() {
+        return Decision::Delivered;
+    }
+    if outcome.status_code == Some(410) {
+        // Gone: the endpoint asked never to be called again.
+        return Decision::Dead;
+    }
+    let retry_after = outcome.retry_after.filter(|_| matches!(outcome.status_code, Some(429 | 503)));
+    let retry = RetryContext { failures: ctx.attempt, previous_delay: ctx.previous_delay, health: ctx.health, retry_after };
+    match policy.next_delay(retry, ctx.retries_enabled, rng) {
+        Some(delay) => Decision::Retry { at: now + seconds(delay), delay },
+        None => Decision::Dead,
+    }
+}
+
+pub fn seconds(s: Seconds) -> Duration {
+    Duration::milliseconds((s * 1000.0).round() as i64)
+}
+
+/// Whether `task` is the attempt the delivery is waiting for.
+pub fn is_due_attempt(delivery: &Delivery, task: &DeliveryTask) -> bool {
+    matches!(delivery.status, DeliveryStatus::Pending | DeliveryStatus::Retrying)
+        && delivery.round == task.round
+        && delivery.attempts + 1 == task.attempt
+}
+
+/// The change that records `outcome` as attempt `attempt` and applies `decision`.
+pub fn after_attempt(
+    delivery: &Delivery,
+    attempt: u32,
+    started_at: DateTime<Utc>,
+    outcome: &SendOutcome,
+    decision: Decision,
+    now: DateTime<Utc>,
+) -> DeliveryChange {
+    let (status, next_attempt_at, last_delay) = match decision {
+        Decision::Delivered => (DeliveryStatus::Delivered, None, delivery.last_delay_seconds),
+        Decision::Retry { at, delay } => (DeliveryStatus::Retrying, Some(at), Some(delay)),
+        Decision::Dead => (DeliveryStatus::Dead, None, delivery.last_delay_seconds),
+    };
+    let failed = !outcome.is_success();
+    let next = Delivery {
+        status,
+        attempts: attempt,
+        next_attempt_at,
+        last_delay_seconds: last_delay,
+        last_status_code: outcome.status_code,
+        last_error: failed.then(|| outcome.describe()),
+        updated_at: now,
+        ..delivery.clone()
+    };
+    let record = Attempt {
+        delivery_id: delivery.id.clone(),
+        round: delivery.round,
+        attempt,
+        started_at,
+        duration_ms: outcome.duration_ms,
+        status_code: outcome.status_code,
+        error: outcome.error.as_ref().map(|_| outcome.describe()),
+        response_excerpt: outcome.response_excerpt.clone(),
+        next_attempt_at,
+    };
+    DeliveryChange { expected: Expected::of(delivery), next, attempt: Some(record) }
+}
+
+/// Dead without another attempt: the subscription is gone or disabled, or the message
+/// exhausted the queue's own redrive.
+pub fn give_up(delivery: &Delivery, reason: &str, now: DateTime<Utc>) -> Option<DeliveryChange> {
+    if delivery.status.is_final() {
+        return None;
+    }
+    let next = Delivery {
+        status: DeliveryStatus::Dead,
+        next_attempt_at: None,
+        last_error: Some(reason.to_owned()),
+        updated_at: now,
+        ..delivery.clone()
+    };
+    Some(DeliveryChange { expected: Expected::of(delivery), next, attempt: None })
+}
+
+/// Replay: a dead delivery starts a new round with a fresh attempt #1, due now.
+pub fn replay(delivery: &Delivery, now: DateTime<Utc>) -> Option<DeliveryChange> {
+    if delivery.status != DeliveryStatus::Dead {
+        return None;
+    }
+    let next = Delivery {
+        status: DeliveryStatus::Pending,
+        round: delivery.round + 1,
+        attempts: 0,
+        next_attempt_at: Some(now),
+        last_delay_seconds: None,
+        updated_at: now,
+        ..delivery.clone()
+    };
+    Some(DeliveryChange { expected: Expected::of(delivery), next, attempt: None })
+}
+
+/// The sweep re-queued an overdue delivery: it is due again from now, so the next sweep
+/// waits a full grace period before trying again.
+pub fn requeued(delivery: &Delivery, now: DateTime<Utc>) -> DeliveryChange {
+    let next = Delivery { next_attempt_at: Some(now), updated_at: now, ..delivery.clone() };
+    DeliveryChange { expected: Expected::of(delivery), next, attempt: None }
+}
+
+/// The queue message for the attempt a delivery waits for.
+pub fn next_task(delivery: &Delivery) -> DeliveryTask {
+    DeliveryTask { delivery_id: delivery.id.clone(), round: delivery.round, attempt: delivery.attempts + 1 }
+}

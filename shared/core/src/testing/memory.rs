@@ -1,0 +1,371 @@
+//! In-memory ports for tests: a store, a queue, a scheduler table and a mailer that keep
+//! everything in a mutex, a sender that answers from a script, and a clock you move by hand.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, Utc};
+use rand::SeedableRng;
+
+use crate::error::PortError;
+use crate::health::EndpointHealth;
+use crate::model::*;
+use crate::ports::*;
+use crate::services::{Config, Ports, Services};
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Default)]
+struct StoreData {
+    tenants: HashMap<TenantId, Tenant>,
+    keys: HashMap<String, TenantId>,
+    subscriptions: Vec<Subscription>,
+    events: Vec<Event>,
+    deliveries: Vec<Delivery>,
+    attempts: Vec<Attempt>,
+    health: HashMap<SubscriptionId, EndpointHealth>,
+    notices: HashSet<(DeliveryId, u32)>,
+}
+
+#[derive(Default)]
+pub struct MemoryStore {
+    data: Mutex<StoreData>,
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> PortResult<()> {
+        let mut d = lock(&self.data);
+        if d.keys.contains_key(api_key_hash) {
+            return Err(PortError::ConditionFailed("API key already in use".into()));
+        }
+        d.keys.insert(api_key_hash.to_owned(), tenant.id.clone());
+        d.tenants.insert(tenant.id.clone(), tenant.clone());
+        Ok(())
+    }
+    async fn tenant_by_api_key(&self, api_key_hash: &str) -> PortResult<Option<Tenant>> {
+        let d = lock(&self.data);
+        Ok(d.keys.get(api_key_hash).and_then(|id| d.tenants.get(id)).cloned())
+    }
+    async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
+        Ok(lock(&self.data).tenants.get(id).cloned())
+    }
+    async fn put_subscription(&self, sub: &Subscription) -> PortResult<()> {
+        let mut d = lock(&self.data);
+        match d.subscriptions.iter_mut().find(|s| s.id == sub.id) {
+            Some(s) => *s = sub.clone(),
+            None => d.subscriptions.push(sub.clone()),
+        }
+        Ok(())
+    }
+    async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>> {
+        Ok(lock(&self.data).subscriptions.iter().find(|s| &s.id == id && &s.tenant_id == tenant).cloned())
+    }
+    async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
+        Ok(lock(&self.data).subscriptions.iter().filter(|s| &s.tenant_id == tenant).cloned().collect())
+    }
+    async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool> {
+        let mut d = lock(&self.data);
+        let before = d.subscriptions.len();
+        d.subscriptions.retain(|s| !(&s.id == id && &s.tenant_id == tenant));
+        Ok(d.subscriptions.len() < before)
+    }
+    async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
+        let mut d = lock(&self.data);
+        if let Some(key) = &event.idempotency_key {
+            if let Some(e) = d.events.iter().find(|e| e.tenant_id == event.tenant_id && e.idempotency_key.as_ref() == Some(key)) {
+                return Ok(Created::Existing(e.id.clone()));
+            }
+        }
+        d.events.push(event.clone());
+        d.deliveries.extend(deliveries.iter().cloned());
+        Ok(Created::New)
+    }
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {
+        Ok(lock(&self.data).events.iter().find(|e| &e.id == id && &e.tenant_id == tenant).cloned())
+    }
+    async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>> {
+        Ok(lock(&self.data).deliveries.iter().filter(|d| &d.event_id == event && &d.tenant_id == tenant).cloned().collect())
+    }
+    async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>> {
+        Ok(lock(&self.data).deliveries.iter().find(|d| &d.id == id).cloned())
+    }
+    async fn list_deliveries(&self, tenant: &TenantId, q: &DeliveryQuery) -> PortResult<DeliveryPage> {
+        let d = lock(&self.data);
+        let mut items: Vec<Delivery> = d
+            .deliveries
+            .iter()
+            .filter(|x| &x.tenant_id == tenant)
+            .filter(|x| q.status.is_none_or(|s| x.status == s))
+            .filter(|x| q.subscription_id.as_ref().is_none_or(|s| &x.subscription_id == s))
+            // Ids are time-ordered ULIDs: the cursor is the last id of the previous page.
+            .filter(|x| q.cursor.as_ref().is_none_or(|c| x.id.as_str() < c.as_str()))
+            .cloned()
+            .collect();
+        items.sort_by(|a, b| b.id.cmp(&a.id));
+        let limit = if q.limit == 0 { 50 } else { q.limit.min(100) } as usize;
+        let next_cursor = (items.len() > limit).then(|| items[limit - 1].id.to_string());
+        items.truncate(limit);
+        Ok(DeliveryPage { items, next_cursor })
+    }
+    async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()> {
+        let mut d = lock(&self.data);
+        let Some(idx) = d.deliveries.iter().position(|x| x.id == change.next.id) else {
+            return Err(PortError::ConditionFailed("no such delivery".into()));
+        };
+        if !change.expected.holds_for(&d.deliveries[idx]) {
+            return Err(PortError::ConditionFailed("delivery changed".into()));
+        }
+        if let Some(a) = &change.attempt {
+            if d.attempts.iter().any(|x| x.delivery_id == a.delivery_id && x.round == a.round && x.attempt == a.attempt) {
+                return Err(PortError::ConditionFailed("attempt already recorded".into()));
+            }
+            d.attempts.push(a.clone());
+        }
+        d.deliveries[idx] = change.next.clone();
+        Ok(())
+    }
+    async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>> {
+        Ok(lock(&self.data).attempts.iter().filter(|a| &a.delivery_id == delivery).cloned().collect())
+    }
+    async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>> {
+        Ok(lock(&self.data)
+            .deliveries
+            .iter()
+            .filter(|d| matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Retrying))
+            .filter(|d| d.next_attempt_at.is_some_and(|t| t < due_before))
+            .take(limit as usize)
+            .cloned()
+            .collect())
+    }
+    async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {
+        Ok(lock(&self.data).health.get(sub).cloned().unwrap_or_default())
+    }
+    async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
+        lock(&self.data).health.insert(sub.clone(), health.clone());
+        Ok(())
+    }
+    async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
+        Ok(lock(&self.data).notices.insert((delivery.clone(), round)))
+    }
+}
+
+/// A queue whose messages become visible at `now + delay` on the shared [`ManualClock`].
+pub struct MemoryQueue {
+    clock: Arc<ManualClock>,
+    max_delay: u32,
+    ready: Mutex<Vec<(DeliveryTask, DateTime<Utc>)>>,
+    dead: Mutex<Vec<DeliveryTask>>,
+    /// Every (task, delay) ever enqueued, for assertions.
+    pub log: Mutex<Vec<(DeliveryTask, u32)>>,
+}
+
+impl MemoryQueue {
+    pub fn new(clock: Arc<ManualClock>, max_delay: u32) -> Self {
+        Self { clock, max_delay, ready: Mutex::default(), dead: Mutex::default(), log: Mutex::default() }
+    }
+
+    /// Remove and return the messages visible now.
+    pub fn take_visible(&self) -> Vec<DeliveryTask> {
+        let now = self.clock.now();
+        let mut ready = lock(&self.ready);
+        let (due, later): (Vec<_>, Vec<_>) = ready.drain(..).partition(|(_, at)| *at <= now);
+        *ready = later;
+        due.into_iter().map(|(t, _)| t).collect()
+    }
+
+    pub fn take_dead(&self) -> Vec<DeliveryTask> {
+        std::mem::take(&mut *lock(&self.dead))
+    }
+
+    pub fn pending(&self) -> usize {
+        lock(&self.ready).len()
+    }
+}
+
+#[async_trait]
+impl DeliveryQueue for MemoryQueue {
+    fn max_delay_seconds(&self) -> u32 {
+        self.max_delay
+    }
+    async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()> {
+        let now = self.clock.now();
+        for (task, delay) in tasks {
+            assert!(*delay <= self.max_delay, "a delay of {delay} s exceeds the queue's limit");
+            lock(&self.ready).push((task.clone(), now + Duration::seconds((*delay).into())));
+            lock(&self.log).push((task.clone(), *delay));
+        }
+        Ok(())
+    }
+    async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()> {
+        lock(&self.dead).extend(tasks.iter().cloned());
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+pub struct MemoryScheduler {
+    pub items: Mutex<Vec<ScheduledTask>>,
+}
+
+#[async_trait]
+impl SchedulerTable for MemoryScheduler {
+    async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
+        lock(&self.items).push(item.clone());
+        Ok(())
+    }
+    async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>> {
+        let mut due: Vec<_> = lock(&self.items).iter().filter(|i| i.due <= until).cloned().collect();
+        due.sort_by_key(|i| i.due);
+        due.truncate(limit as usize);
+        Ok(due)
+    }
+    async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
+        lock(&self.items).retain(|i| !items.contains(i));
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+pub struct MemoryMailer {
+    pub sent: Mutex<Vec<OutgoingEmail>>,
+}
+
+#[async_trait]
+impl Mailer for MemoryMailer {
+    async fn send(&self, email: &OutgoingEmail) -> PortResult<()> {
+        lock(&self.sent).push(email.clone());
+        Ok(())
+    }
+}
+
+/// Answers each POST from a script: the n-th request to a URL gets `script(url, n)`.
+pub struct ScriptedSender {
+    #[allow(clippy::type_complexity)]
+    script: Box<dyn Fn(&str, usize) -> SendOutcome + Send + Sync>,
+    pub requests: Mutex<Vec<WebhookRequest>>,
+}
+
+impl ScriptedSender {
+    pub fn new(script: impl Fn(&str, usize) -> SendOutcome + Send + Sync + 'static) -> Self {
+        Self { script: Box::new(script), requests: Mutex::default() }
+    }
+
+    /// Every URL answers `status`.
+    pub fn always(status: u16) -> Self {
+        Self::new(move |_, _| status_outcome(status))
+    }
+}
+
+pub fn status_outcome(status: u16) -> SendOutcome {
+    SendOutcome { status_code: Some(status), error: None, response_excerpt: Some(String::new()), duration_ms: 5, retry_after: None }
+}
+
+#[async_trait]
+impl Sender for ScriptedSender {
+    async fn send(&self, request: WebhookRequest) -> SendOutcome {
+        let url = request.url.to_string();
+        let n = {
+            let mut reqs = lock(&self.requests);
+            reqs.push(request);
+            reqs.iter().filter(|r| r.url.as_str() == url).count() - 1
+        };
+        (self.script)(&url, n)
+    }
+}
+
+/// A clock that moves only when told.
+pub struct ManualClock {
+    now: Mutex<DateTime<Utc>>,
+}
+
+impl ManualClock {
+    pub fn new(start: DateTime<Utc>) -> Self {
+        Self { now: Mutex::new(start) }
+    }
+    pub fn advance(&self, by: Duration) {
+        *lock(&self.now) += by;
+    }
+    pub fn set(&self, to: DateTime<Utc>) {
+        *lock(&self.now) = to;
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> DateTime<Utc> {
+        *lock(&self.now)
+    }
+}
+
+/// Services on in-memory ports, with handles to each port.
+pub struct Harness {
+    pub services: Services,
+    pub store: Arc<MemoryStore>,
+    pub queue: Arc<MemoryQueue>,
+    pub scheduler: Arc<MemoryScheduler>,
+    pub mailer: Arc<MemoryMailer>,
+    pub sender: Arc<ScriptedSender>,
+    pub clock: Arc<ManualClock>,
+}
+
+impl Harness {
+    pub fn new(sender: ScriptedSender) -> Self {
+        Self::with_config(sender, Config::default(), 900)
+    }
+
+    pub fn with_config(sender: ScriptedSender, config: Config, queue_max_delay: u32) -> Self {
+        let clock = Arc::new(ManualClock::new("2026-01-01T00:00:00Z".parse().expect("a valid time")));
+        let store = Arc::new(MemoryStore::default());
+        let queue = Arc::new(MemoryQueue::new(clock.clone(), queue_max_delay));
+        let scheduler = Arc::new(MemoryScheduler::default());
+        let mailer = Arc::new(MemoryMailer::default());
+        let sender = Arc::new(sender);
+        let ports = Ports {
+            store: store.clone(),
+            queue: queue.clone(),
+            scheduler: scheduler.clone(),
+            mailer: mailer.clone(),
+            sender: sender.clone(),
+            clock: clock.clone(),
+        };
+        let services = Services::new(ports, config, rand::rngs::StdRng::seed_from_u64(42));
+        Self { services, store, queue, scheduler, mailer, sender, clock }
+    }
+
+    /// A tenant and its API key.
+    pub async fn tenant(&self, owner: &str) -> (Tenant, String) {
+        self.services.create_tenant("test", Email::parse(owner).expect("a valid email")).await.expect("tenant created")
+    }
+
+    /// Run every worker until nothing is due now: deliveries, then the dead-letter handler.
+    /// Returns how many queue messages were handled.
+    pub async fn drain_now(&self) -> usize {
+        let mut handled = 0;
+        loop {
+            self.services.run_scheduler().await.expect("scheduler");
+            let tasks = self.queue.take_visible();
+            let dead = self.queue.take_dead();
+            if tasks.is_empty() && dead.is_empty() {
+                return handled;
+            }
+            handled += tasks.len();
+            for r in self.services.deliver_batch(&tasks).await {
+                r.expect("delivery handled");
+            }
+            self.services.handle_dead_letters(&dead).await.expect("dead letters handled");
+        }
+    }
+
+    /// Advance the clock step by step for `total`, draining after each step.
+    pub async fn run_for(&self, total: Duration, step: Duration) {
+        let end = self.clock.now() + total;
+        self.drain_now().await;
+        while self.clock.now() < end {
+            self.clock.advance(step);
+            self.drain_now().await;
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! `hookwise`: the command line. Each subcommand lives in its own module.
 
+mod dev;
 mod policy_cmd;
 mod storm_cmd;
+mod tenant_cmd;
 
 use std::process::ExitCode;
 
@@ -19,13 +21,32 @@ enum Command {
     /// Inspect the retry policies.
     #[command(subcommand)]
     Policy(policy_cmd::PolicyCommand),
+    /// Run Hookwise locally: API, delivery worker, scheduler and dead-letter handler on an
+    /// embedded store (no AWS, no Docker).
+    Dev(dev::DevArgs),
+    /// Manage tenants in a local data dir.
+    #[command(subcommand)]
+    Tenant(tenant_cmd::TenantCommand),
     /// Simulate a retry storm for a policy; exit 1 when the peak breaks the deploy gate.
     Storm(storm_cmd::StormArgs),
 }
 
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HOOKWISE_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let result = match cli.command {
+        Command::Dev(args) => runtime().and_then(|rt| rt.block_on(dev::run(args))),
+        Command::Tenant(cmd) => runtime().and_then(|rt| rt.block_on(tenant_cmd::run(cmd))),
         Command::Policy(cmd) => policy_cmd::run(cmd),
         Command::Storm(args) => storm_cmd::run(args),
     };

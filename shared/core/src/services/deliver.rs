@@ -46,7 +46,10 @@ impl Services {
     /// Handle a batch of queue messages, `deliver_concurrency` at a time; results in the
     /// messages' order. An `Err` is an infrastructure failure: redeliver that message.
     pub async fn deliver_batch(&self, tasks: &[DeliveryTask]) -> Vec<Result<DeliverOutcome>> {
-        futures::stream::iter(tasks).map(|t| self.deliver(t)).buffered(self.config.deliver_concurrency.max(1)).collect().await
+        // The futures are built first (they do nothing until polled) so the stream's type
+        // names no closure: a closure there trips the compiler's Send check under tokio::spawn.
+        let calls: Vec<_> = tasks.iter().map(|t| self.deliver(t)).collect();
+        futures::stream::iter(calls).buffered(self.config.deliver_concurrency.max(1)).collect().await
     }
 
     #[tracing::instrument(skip_all, fields(delivery_id = %task.delivery_id, attempt = task.attempt))]

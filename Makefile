@@ -1,0 +1,14 @@
+# The two commands a newcomer needs, and a few more.
+.PHONY: dev test lint bench
+
+# Run Hookwise locally: API, worker, scheduler and dead-letter handler on an embedded store.
+dev:
+	cargo run --release -p hookwise-cli -- dev
+
+# The whole test suite, installing and starting whatever it needs (CI runs this).
+test:
+	scripts/test.sh
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The whole test suite. Installs what the tests need (from the package registries), starts
+# the services they talk to on 127.0.0.1, runs every test, and stops what it started.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "Python test tools"
+python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+
+step "Build (once, for every test below)"
+cargo build --workspace --all-targets --locked
+
+step "Rust tests"
+cargo test --workspace --locked
+
+step "Retry-storm gate on the deployed policy"
+target/debug/hookwise storm --config infra/storm/deployed-policy.yaml
+
+step "All tests passed"

@@ -1,0 +1,233 @@
+//! Extractors whose rejections speak the API's error shape: the tenant behind the bearer
+//! key, a JSON body with the failing field named, query strings and ids in the path.
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use hookwise_core::model::Tenant;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use super::error::ApiError;
+use super::ApiState;
+
+/// The tenant whose API key came as `Authorization: Bearer <key>`.
+pub struct Authenticated(pub Tenant);
+
+impl<S> FromRequestParts<S> for Authenticated
+where
+    ApiState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let how = "send your API key as `Authorization: Bearer <key>`";
+        let header = parts
+            .headers
+            .get(AUTHORIZATION)
+            .ok_or_else(|| ApiError::unauthorized(format!("no API key: {how}")))?;
+        let value = header.to_str().map_err(|_| {
+            ApiError::unauthorized(format!("unreadable Authorization header: {how}"))
+        })?;
+        let key = match value.trim().split_once(' ') {
+            Some((scheme, key))
+                if scheme.eq_ignore_ascii_case("bearer") && !key.trim().is_empty() =>
+            {
+                key.trim()
+            }
+            _ => {
+                return Err(ApiError::unauthorized(format!(
+                    "the Authorization header is not a bearer token: {how}"
+                )))
+            }
+        };
+        let state = ApiState::from_ref(state);
+        match state.services.authenticate(key).await {
+            Ok(tenant) => Ok(Self(tenant)),
+            Err(hookwise_core::Error::Unauthorized) => {
+                Err(ApiError::unauthorized("unknown API key"))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// A JSON body. Syntax errors are 400; a body that parses but does not fit (wrong types,
+/// missing or unknown fields, invalid values) is 422 naming the field.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        if let Some(ct) = req.headers().get(CONTENT_TYPE) {
+            let ct = ct.to_str().unwrap_or_default().to_ascii_lowercase();
+            let mime = ct.split(';').next().unwrap_or_default().trim();
+            if !(mime == "application/json" || mime.ends_with("+json")) {
+                return Err(ApiError::new(
+                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                    "unsupported_media_type",
+                    format!("the body must be JSON, sent with `Content-Type: application/json` (got `{mime}`)"),
+                ));
+            }
+        }
+        let bytes = Bytes::from_request(req, state)
+            .await
+            .map_err(body_rejection)?;
+        parse_json(&bytes).map(Self)
+    }
+}
+
+fn body_rejection(r: BytesRejection) -> ApiError {
+    if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::payload_too_large()
+    } else {
+        ApiError::bad_request("unreadable_body", r.body_text())
+    }
+}
+
+/// Bytes to `T` in two steps, so a syntax error (400) is told apart from a misfit (422).
+pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "malformed_json",
+            "the request body is empty: send a JSON object",
+        ));
+    }
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(
+            "malformed_json",
+            format!("the request body is not valid JSON: {e}"),
+        )
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::unprocessable(
+            "invalid_body",
+            "the request body must be a JSON object",
+        ));
+    }
+    serde_path_to_error::deserialize(&value).map_err(|e| misfit(&value, e))
+}
+
+/// The error for a body that is JSON but not the expected shape, with a code that matches
+/// the core's validation codes where a field has one.
+fn misfit(
+    body: &serde_json::Value,
+    err: serde_path_to_error::Error<serde_json::Error>,
+) -> ApiError {
+    let path = err.path().to_string();
+    let message = err.inner().to_string();
+    let field = path.split(['.', '[']).next().unwrap_or_default();
+    if message.starts_with("unknown field") {
+        return ApiError::unprocessable("unknown_field", message);
+    }
+    if message.starts_with("missing field") {
+        let at = if path == "." {
+            String::new()
+        } else {
+            format!(" in `{path}`")
+        };
+        return ApiError::unprocessable("missing_field", format!("{message}{at}"));
+    }
+    if field == "retry_policy" {
+        if message.starts_with("unknown retry policy") {
+            return ApiError::unprocessable("unknown_retry_policy", message);
+        }
+        if message.contains("untagged enum") {
+            return ApiError::unprocessable(
+                "invalid_retry_policy",
+                explain_policy(&body["retry_policy"]),
+            );
+        }
+    }
+    let code = match field {
+        "url" => "invalid_url",
+        "type" => "invalid_event_type",
+        "event_types" => "invalid_event_type_filter",
+        "owner_email" => "invalid_email",
+        "retry_policy" => "invalid_retry_policy",
+        "timeout_ms" => "invalid_timeout",
+        "description" => "invalid_description",
+        "status" => "invalid_status",
+        "payload" => "invalid_payload",
+        "since" => "invalid_since",
+        _ => "invalid_body",
+    };
+    ApiError::unprocessable(code, format!("`{path}`: {message}"))
+}
+
+const POLICY_SHAPES: &str = "retry_policy must be \"standard\", \"ledger\", \"exponential\", or {\"schedule_seconds\": [60, 300, ...], \"jitter\": \"none\"|\"full\"|\"equal\"|\"decorrelated\"|{\"proportional\": p}, \"adaptive\": bool}";
+
+/// Why a `retry_policy` fits neither form: serde's untagged enums only say "no variant matched".
+fn explain_policy(value: &serde_json::Value) -> String {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)] // Only parsed for its error message.
+    struct CustomPolicyShape {
+        schedule_seconds: Vec<u64>,
+        #[serde(default)]
+        jitter: Option<hookwise_core::policy::Jitter>,
+        #[serde(default)]
+        adaptive: Option<bool>,
+    }
+    if !value.is_object() {
+        return POLICY_SHAPES.to_owned();
+    }
+    match serde_path_to_error::deserialize::<_, CustomPolicyShape>(value) {
+        Err(e) if e.path().to_string() != "." => format!(
+            "`retry_policy.{}`: {}; {POLICY_SHAPES}",
+            e.path(),
+            e.inner()
+        ),
+        Err(e) => format!("{}; {POLICY_SHAPES}", e.inner()),
+        Ok(_) => POLICY_SHAPES.to_owned(),
+    }
+}
+
+/// A query string; a malformed one is 400.
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| Self(q.0))
+            .map_err(|r: QueryRejection| ApiError::bad_request("invalid_query", r.body_text()))
+    }
+}
+
+/// An id from the path. One that is not even well-formed names nothing: 404.
+pub fn path_id<T>(
+    raw: &str,
+    parse: fn(&str) -> Result<T, hookwise_core::ValidationError>,
+) -> Result<T, ApiError> {
+    parse(raw).map_err(|e| ApiError::not_found(e.message))
+}
+
+/// The one `{id}` segment of a route, still unparsed (see [`path_id`]).
+pub struct PathId(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<String>::from_request_parts(parts, state)
+            .await
+            .map(|p| Self(p.0))
+            .map_err(|r| ApiError::not_found(r.body_text()))
+    }
+}

@@ -1,0 +1,299 @@
+//! One small function per route: authenticate, parse, call the service, shape the answer.
+
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use hookwise_core::model::{DeliveryId, DeliveryStatus, EventId, SubscriptionId};
+use hookwise_core::ports::DeliveryQuery;
+use hookwise_core::services::{NewEvent, NewSubscription, Services, SubscriptionPatch};
+use serde::Deserialize;
+
+use super::error::{ApiError, ApiResult};
+use super::extract::{path_id, ApiJson, ApiQuery, Authenticated, PathId};
+use super::views::*;
+use super::ApiState;
+
+pub async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"status": "ok"}))
+}
+
+pub async fn no_route(uri: Uri) -> ApiError {
+    ApiError::not_found(format!("no route for `{}`", uri.path()))
+}
+
+pub async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("`{method} {}` is not supported", uri.path()),
+    )
+}
+
+// Subscriptions
+
+pub async fn create_subscription(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    ApiJson(new): ApiJson<NewSubscription>,
+) -> ApiResult<(StatusCode, Json<SubscriptionView>)> {
+    let sub = s.services.create_subscription(&tenant, new).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(SubscriptionView::with_secret(sub)),
+    ))
+}
+
+pub async fn list_subscriptions(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+) -> ApiResult<Json<Page<SubscriptionView>>> {
+    let subs = s.services.list_subscriptions(&tenant).await?;
+    Ok(Json(Page {
+        data: subs.into_iter().map(SubscriptionView::public).collect(),
+        next_cursor: None,
+    }))
+}
+
+pub async fn get_subscription(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+) -> ApiResult<Json<SubscriptionView>> {
+    let id = path_id(&id, SubscriptionId::parse)?;
+    Ok(Json(SubscriptionView::public(
+        s.services.get_subscription(&tenant, &id).await?,
+    )))
+}
+
+pub async fn update_subscription(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+    ApiJson(patch): ApiJson<SubscriptionPatch>,
+) -> ApiResult<Json<SubscriptionView>> {
+    let id = path_id(&id, SubscriptionId::parse)?;
+    Ok(Json(SubscriptionView::public(
+        s.services.update_subscription(&tenant, &id, patch).await?,
+    )))
+}
+
+pub async fn delete_subscription(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+) -> ApiResult<StatusCode> {
+    let id = path_id(&id, SubscriptionId::parse)?;
+    s.services.delete_subscription(&tenant, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn rotate_secret(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+) -> ApiResult<Json<SubscriptionView>> {
+    let id = path_id(&id, SubscriptionId::parse)?;
+    Ok(Json(SubscriptionView::with_secret(
+        s.services.rotate_secret(&tenant, &id).await?,
+    )))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Recover {
+    /// Parsed here rather than by serde, whose chrono errors say only "invalid characters".
+    since: String,
+}
+
+pub async fn recover_subscription(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+    ApiJson(body): ApiJson<Recover>,
+) -> ApiResult<(StatusCode, Json<Replayed>)> {
+    let id = path_id(&id, SubscriptionId::parse)?;
+    let since = DateTime::parse_from_rfc3339(&body.since)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| {
+            ApiError::unprocessable(
+                "invalid_since",
+                format!(
+                    "since `{}` is not an RFC 3339 time such as 2026-01-31T00:00:00Z ({e})",
+                    body.since
+                ),
+            )
+        })?;
+    let replayed = s.services.recover_subscription(&tenant, &id, since).await?;
+    Ok(replayed_response(replayed))
+}
+
+// Events
+
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+pub async fn ingest_event(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    headers: HeaderMap,
+    ApiJson(new): ApiJson<NewEvent>,
+) -> ApiResult<Response> {
+    let key = match headers.get(IDEMPOTENCY_KEY) {
+        None => None,
+        Some(v) => Some(v.to_str().map(str::to_owned).map_err(|_| {
+            ApiError::unprocessable(
+                "invalid_idempotency_key",
+                "Idempotency-Key must be visible ASCII",
+            )
+        })?),
+    };
+    let ingested = s.services.ingest(&tenant, new, key).await?;
+    let body = AcceptedEvent {
+        id: ingested.event.id,
+        deliveries: ingested
+            .deliveries
+            .into_iter()
+            .map(|d| AcceptedDelivery {
+                id: d.id,
+                subscription_id: d.subscription_id,
+                status: d.status,
+            })
+            .collect(),
+    };
+    let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
+    if !ingested.created {
+        // The key named an event already accepted: nothing new was written.
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+pub async fn get_event(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+) -> ApiResult<Json<EventView>> {
+    let id = path_id(&id, EventId::parse)?;
+    let found = s.services.get_event(&tenant, &id).await?;
+    Ok(Json(EventView {
+        id: found.event.id,
+        event_type: found.event.event_type,
+        payload: found.event.payload,
+        idempotency_key: found.event.idempotency_key,
+        created_at: found.event.created_at,
+        deliveries: found
+            .deliveries
+            .into_iter()
+            .map(DeliveryView::from)
+            .collect(),
+    }))
+}
+
+pub async fn replay_event(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+) -> ApiResult<(StatusCode, Json<Replayed>)> {
+    let id = path_id(&id, EventId::parse)?;
+    Ok(replayed_response(
+        s.services.replay_event(&tenant, &id).await?,
+    ))
+}
+
+fn replayed_response(
+    replayed: Vec<hookwise_core::model::Delivery>,
+) -> (StatusCode, Json<Replayed>) {
+    (
+        StatusCode::ACCEPTED,
+        Json(Replayed {
+            replayed: replayed.into_iter().map(DeliveryView::from).collect(),
+        }),
+    )
+}
+
+// Deliveries
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DeliveryListParams {
+    status: Option<String>,
+    subscription_id: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+impl DeliveryListParams {
+    fn into_query(self) -> ApiResult<DeliveryQuery> {
+        let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
+        let limit = match nonempty(self.limit) {
+            None => 0,
+            Some(l) => l
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=Services::MAX_PAGE).contains(n))
+                .ok_or_else(|| {
+                    ApiError::unprocessable(
+                        "invalid_limit",
+                        format!(
+                            "limit must be an integer from 1 to {} (got `{l}`)",
+                            Services::MAX_PAGE
+                        ),
+                    )
+                })?,
+        };
+        Ok(DeliveryQuery {
+            status: nonempty(self.status)
+                .map(|s| DeliveryStatus::parse(&s))
+                .transpose()
+                .map_err(hookwise_core::Error::from)?,
+            subscription_id: nonempty(self.subscription_id)
+                .map(|s| SubscriptionId::parse(&s))
+                .transpose()
+                .map_err(hookwise_core::Error::from)?,
+            limit,
+            cursor: nonempty(self.cursor),
+        })
+    }
+}
+
+pub async fn list_deliveries(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    ApiQuery(params): ApiQuery<DeliveryListParams>,
+) -> ApiResult<Json<Page<DeliveryView>>> {
+    let page = s
+        .services
+        .list_deliveries(&tenant, params.into_query()?)
+        .await?;
+    Ok(Json(Page {
+        data: page.items.into_iter().map(DeliveryView::from).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+pub async fn get_delivery(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+) -> ApiResult<Json<DeliveryDetail>> {
+    let id = path_id(&id, DeliveryId::parse)?;
+    let (delivery, attempts) = s.services.get_delivery(&tenant, &id).await?;
+    Ok(Json(DeliveryDetail {
+        delivery: delivery.into(),
+        attempts: attempts.into_iter().map(AttemptView::from).collect(),
+    }))
+}
+
+pub async fn replay_delivery(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+) -> ApiResult<(StatusCode, Json<DeliveryView>)> {
+    let id = path_id(&id, DeliveryId::parse)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(s.services.replay_delivery(&tenant, &id).await?.into()),
+    ))
+}

@@ -1,0 +1,168 @@
+//! What the API shows: the model without its internals, and secrets only where asked for.
+
+use chrono::{DateTime, Utc};
+use hookwise_core::model::*;
+use hookwise_core::policy::RetryPolicy;
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct SubscriptionView {
+    pub id: SubscriptionId,
+    pub url: EndpointUrl,
+    pub event_types: Vec<EventTypeFilter>,
+    pub retry_policy: RetryPolicy,
+    pub timeout_ms: u32,
+    pub status: SubscriptionStatus,
+    pub disabled_reason: Option<String>,
+    pub owner_email: Option<Email>,
+    pub description: Option<String>,
+    /// Until when the secret before the last rotation still signs.
+    pub previous_secret_expires_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    /// Only in the responses to create and rotate-secret.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub secret: Option<String>,
+}
+
+impl SubscriptionView {
+    /// Without its secret: listings, reads, updates.
+    pub fn public(s: Subscription) -> Self {
+        Self::build(s, false)
+    }
+
+    /// With its current secret: creation and rotation only.
+    pub fn with_secret(s: Subscription) -> Self {
+        Self::build(s, true)
+    }
+
+    fn build(s: Subscription, show_secret: bool) -> Self {
+        Self {
+            secret: show_secret.then(|| s.secret.as_str().to_owned()),
+            id: s.id,
+            url: s.url,
+            event_types: s.event_types,
+            retry_policy: s.retry_policy,
+            timeout_ms: s.timeout_ms,
+            status: s.status,
+            disabled_reason: s.disabled_reason,
+            owner_email: s.owner_email,
+            description: s.description,
+            previous_secret_expires_at: s.previous_secret_expires_at,
+            created_at: s.created_at,
+            updated_at: s.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeliveryView {
+    pub id: DeliveryId,
+    pub event_id: EventId,
+    pub subscription_id: SubscriptionId,
+    pub event_type: EventType,
+    pub status: DeliveryStatus,
+    /// 0 for the original run, +1 for each replay.
+    pub round: u32,
+    /// Attempts made in this round.
+    pub attempt_count: u32,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub last_status_code: Option<u16>,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+impl From<Delivery> for DeliveryView {
+    fn from(d: Delivery) -> Self {
+        Self {
+            id: d.id,
+            event_id: d.event_id,
+            subscription_id: d.subscription_id,
+            event_type: d.event_type,
+            status: d.status,
+            round: d.round,
+            attempt_count: d.attempts,
+            next_attempt_at: d.next_attempt_at,
+            last_status_code: d.last_status_code,
+            last_error: d.last_error,
+            created_at: d.created_at,
+            updated_at: d.updated_at,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct AttemptView {
+    pub round: u32,
+    pub attempt: u32,
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: u64,
+    pub status_code: Option<u16>,
+    pub error: Option<String>,
+    pub response_excerpt: Option<String>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+}
+
+impl From<Attempt> for AttemptView {
+    fn from(a: Attempt) -> Self {
+        Self {
+            round: a.round,
+            attempt: a.attempt,
+            started_at: a.started_at,
+            duration_ms: a.duration_ms,
+            status_code: a.status_code,
+            error: a.error,
+            response_excerpt: a.response_excerpt,
+            next_attempt_at: a.next_attempt_at,
+        }
+    }
+}
+
+/// `GET /v1/deliveries/{id}`: the delivery and every attempt of every round, oldest first.
+#[derive(Debug, Serialize)]
+pub struct DeliveryDetail {
+    #[serde(flatten)]
+    pub delivery: DeliveryView,
+    pub attempts: Vec<AttemptView>,
+}
+
+/// One line of an accepted event: where it is going and how that stands.
+#[derive(Debug, Serialize)]
+pub struct AcceptedDelivery {
+    pub id: DeliveryId,
+    pub subscription_id: SubscriptionId,
+    pub status: DeliveryStatus,
+}
+
+/// `POST /v1/events` → 202.
+#[derive(Debug, Serialize)]
+pub struct AcceptedEvent {
+    pub id: EventId,
+    pub deliveries: Vec<AcceptedDelivery>,
+}
+
+/// `GET /v1/events/{id}`.
+#[derive(Debug, Serialize)]
+pub struct EventView {
+    pub id: EventId,
+    #[serde(rename = "type")]
+    pub event_type: EventType,
+    pub payload: serde_json::Value,
+    pub idempotency_key: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub deliveries: Vec<DeliveryView>,
+}
+
+/// A listing: `{"data": [...], "next_cursor": "..." | null}`.
+#[derive(Debug, Serialize)]
+pub struct Page<T> {
+    pub data: Vec<T>,
+    pub next_cursor: Option<String>,
+}
+
+/// The answer to a replay or a recover: the deliveries given a fresh attempt #1.
+#[derive(Debug, Serialize)]
+pub struct Replayed {
+    pub replayed: Vec<DeliveryView>,
+}

@@ -1,0 +1,276 @@
+//! Helpers for the end-to-end tests: start the real `hookwise dev` binary, a real receiving
+//! HTTP server on 127.0.0.1 that records what it got, and a small API client.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::Value;
+
+/// The `hookwise` binary of this workspace, built once per test run.
+pub fn hookwise_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        if let Ok(bin) = std::env::var("HOOKWISE_BIN") {
+            return PathBuf::from(bin);
+        }
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_owned();
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--quiet", "-p", "hookwise-cli"])
+            .current_dir(&root)
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "cargo build -p hookwise-cli failed");
+        let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+        target.join("debug").join("hookwise")
+    })
+    .clone()
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(label: &str) -> Self {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!("hookwise-e2e-{label}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Self(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `hookwise dev`.
+pub struct Dev {
+    child: Child,
+    pub base: String,
+    pub api_key: String,
+    pub data_dir: PathBuf,
+    args: Vec<String>,
+}
+
+impl Dev {
+    /// Start on a free port with a fast scheduler and short visibility timeout.
+    pub fn start(data_dir: &Path, extra: &[&str]) -> Self {
+        let args = extra.iter().map(|s| s.to_string()).collect();
+        Self::spawn(data_dir, args)
+    }
+
+    fn spawn(data_dir: &Path, args: Vec<String>) -> Self {
+        let mut child = Command::new(hookwise_bin())
+            .args(["dev", "--listen", "127.0.0.1:0", "--scheduler-interval", "1", "--visibility-timeout", "3", "--data-dir"])
+            .arg(data_dir)
+            .args(&args)
+            .env("HOOKWISE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("hookwise dev starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        let (mut base, mut api_key) = (None, None);
+        while base.is_none() || api_key.is_none() {
+            let line = lines.next().expect("hookwise dev printed its address and key before exiting").expect("a line");
+            if let Some(url) = line.split("listening on ").nth(1) {
+                base = Some(url.trim().to_owned());
+            }
+            if let Some(key) = line.strip_prefix("API key:") {
+                api_key = Some(key.trim().to_owned());
+            }
+        }
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, base: base.unwrap(), api_key: api_key.unwrap(), data_dir: data_dir.to_owned(), args }
+    }
+
+    /// SIGKILL: no chance to finish anything.
+    pub fn kill9(&mut self) {
+        self.child.kill().expect("kill -9");
+        self.child.wait().expect("reaped");
+    }
+
+    /// Start again on the same data dir (on a new port).
+    pub fn restart(&mut self) {
+        let again = Self::spawn(&self.data_dir, self.args.clone());
+        let old = std::mem::replace(self, again);
+        drop(old);
+    }
+
+    pub fn api(&self) -> Api {
+        Api { base: self.base.clone(), key: self.api_key.clone(), http: reqwest::Client::new() }
+    }
+
+    /// The `.eml` files in the outbox.
+    pub fn outbox(&self) -> Vec<String> {
+        let dir = self.data_dir.join("outbox");
+        let mut files: Vec<_> = std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        files.sort();
+        files.iter().filter(|p| p.extension().is_some_and(|e| e == "eml")).map(|p| std::fs::read_to_string(p).expect("eml")).collect()
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A small client for the API.
+#[derive(Clone)]
+pub struct Api {
+    pub base: String,
+    pub key: String,
+    pub http: reqwest::Client,
+}
+
+impl Api {
+    pub fn with_key(&self, key: &str) -> Api {
+        Api { key: key.to_owned(), ..self.clone() }
+    }
+
+    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>, headers: &[(&str, &str)]) -> (u16, Value) {
+        let mut req = self.http.request(method, format!("{}{}", self.base, path)).bearer_auth(&self.key);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.expect("the API answers");
+        let status = resp.status().as_u16();
+        let text = resp.text().await.expect("a body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, None, &[]).await
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(body), &[]).await
+    }
+
+    /// Create a subscription; returns its JSON (with the secret).
+    pub async fn subscribe(&self, body: Value) -> Value {
+        let (status, sub) = self.post("/v1/subscriptions", body).await;
+        assert_eq!(status, 201, "{sub}");
+        sub
+    }
+
+    pub async fn send_event(&self, event_type: &str, payload: Value) -> Value {
+        let (status, ev) = self.post("/v1/events", serde_json::json!({"type": event_type, "payload": payload})).await;
+        assert_eq!(status, 202, "{ev}");
+        ev
+    }
+
+    pub async fn delivery(&self, id: &str) -> Value {
+        let (status, d) = self.get(&format!("/v1/deliveries/{id}")).await;
+        assert_eq!(status, 200, "{d}");
+        d
+    }
+
+    /// Poll a delivery until its status is `want`.
+    pub async fn wait_status(&self, id: &str, want: &str, within: Duration) -> Value {
+        let start = Instant::now();
+        loop {
+            let d = self.delivery(id).await;
+            if d["status"] == want {
+                return d;
+            }
+            assert!(start.elapsed() < within, "delivery {id} is still {} after {within:?}, wanted {want}: {d}", d["status"]);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// What the receiver got: headers (lower-case names) and the raw body.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).expect("a JSON body")
+    }
+}
+
+/// A real HTTP server on 127.0.0.1 that records every POST and fails the first
+/// `fail_first` of them with 500 (`u32::MAX`: fail until told otherwise).
+pub struct Receiver {
+    pub addr: SocketAddr,
+    pub got: Arc<Mutex<Vec<Received>>>,
+    fail_first: Arc<AtomicU32>,
+    hits: Arc<AtomicU32>,
+}
+
+impl Receiver {
+    pub async fn start(fail_first: u32) -> Self {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let fail = Arc::new(AtomicU32::new(fail_first));
+        let hits = Arc::new(AtomicU32::new(0));
+        let (g, f, h) = (got.clone(), fail.clone(), hits.clone());
+        let app = axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
+            let (g, f, h) = (g.clone(), f.clone(), h.clone());
+            async move {
+                let headers = headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned())).collect();
+                g.lock().unwrap().push(Received { headers, body: body.to_vec() });
+                let n = h.fetch_add(1, Ordering::SeqCst);
+                if n < f.load(Ordering::SeqCst) {
+                    (StatusCode::INTERNAL_SERVER_ERROR, "down for maintenance")
+                } else {
+                    (StatusCode::OK, "thanks")
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        Self { addr, got, fail_first: fail, hits }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// From now on every request succeeds.
+    pub fn recover(&self) {
+        self.fail_first.store(0, Ordering::SeqCst);
+    }
+
+    pub fn count(&self) -> usize {
+        self.got.lock().unwrap().len()
+    }
+
+    pub fn requests(&self) -> Vec<Received> {
+        self.got.lock().unwrap().clone()
+    }
+
+    pub async fn wait_count(&self, n: usize, within: Duration) {
+        let start = Instant::now();
+        while self.count() < n {
+            assert!(start.elapsed() < within, "received {} requests after {within:?}, wanted {n}", self.count());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn hits(&self) -> u32 {
+        self.hits.load(Ordering::SeqCst)
+    }
+}

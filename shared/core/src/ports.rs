@@ -101,6 +101,21 @@ pub trait Store: Send + Sync {
     /// Pending or retrying deliveries whose next attempt was due before `due_before`.
     async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>>;
 
+    /// How many of a subscription's deliveries are in `status`. The default pages through
+    /// `list_deliveries`; a backend with a cheaper count overrides it.
+    async fn count_deliveries(&self, tenant: &TenantId, sub: &SubscriptionId, status: DeliveryStatus) -> PortResult<u64> {
+        let mut query = DeliveryQuery { status: Some(status), subscription_id: Some(sub.clone()), limit: 100, cursor: None };
+        let mut count = 0;
+        loop {
+            let page = self.list_deliveries(tenant, &query).await?;
+            count += page.items.len() as u64;
+            match page.next_cursor {
+                Some(c) => query.cursor = Some(c),
+                None => return Ok(count),
+            }
+        }
+    }
+
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth>;
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()>;
 

@@ -20,7 +20,7 @@ pub use dead_letter::DeadLetterReport;
 pub use deliver::DeliverOutcome;
 pub use events::{EventWithDeliveries, Ingested, NewEvent};
 pub use scheduler::SchedulerReport;
-pub use subscriptions::{NewSubscription, SubscriptionPatch};
+pub use subscriptions::{NewSubscription, SubscriptionOverview, SubscriptionPatch};
 
 /// The adapters the services run on.
 #[derive(Clone)]

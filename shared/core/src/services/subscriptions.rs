@@ -70,7 +70,28 @@ fn check_description(d: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// A subscription as the dashboard shows it: its health and its deliveries by status.
+#[derive(Debug, Clone)]
+pub struct SubscriptionOverview {
+    pub subscription: Subscription,
+    /// `None` before any attempt.
+    pub health: Option<f64>,
+    /// Pending, retrying, delivered, dead: in [`DeliveryStatus::ALL`]'s order.
+    pub counts: [u64; 4],
+}
+
 impl Services {
+    pub async fn subscription_overview(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<SubscriptionOverview> {
+        let subscription = self.get_subscription(tenant, id).await?;
+        let store = &self.ports.store;
+        let health = store.endpoint_health(id).await?.score(self.now());
+        let mut counts = [0; 4];
+        for (slot, status) in counts.iter_mut().zip(DeliveryStatus::ALL) {
+            *slot = store.count_deliveries(&tenant.id, id, status).await?;
+        }
+        Ok(SubscriptionOverview { subscription, health, counts })
+    }
+
     /// The new subscription, its `secret` included (the only time it is shown, with rotation).
     pub async fn create_subscription(&self, tenant: &Tenant, new: NewSubscription) -> Result<Subscription> {
         check_event_types(&new.event_types)?;

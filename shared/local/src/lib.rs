@@ -1,1 +1,295 @@
-//! Embedded backend. Being written.
+//! Hookwise's embedded backend: one SQLite file holds the store, the delivery queue and its
+//! dead-letter queue (with delay and visibility timeout, like SQS), the scheduler table and
+//! the email outbox (each mail also an `.eml` file).
+//!
+//! [`LocalBackend`] implements every core port ([`Store`], [`DeliveryQueue`],
+//! [`SchedulerTable`], [`Mailer`]); the local worker reads the queue through
+//! [`LocalBackend::receive`] and [`LocalBackend::ack`], which are not ports because on AWS
+//! the Lambda runtime does that part.
+//!
+//! One connection behind a mutex, used inside `spawn_blocking`: SQLite serialises writers
+//! anyway, and each call holds the lock for one short statement or transaction.
+//!
+//! [`Store`]: hookwise_core::ports::Store
+//! [`DeliveryQueue`]: hookwise_core::ports::DeliveryQueue
+//! [`SchedulerTable`]: hookwise_core::ports::SchedulerTable
+//! [`Mailer`]: hookwise_core::ports::Mailer
+
+mod outbox;
+mod queue;
+mod scheduler;
+mod schema;
+mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use hookwise_core::ports::{Clock, PortResult, SystemClock};
+use hookwise_core::PortError;
+use rusqlite::{Connection, ErrorCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::Notify;
+
+pub use outbox::SentEmail;
+pub use queue::{QueueName, Receipt, Received};
+
+/// The database file inside the data dir.
+pub const DB_FILE: &str = "hookwise.db";
+/// The directory of `.eml` files inside the data dir.
+pub const OUTBOX_DIR: &str = "outbox";
+/// SQS's limit on a message's delay, which the local queue copies by default.
+pub const DEFAULT_MAX_DELAY_SECONDS: u32 = 900;
+/// How often a message may be received before it moves to the dead-letter queue (SQS's
+/// redrive policy `maxReceiveCount`).
+pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 5;
+/// How long a writer waits for another process holding the database (e.g. `hookwise
+/// tenant create` while `hookwise dev` runs) before the call fails as retryable.
+pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a [`LocalBackend`] behaves; the defaults copy SQS and SES.
+#[derive(Clone)]
+pub struct LocalConfig {
+    /// Drives queue delays and visibility, outbox dates and notice claims. Tests pass a
+    /// manual clock.
+    pub clock: Arc<dyn Clock>,
+    /// The longest delay `enqueue` accepts; later retries go through the scheduler table.
+    pub max_delay_seconds: u32,
+    /// A delivery-queue message received this many times without an ack moves to the
+    /// dead-letter queue on the next `receive`; `None` never moves it.
+    pub max_receive_count: Option<u32>,
+    /// The `From:` of outbox mail.
+    pub mail_from: String,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            max_delay_seconds: DEFAULT_MAX_DELAY_SECONDS,
+            max_receive_count: Some(DEFAULT_MAX_RECEIVE_COUNT),
+            mail_from: "Hookwise <hookwise@hookwise.local>".into(),
+        }
+    }
+}
+
+impl std::fmt::Debug for LocalConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalConfig")
+            .field("max_delay_seconds", &self.max_delay_seconds)
+            .field("max_receive_count", &self.max_receive_count)
+            .field("mail_from", &self.mail_from)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The embedded backend. Cheap to clone: clones share one connection.
+#[derive(Clone)]
+pub struct LocalBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conn: Mutex<Connection>,
+    config: LocalConfig,
+    /// Where `.eml` files go; `None` for an in-memory backend (mail is kept as rows only).
+    outbox_dir: Option<PathBuf>,
+    data_dir: Option<PathBuf>,
+    delivery_ready: Notify,
+    dead_ready: Notify,
+    // Declared last so the connection closes before the directory is removed.
+    _temp: Option<TempDirGuard>,
+}
+
+impl std::fmt::Debug for LocalBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalBackend")
+            .field("data_dir", &self.inner.data_dir)
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalBackend {
+    /// Open (or create) `<data_dir>/hookwise.db` and `<data_dir>/outbox/` with the default
+    /// config (wall clock, 900 s max delay).
+    pub fn open(data_dir: &Path) -> PortResult<Self> {
+        Self::open_with(data_dir, LocalConfig::default())
+    }
+
+    pub fn open_with(data_dir: &Path, config: LocalConfig) -> PortResult<Self> {
+        Self::open_dir(data_dir, config, None)
+    }
+
+    /// A database in memory and no outbox directory: mail is kept as rows only. For tests.
+    pub fn open_in_memory() -> PortResult<Self> {
+        Self::open_in_memory_with(LocalConfig::default())
+    }
+
+    pub fn open_in_memory_with(config: LocalConfig) -> PortResult<Self> {
+        let conn = Connection::open_in_memory().map_err(|e| db_err("open an in-memory database", e))?;
+        schema::prepare(&conn)?;
+        Ok(Self::from_parts(conn, config, None, None, None))
+    }
+
+    /// A fresh data dir under the system's temp dir, removed when the last clone is
+    /// dropped. For tests that want real files (the `.eml` outbox).
+    pub fn open_temp() -> PortResult<Self> {
+        Self::open_temp_with(LocalConfig::default())
+    }
+
+    pub fn open_temp_with(config: LocalConfig) -> PortResult<Self> {
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "hookwise-{}-{}-{}",
+            std::process::id(),
+            Utc::now().timestamp_nanos_opt().unwrap_or_default(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let guard = TempDirGuard(dir.clone());
+        Self::open_dir(&dir, config, Some(guard))
+    }
+
+    fn open_dir(data_dir: &Path, config: LocalConfig, temp: Option<TempDirGuard>) -> PortResult<Self> {
+        let outbox_dir = data_dir.join(OUTBOX_DIR);
+        std::fs::create_dir_all(&outbox_dir)
+            .map_err(|e| PortError::permanent(format!("create the outbox directory {}", outbox_dir.display()), e))?;
+        let path = data_dir.join(DB_FILE);
+        let conn = Connection::open(&path).map_err(|e| db_err("open the database", e))?;
+        schema::prepare(&conn)?;
+        Ok(Self::from_parts(conn, config, Some(outbox_dir), Some(data_dir.to_owned()), temp))
+    }
+
+    fn from_parts(
+        conn: Connection,
+        config: LocalConfig,
+        outbox_dir: Option<PathBuf>,
+        data_dir: Option<PathBuf>,
+        temp: Option<TempDirGuard>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                conn: Mutex::new(conn),
+                config,
+                outbox_dir,
+                data_dir,
+                delivery_ready: Notify::new(),
+                dead_ready: Notify::new(),
+                _temp: temp,
+            }),
+        }
+    }
+
+    /// The data dir, unless the database is in memory.
+    pub fn data_dir(&self) -> Option<&Path> {
+        self.inner.data_dir.as_deref()
+    }
+
+    /// Where `.eml` files are written, unless the database is in memory.
+    pub fn outbox_dir(&self) -> Option<&Path> {
+        self.inner.outbox_dir.as_deref()
+    }
+
+    pub fn config(&self) -> &LocalConfig {
+        &self.inner.config
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        self.inner.config.clock.now()
+    }
+
+    /// Run `f` on the connection off the async runtime's worker threads.
+    async fn with_conn<T, F>(&self, what: &'static str, f: F) -> PortResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection) -> PortResult<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            // A panic while holding the lock cannot leave a transaction half-applied (it
+            // rolls back on drop), so a poisoned lock is still safe to use.
+            let mut conn = inner.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| PortError::permanent(what, e))?
+    }
+}
+
+/// Removes a temp data dir.
+struct TempDirGuard(PathBuf);
+
+impl Drop for TempDirGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A busy or locked database may work on the next try; anything else will not.
+pub(crate) fn db_err(what: impl Into<String>, e: rusqlite::Error) -> PortError {
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => PortError::retryable(what, e),
+        _ => PortError::permanent(what, e),
+    }
+}
+
+pub(crate) fn is_constraint_violation(e: &rusqlite::Error) -> bool {
+    e.sqlite_error_code() == Some(ErrorCode::ConstraintViolation)
+}
+
+/// Time as an integer column: nanoseconds since the epoch, so ordering matches
+/// `DateTime`'s to the nanosecond. Times beyond 1677..2262 clamp to the ends.
+pub(crate) fn nanos(t: DateTime<Utc>) -> i64 {
+    t.timestamp_nanos_opt().unwrap_or(if t.timestamp() < 0 { i64::MIN } else { i64::MAX })
+}
+
+pub(crate) fn from_nanos(n: i64) -> DateTime<Utc> {
+    DateTime::from_timestamp_nanos(n)
+}
+
+pub(crate) fn to_json<T: Serialize>(what: &'static str, value: &T) -> PortResult<String> {
+    serde_json::to_string(value).map_err(|e| PortError::permanent(format!("encode {what}"), e))
+}
+
+/// A row that does not decode is corrupt data: a permanent error, never a panic.
+pub(crate) fn from_json<T: DeserializeOwned>(what: &'static str, text: &str) -> PortResult<T> {
+    serde_json::from_str(text).map_err(|e| PortError::permanent(format!("decode a stored {what}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::ffi;
+
+    #[test]
+    fn busy_and_locked_databases_are_retryable_and_other_errors_permanent() {
+        let busy = rusqlite::Error::SqliteFailure(ffi::Error::new(ffi::SQLITE_BUSY), None);
+        let locked = rusqlite::Error::SqliteFailure(ffi::Error::new(ffi::SQLITE_LOCKED), None);
+        let corrupt = rusqlite::Error::SqliteFailure(ffi::Error::new(ffi::SQLITE_CORRUPT), None);
+        assert!(matches!(db_err("x", busy), PortError::Retryable { .. }));
+        assert!(matches!(db_err("x", locked), PortError::Retryable { .. }));
+        assert!(matches!(db_err("x", corrupt), PortError::Permanent { .. }));
+        assert!(matches!(db_err("x", rusqlite::Error::QueryReturnedNoRows), PortError::Permanent { .. }));
+    }
+
+    #[test]
+    fn nanosecond_columns_round_trip_and_clamp_out_of_range_times() {
+        let t = DateTime::parse_from_rfc3339("2031-02-03T04:05:06.123456789Z").unwrap().with_timezone(&Utc);
+        assert_eq!(from_nanos(nanos(t)), t);
+        let far = DateTime::parse_from_rfc3339("9999-01-01T00:00:00Z").unwrap().with_timezone(&Utc);
+        assert_eq!(nanos(far), i64::MAX);
+    }
+
+    #[test]
+    fn temp_backends_remove_their_directory_when_dropped() {
+        let backend = LocalBackend::open_temp().unwrap();
+        let dir = backend.data_dir().unwrap().to_owned();
+        assert!(dir.join(DB_FILE).exists());
+        assert!(dir.join(OUTBOX_DIR).is_dir());
+        drop(backend);
+        assert!(!dir.exists());
+    }
+}

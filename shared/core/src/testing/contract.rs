@@ -1,1 +1,814 @@
-//! The contract suite every Store / DeliveryQueue / SchedulerTable implementation passes.
+//! The contract suite every Store / DeliveryQueue / SchedulerTable implementation passes,
+//! so the SQLite, in-memory and AWS backends cannot drift apart.
+//!
+//! A backend plugs in by implementing [`ContractBackend`] (its ports, a way to take what
+//! its queues hold, and a way to let time pass), then expanding
+//! [`store_contract_tests!`](crate::store_contract_tests) with an async factory in a test
+//! file; each contract becomes one `#[test]`:
+//!
+//! ```ignore
+//! struct Sqlite { backend: LocalBackend, clock: Arc<ManualClock> }
+//! #[async_trait::async_trait]
+//! impl ContractBackend for Sqlite { /* ... */ }
+//!
+//! async fn sqlite() -> Sqlite { /* a fresh backend */ }
+//!
+//! hookwise_core::store_contract_tests!(sqlite());
+//! ```
+//!
+//! The factory must give each test a backend of its own: the queue, scheduler and overdue
+//! contracts look at everything the backend holds. (Store contracts make fresh tenants, so a
+//! shared store would do for them.) Every contract is also a `pub async fn` taking
+//! `&dyn ContractBackend`, to call by hand.
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, TimeZone, Utc};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::error::PortError;
+use crate::health::{EndpointHealth, HealthSample};
+use crate::model::*;
+use crate::policy::RetryPolicy;
+use crate::ports::*;
+
+/// What the suite needs from a backend.
+#[async_trait]
+pub trait ContractBackend: Send + Sync {
+    fn store(&self) -> &dyn Store;
+    fn queue(&self) -> &dyn DeliveryQueue;
+    fn scheduler(&self) -> &dyn SchedulerTable;
+    /// Receive and delete every delivery-queue message visible now.
+    async fn take_visible(&self) -> PortResult<Vec<DeliveryTask>>;
+    /// Receive and delete every dead-letter-queue message visible now.
+    async fn take_dead_letters(&self) -> PortResult<Vec<DeliveryTask>>;
+    /// Let `by` pass on the clock the queue's delays run on: a manual clock moves, a real
+    /// one is slept through. The suite never asks for more than a few seconds.
+    async fn advance(&self, by: Duration);
+}
+
+/// Run one contract on a fresh current-thread runtime (what `#[tokio::test]` does), so the
+/// crate expanding the macro needs no tokio features of its own.
+pub fn run<F: Future<Output = ()>>(contract: F) {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the contract test")
+        .block_on(contract)
+}
+
+/// One `#[test]` per contract, each on a backend from `$factory` (an expression of a future
+/// whose output implements [`ContractBackend`]).
+#[macro_export]
+macro_rules! store_contract_tests {
+    ($factory:expr) => {
+        $crate::__contract_tests! { $factory;
+            tenants_are_found_by_id_and_by_api_key_hash,
+            subscriptions_are_listed_oldest_first_within_their_tenant,
+            put_subscription_replaces_the_stored_subscription,
+            delete_subscription_reports_whether_it_deleted_and_respects_tenants,
+            create_event_writes_the_event_and_all_its_deliveries,
+            a_reused_idempotency_key_returns_the_first_event_and_writes_nothing,
+            another_tenants_ids_are_not_found,
+            apply_change_moves_the_delivery_and_records_the_attempt,
+            apply_change_with_a_stale_expectation_fails_and_writes_nothing,
+            apply_change_refuses_an_attempt_already_recorded,
+            attempts_are_listed_in_the_order_they_were_made,
+            list_deliveries_pages_newest_first_without_gaps_or_repeats,
+            list_deliveries_filters_by_status_and_subscription,
+            list_deliveries_clamps_the_page_size,
+            overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the_time,
+            a_dead_notice_is_claimed_once_per_round,
+            endpoint_health_starts_empty_and_round_trips,
+            tasks_enqueued_without_delay_are_visible_at_once,
+            a_delayed_task_stays_hidden_until_its_delay_has_passed,
+            the_queue_accepts_its_max_delay_and_refuses_longer,
+            dead_lettered_tasks_reach_only_the_dead_letter_queue,
+            scheduled_items_come_due_earliest_first,
+            removed_scheduled_items_are_no_longer_due,
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __contract_tests {
+    ($factory:expr; $($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::testing::contract::run(async {
+                    let backend = $factory.await;
+                    $crate::testing::contract::$name(&backend).await;
+                });
+            }
+        )*
+    };
+}
+
+// ---------------------------------------------------------------------------------------
+// Fixtures
+
+/// Far from any real clock, so a stray `now` in a backend shows up as a wrong answer.
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2030, 6, 1, 12, 0, 0).single().expect("a valid time")
+}
+
+fn minutes(n: i64) -> chrono::Duration {
+    chrono::Duration::minutes(n)
+}
+
+/// Random ids (from the OS), so tests never collide even on a shared table.
+struct Fixture {
+    rng: StdRng,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        Self { rng: StdRng::from_os_rng() }
+    }
+
+    fn tenant(&mut self) -> Tenant {
+        Tenant {
+            id: TenantId::generate(t0(), &mut self.rng),
+            name: "Acme".into(),
+            owner_email: Email::parse("ops@acme.example").expect("a valid email"),
+            retries_enabled: true,
+            created_at: t0(),
+        }
+    }
+
+    /// A tenant written to the store.
+    async fn stored_tenant(&mut self, b: &dyn ContractBackend) -> Tenant {
+        let t = self.tenant();
+        let key = format!("hwk_{}", t.id);
+        b.store().create_tenant(&t, &crate::auth::hash_api_key(&key)).await.expect("create tenant");
+        t
+    }
+
+    fn subscription(&mut self, tenant: &TenantId, created_at: DateTime<Utc>) -> Subscription {
+        Subscription {
+            id: SubscriptionId::generate(created_at, &mut self.rng),
+            tenant_id: tenant.clone(),
+            url: EndpointUrl::parse("https://hooks.acme.example/in").expect("a valid url"),
+            event_types: vec![EventTypeFilter::all()],
+            secret: Secret::generate(&mut self.rng),
+            previous_secret: None,
+            previous_secret_expires_at: None,
+            retry_policy: RetryPolicy::standard(),
+            timeout_ms: DEFAULT_TIMEOUT_MS,
+            status: SubscriptionStatus::Active,
+            disabled_reason: None,
+            owner_email: None,
+            description: Some("orders".into()),
+            created_at,
+            updated_at: created_at,
+        }
+    }
+
+    fn event(&mut self, tenant: &TenantId, created_at: DateTime<Utc>, key: Option<&str>) -> Event {
+        Event {
+            id: EventId::generate(created_at, &mut self.rng),
+            tenant_id: tenant.clone(),
+            event_type: EventType::parse("invoice.paid").expect("a valid type"),
+            payload: serde_json::json!({"invoice": 42, "lines": [{"sku": "a", "qty": 2}], "note": "café"}),
+            created_at,
+            idempotency_key: key.map(str::to_owned),
+        }
+    }
+
+    /// A fresh pending delivery of `event` to `sub`, due at once.
+    fn delivery(&mut self, event: &Event, sub: &SubscriptionId) -> Delivery {
+        Delivery {
+            id: DeliveryId::generate(event.created_at, &mut self.rng),
+            tenant_id: event.tenant_id.clone(),
+            event_id: event.id.clone(),
+            subscription_id: sub.clone(),
+            event_type: event.event_type.clone(),
+            status: DeliveryStatus::Pending,
+            round: 0,
+            attempts: 0,
+            next_attempt_at: Some(event.created_at),
+            last_delay_seconds: None,
+            last_status_code: None,
+            last_error: None,
+            created_at: event.created_at,
+            updated_at: event.created_at,
+        }
+    }
+
+    /// An event written with one delivery per subscription id.
+    async fn stored_event(
+        &mut self,
+        b: &dyn ContractBackend,
+        tenant: &TenantId,
+        at: DateTime<Utc>,
+        subs: &[SubscriptionId],
+    ) -> (Event, Vec<Delivery>) {
+        let event = self.event(tenant, at, None);
+        let deliveries: Vec<Delivery> = subs.iter().map(|s| self.delivery(&event, s)).collect();
+        let created = b.store().create_event(&event, &deliveries).await.expect("create event");
+        assert_eq!(created, Created::New);
+        (event, deliveries)
+    }
+
+    fn sub_ids(&mut self, n: usize) -> Vec<SubscriptionId> {
+        (0..n).map(|_| SubscriptionId::generate(t0(), &mut self.rng)).collect()
+    }
+
+    fn task(&mut self) -> DeliveryTask {
+        DeliveryTask { delivery_id: DeliveryId::generate(t0(), &mut self.rng), round: 0, attempt: 1 }
+    }
+}
+
+fn attempt(d: &Delivery, round: u32, number: u32, status_code: u16, started_at: DateTime<Utc>) -> Attempt {
+    Attempt {
+        delivery_id: d.id.clone(),
+        round,
+        attempt: number,
+        started_at,
+        duration_ms: 120,
+        status_code: Some(status_code),
+        error: None,
+        response_excerpt: Some(format!("status {status_code}")),
+        next_attempt_at: None,
+    }
+}
+
+/// `d` after a failed attempt: retrying, with the next one in `delay_minutes`.
+fn failed(d: &Delivery, at: DateTime<Utc>, delay_minutes: i64) -> Delivery {
+    Delivery {
+        status: DeliveryStatus::Retrying,
+        attempts: d.attempts + 1,
+        next_attempt_at: Some(at + minutes(delay_minutes)),
+        last_delay_seconds: Some(60.0 * delay_minutes as f64),
+        last_status_code: Some(503),
+        last_error: Some("HTTP 503".into()),
+        updated_at: at,
+        ..d.clone()
+    }
+}
+
+fn finished(d: &Delivery, status: DeliveryStatus, at: DateTime<Utc>) -> Delivery {
+    Delivery { status, attempts: d.attempts + 1, next_attempt_at: None, updated_at: at, ..d.clone() }
+}
+
+/// Apply a change that must succeed; returns the new state.
+async fn change(b: &dyn ContractBackend, from: &Delivery, next: Delivery, attempt: Option<Attempt>) -> Delivery {
+    b.store()
+        .apply_change(&DeliveryChange { expected: Expected::of(from), next: next.clone(), attempt })
+        .await
+        .expect("apply change");
+    next
+}
+
+fn assert_condition_failed<T: std::fmt::Debug>(result: PortResult<T>, what: &str) {
+    match result {
+        Err(PortError::ConditionFailed(_)) => {}
+        other => panic!("{what}: expected ConditionFailed, got {other:?}"),
+    }
+}
+
+fn ids(ds: &[Delivery]) -> Vec<DeliveryId> {
+    ds.iter().map(|d| d.id.clone()).collect()
+}
+
+fn sorted<T: Ord>(mut v: Vec<T>) -> Vec<T> {
+    v.sort();
+    v
+}
+
+/// Newest first: created_at descending, then id descending.
+fn newest_first(mut ds: Vec<Delivery>) -> Vec<Delivery> {
+    ds.sort_by(|a, b| b.created_at.cmp(&a.created_at).then_with(|| b.id.cmp(&a.id)));
+    ds
+}
+
+/// Follow the cursors to the end, checking every page's size.
+async fn all_pages(b: &dyn ContractBackend, tenant: &TenantId, query: DeliveryQuery) -> Vec<Delivery> {
+    let mut query = query;
+    let mut items = Vec::new();
+    for _ in 0..1000 {
+        let page = b.store().list_deliveries(tenant, &query).await.expect("list deliveries");
+        assert!(page.items.len() <= query.limit as usize, "a page is larger than its limit");
+        match page.next_cursor {
+            Some(cursor) => {
+                assert_eq!(page.items.len(), query.limit as usize, "a page with a next cursor must be full");
+                items.extend(page.items);
+                query.cursor = Some(cursor);
+            }
+            None => {
+                items.extend(page.items);
+                return items;
+            }
+        }
+    }
+    panic!("list_deliveries never stopped returning a cursor");
+}
+
+// ---------------------------------------------------------------------------------------
+// Store: tenants and subscriptions
+
+pub async fn tenants_are_found_by_id_and_by_api_key_hash(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let tenant = fx.tenant();
+    let hash = crate::auth::hash_api_key("hwk_contract_key_one");
+    b.store().create_tenant(&tenant, &hash).await.expect("create tenant");
+
+    assert_eq!(b.store().get_tenant(&tenant.id).await.expect("get"), Some(tenant.clone()));
+    assert_eq!(b.store().tenant_by_api_key(&hash).await.expect("by key"), Some(tenant.clone()));
+    let other_hash = crate::auth::hash_api_key("hwk_contract_key_two");
+    assert_eq!(b.store().tenant_by_api_key(&other_hash).await.expect("by unknown key"), None);
+    assert_eq!(b.store().get_tenant(&fx.tenant().id).await.expect("get unknown"), None);
+}
+
+pub async fn subscriptions_are_listed_oldest_first_within_their_tenant(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let other = fx.stored_tenant(b).await;
+    let s1 = fx.subscription(&a.id, t0() + minutes(1));
+    let s2 = fx.subscription(&a.id, t0() + minutes(2));
+    let s3 = fx.subscription(&a.id, t0() + minutes(3));
+    let theirs = fx.subscription(&other.id, t0());
+    // Written out of order: the listing sorts by creation time, not by writing order.
+    for s in [&s2, &theirs, &s3, &s1] {
+        b.store().put_subscription(s).await.expect("put");
+    }
+
+    assert_eq!(b.store().list_subscriptions(&a.id).await.expect("list"), vec![s1.clone(), s2, s3]);
+    assert_eq!(b.store().list_subscriptions(&other.id).await.expect("list"), vec![theirs.clone()]);
+    assert_eq!(b.store().get_subscription(&a.id, &s1.id).await.expect("get"), Some(s1.clone()));
+    assert_eq!(b.store().get_subscription(&other.id, &s1.id).await.expect("get across tenants"), None);
+    assert_eq!(b.store().get_subscription(&a.id, &theirs.id).await.expect("get across tenants"), None);
+}
+
+pub async fn put_subscription_replaces_the_stored_subscription(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let original = fx.subscription(&a.id, t0());
+    b.store().put_subscription(&original).await.expect("put");
+
+    let changed = Subscription {
+        url: EndpointUrl::parse("https://elsewhere.acme.example/hooks").expect("a valid url"),
+        status: SubscriptionStatus::Disabled,
+        disabled_reason: Some("endpoint answered 410".into()),
+        previous_secret: Some(original.secret.clone()),
+        previous_secret_expires_at: Some(t0() + chrono::Duration::hours(24)),
+        secret: Secret::generate(&mut fx.rng),
+        retry_policy: RetryPolicy::ledger(),
+        updated_at: t0() + minutes(5),
+        ..original.clone()
+    };
+    b.store().put_subscription(&changed).await.expect("put again");
+
+    assert_eq!(b.store().get_subscription(&a.id, &original.id).await.expect("get"), Some(changed.clone()));
+    assert_eq!(b.store().list_subscriptions(&a.id).await.expect("list"), vec![changed]);
+}
+
+pub async fn delete_subscription_reports_whether_it_deleted_and_respects_tenants(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let other = fx.stored_tenant(b).await;
+    let sub = fx.subscription(&a.id, t0());
+    b.store().put_subscription(&sub).await.expect("put");
+
+    assert!(!b.store().delete_subscription(&other.id, &sub.id).await.expect("delete across tenants"));
+    assert_eq!(b.store().get_subscription(&a.id, &sub.id).await.expect("get"), Some(sub.clone()));
+    assert!(b.store().delete_subscription(&a.id, &sub.id).await.expect("delete"));
+    assert_eq!(b.store().get_subscription(&a.id, &sub.id).await.expect("get"), None);
+    assert!(b.store().list_subscriptions(&a.id).await.expect("list").is_empty());
+    assert!(!b.store().delete_subscription(&a.id, &sub.id).await.expect("delete again"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Store: events and deliveries
+
+pub async fn create_event_writes_the_event_and_all_its_deliveries(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(3);
+    let (event, deliveries) = fx.stored_event(b, &a.id, t0(), &subs).await;
+
+    assert_eq!(b.store().get_event(&a.id, &event.id).await.expect("get event"), Some(event.clone()));
+    let mut stored = b.store().event_deliveries(&a.id, &event.id).await.expect("event deliveries");
+    stored.sort_by(|x, y| x.id.cmp(&y.id));
+    let mut expected = deliveries.clone();
+    expected.sort_by(|x, y| x.id.cmp(&y.id));
+    assert_eq!(stored, expected);
+    for d in &deliveries {
+        assert_eq!(b.store().get_delivery(&d.id).await.expect("get delivery").as_ref(), Some(d));
+        assert!(b.store().attempts(&d.id).await.expect("attempts").is_empty());
+    }
+}
+
+pub async fn a_reused_idempotency_key_returns_the_first_event_and_writes_nothing(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let other = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(2);
+
+    let first = fx.event(&a.id, t0(), Some("order-17"));
+    let first_deliveries: Vec<Delivery> = subs.iter().map(|s| fx.delivery(&first, s)).collect();
+    assert_eq!(b.store().create_event(&first, &first_deliveries).await.expect("first"), Created::New);
+
+    let again = fx.event(&a.id, t0() + minutes(1), Some("order-17"));
+    let again_deliveries: Vec<Delivery> = subs.iter().map(|s| fx.delivery(&again, s)).collect();
+    assert_eq!(
+        b.store().create_event(&again, &again_deliveries).await.expect("again"),
+        Created::Existing(first.id.clone())
+    );
+    assert_eq!(b.store().get_event(&a.id, &again.id).await.expect("get"), None);
+    for d in &again_deliveries {
+        assert_eq!(b.store().get_delivery(&d.id).await.expect("get delivery"), None, "a duplicate's delivery was written");
+    }
+    assert_eq!(
+        sorted(ids(&b.store().event_deliveries(&a.id, &first.id).await.expect("deliveries"))),
+        sorted(ids(&first_deliveries))
+    );
+    let listed = b.store().list_deliveries(&a.id, &DeliveryQuery::default()).await.expect("list");
+    assert_eq!(sorted(ids(&listed.items)), sorted(ids(&first_deliveries)));
+
+    // Keys are per tenant; events without a key never clash.
+    let theirs = fx.event(&other.id, t0(), Some("order-17"));
+    assert_eq!(b.store().create_event(&theirs, &[]).await.expect("other tenant"), Created::New);
+    for _ in 0..2 {
+        let unkeyed = fx.event(&a.id, t0(), None);
+        assert_eq!(b.store().create_event(&unkeyed, &[]).await.expect("no key"), Created::New);
+    }
+}
+
+pub async fn another_tenants_ids_are_not_found(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let other = fx.stored_tenant(b).await;
+    let sub = fx.subscription(&a.id, t0());
+    b.store().put_subscription(&sub).await.expect("put");
+    let (event, deliveries) = fx.stored_event(b, &a.id, t0(), &[sub.id.clone()]).await;
+
+    assert_eq!(b.store().get_event(&other.id, &event.id).await.expect("get event"), None);
+    assert!(b.store().event_deliveries(&other.id, &event.id).await.expect("deliveries").is_empty());
+    let page = b.store().list_deliveries(&other.id, &DeliveryQuery::default()).await.expect("list");
+    assert!(page.items.is_empty() && page.next_cursor.is_none());
+    let by_sub = DeliveryQuery { subscription_id: Some(sub.id.clone()), ..Default::default() };
+    assert!(b.store().list_deliveries(&other.id, &by_sub).await.expect("list by sub").items.is_empty());
+    // The owner still sees them.
+    assert_eq!(ids(&b.store().list_deliveries(&a.id, &by_sub).await.expect("list").items), ids(&deliveries));
+}
+
+pub async fn apply_change_moves_the_delivery_and_records_the_attempt(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(1);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let d = &ds[0];
+
+    let at = t0() + chrono::Duration::milliseconds(1500);
+    let mut first = attempt(d, 0, 1, 503, at);
+    first.next_attempt_at = Some(at + minutes(1));
+    let retrying = change(b, d, failed(d, at, 1), Some(first.clone())).await;
+    assert_eq!(b.store().get_delivery(&d.id).await.expect("get"), Some(retrying.clone()));
+    assert_eq!(b.store().attempts(&d.id).await.expect("attempts"), vec![first.clone()]);
+
+    let at2 = at + minutes(1);
+    let second = attempt(d, 0, 2, 200, at2);
+    let delivered = change(b, &retrying, finished(&retrying, DeliveryStatus::Delivered, at2), Some(second.clone())).await;
+    assert_eq!(b.store().get_delivery(&d.id).await.expect("get"), Some(delivered));
+    assert_eq!(b.store().attempts(&d.id).await.expect("attempts"), vec![first, second]);
+}
+
+pub async fn apply_change_with_a_stale_expectation_fails_and_writes_nothing(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(1);
+    let (event, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let d = &ds[0];
+    let first = attempt(d, 0, 1, 500, t0());
+    let current = change(b, d, failed(d, t0(), 1), Some(first.clone())).await;
+
+    let stale = [
+        ("status and attempts", Expected { status: DeliveryStatus::Pending, round: 0, attempts: 0 }),
+        ("attempts", Expected { status: DeliveryStatus::Retrying, round: 0, attempts: 0 }),
+        ("round", Expected { status: DeliveryStatus::Retrying, round: 1, attempts: 1 }),
+        ("status", Expected { status: DeliveryStatus::Dead, round: 0, attempts: 1 }),
+    ];
+    for (n, (what, expected)) in stale.into_iter().enumerate() {
+        let next = finished(&current, DeliveryStatus::Delivered, t0() + minutes(1));
+        let record = attempt(d, 0, 2 + n as u32, 200, t0() + minutes(1));
+        let result = b.store().apply_change(&DeliveryChange { expected, next, attempt: Some(record) }).await;
+        assert_condition_failed(result, &format!("a stale {what}"));
+    }
+    assert_eq!(b.store().get_delivery(&d.id).await.expect("get"), Some(current.clone()));
+    assert_eq!(b.store().attempts(&d.id).await.expect("attempts"), vec![first]);
+
+    // A delivery that does not exist has nothing to match either.
+    let ghost = fx.delivery(&event, &d.subscription_id);
+    let result = b
+        .store()
+        .apply_change(&DeliveryChange { expected: Expected::of(&ghost), next: failed(&ghost, t0(), 1), attempt: None })
+        .await;
+    assert_condition_failed(result, "an unknown delivery");
+    assert_eq!(b.store().get_delivery(&ghost.id).await.expect("get"), None);
+}
+
+pub async fn apply_change_refuses_an_attempt_already_recorded(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(1);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let d = &ds[0];
+    let first = attempt(d, 0, 1, 500, t0());
+    let current = change(b, d, failed(d, t0(), 1), Some(first.clone())).await;
+
+    // The expectation holds, but the attempt it records is already there: all or nothing.
+    let duplicate = attempt(d, 0, 1, 200, t0() + minutes(1));
+    let result = b
+        .store()
+        .apply_change(&DeliveryChange {
+            expected: Expected::of(&current),
+            next: finished(&current, DeliveryStatus::Delivered, t0() + minutes(1)),
+            attempt: Some(duplicate),
+        })
+        .await;
+    assert_condition_failed(result, "a duplicate attempt");
+    assert_eq!(b.store().get_delivery(&d.id).await.expect("get"), Some(current));
+    assert_eq!(b.store().attempts(&d.id).await.expect("attempts"), vec![first]);
+}
+
+pub async fn attempts_are_listed_in_the_order_they_were_made(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(1);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let d = &ds[0];
+
+    let r0a1 = attempt(d, 0, 1, 500, t0());
+    let s = change(b, d, failed(d, t0(), 1), Some(r0a1.clone())).await;
+    let r0a2 = attempt(d, 0, 2, 500, t0() + minutes(1));
+    let s = change(b, &s, finished(&s, DeliveryStatus::Dead, t0() + minutes(1)), Some(r0a2.clone())).await;
+    // Replay: a new round starts with no attempt made.
+    let replayed = Delivery {
+        status: DeliveryStatus::Pending,
+        round: 1,
+        attempts: 0,
+        next_attempt_at: Some(t0() + minutes(10)),
+        updated_at: t0() + minutes(10),
+        ..s.clone()
+    };
+    let s = change(b, &s, replayed, None).await;
+    let r1a1 = attempt(d, 1, 1, 200, t0() + minutes(10));
+    change(b, &s, finished(&s, DeliveryStatus::Delivered, t0() + minutes(10)), Some(r1a1.clone())).await;
+
+    assert_eq!(b.store().attempts(&d.id).await.expect("attempts"), vec![r0a1, r0a2, r1a1]);
+}
+
+pub async fn list_deliveries_pages_newest_first_without_gaps_or_repeats(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(2);
+    let mut all = Vec::new();
+    // Seven events, three of them at the same instant (ties are broken by id), and events
+    // with one or two deliveries: eleven deliveries.
+    let times = [0, 5, 5, 5, 9, 12, 20];
+    for (i, m) in times.into_iter().enumerate() {
+        let targets = if i % 2 == 0 { &subs[..] } else { &subs[..1] };
+        let (_, ds) = fx.stored_event(b, &a.id, t0() + minutes(m), targets).await;
+        all.extend(ds);
+    }
+    assert_eq!(all.len(), 11);
+    let expected = newest_first(all);
+
+    for limit in [1, 3, 4, 11, 20] {
+        let got = all_pages(b, &a.id, DeliveryQuery { limit, ..Default::default() }).await;
+        assert_eq!(ids(&got), ids(&expected), "pages of {limit}");
+    }
+    // The last page of an exact multiple has no cursor to an empty page.
+    let whole = b.store().list_deliveries(&a.id, &DeliveryQuery { limit: 11, ..Default::default() }).await.expect("list");
+    assert_eq!(whole.items, expected);
+    assert_eq!(whole.next_cursor, None);
+}
+
+pub async fn list_deliveries_filters_by_status_and_subscription(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(2);
+    let mut all = Vec::new();
+    for m in 0..4 {
+        let (_, ds) = fx.stored_event(b, &a.id, t0() + minutes(m), &subs).await;
+        all.extend(ds);
+    }
+    // Deliver three of the eight: two to the first subscription, one to the second.
+    let mut current = Vec::new();
+    for (i, d) in all.iter().enumerate() {
+        if [0, 3, 4].contains(&i) {
+            current.push(change(b, d, finished(d, DeliveryStatus::Delivered, t0()), Some(attempt(d, 0, 1, 200, t0()))).await);
+        } else {
+            current.push(d.clone());
+        }
+    }
+    let expect = |f: &dyn Fn(&Delivery) -> bool| ids(&newest_first(current.iter().filter(|d| f(d)).cloned().collect()));
+
+    let delivered = DeliveryQuery { status: Some(DeliveryStatus::Delivered), ..Default::default() };
+    let got = b.store().list_deliveries(&a.id, &delivered).await.expect("by status");
+    assert_eq!(ids(&got.items), expect(&|d| d.status == DeliveryStatus::Delivered));
+    assert_eq!(got.items.len(), 3);
+
+    let first_sub = DeliveryQuery { subscription_id: Some(subs[0].clone()), ..Default::default() };
+    let got = b.store().list_deliveries(&a.id, &first_sub).await.expect("by subscription");
+    assert_eq!(ids(&got.items), expect(&|d| d.subscription_id == subs[0]));
+
+    let both = DeliveryQuery { status: Some(DeliveryStatus::Pending), subscription_id: Some(subs[1].clone()), ..Default::default() };
+    let got = b.store().list_deliveries(&a.id, &both).await.expect("by both");
+    assert_eq!(ids(&got.items), expect(&|d| d.status == DeliveryStatus::Pending && d.subscription_id == subs[1]));
+
+    // Filters hold across pages.
+    let paged = all_pages(b, &a.id, DeliveryQuery { limit: 2, ..delivered.clone() }).await;
+    assert_eq!(ids(&paged), expect(&|d| d.status == DeliveryStatus::Delivered));
+    let none = DeliveryQuery { status: Some(DeliveryStatus::Dead), ..Default::default() };
+    assert!(b.store().list_deliveries(&a.id, &none).await.expect("none dead").items.is_empty());
+}
+
+pub async fn list_deliveries_clamps_the_page_size(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(120);
+    fx.stored_event(b, &a.id, t0(), &subs).await;
+
+    let page = |limit| DeliveryQuery { limit, ..Default::default() };
+    let default = b.store().list_deliveries(&a.id, &page(0)).await.expect("limit 0");
+    assert_eq!(default.items.len(), 50, "limit 0 means the default of 50");
+    assert!(default.next_cursor.is_some());
+    let capped = b.store().list_deliveries(&a.id, &page(1000)).await.expect("limit 1000");
+    assert_eq!(capped.items.len(), 100, "limits above 100 are cut to 100");
+    assert!(capped.next_cursor.is_some());
+    let rest = b
+        .store()
+        .list_deliveries(&a.id, &DeliveryQuery { limit: 1000, cursor: capped.next_cursor, ..Default::default() })
+        .await
+        .expect("the rest");
+    assert_eq!(rest.items.len(), 20);
+    assert_eq!(rest.next_cursor, None);
+    assert_eq!(b.store().list_deliveries(&a.id, &page(1)).await.expect("limit 1").items.len(), 1);
+}
+
+pub async fn overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the_time(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let cut = t0() + chrono::Duration::hours(1);
+    let subs = fx.sub_ids(6);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let with_due = |d: &Delivery, due: DateTime<Utc>| Delivery { next_attempt_at: Some(due), ..d.clone() };
+
+    // Pending, due before the cut.
+    let pending_due = change(b, &ds[0], with_due(&ds[0], cut - minutes(10)), None).await;
+    // Retrying, due before the cut.
+    let retrying = failed(&ds[1], t0(), 1);
+    let retrying_due =
+        change(b, &ds[1], with_due(&retrying, cut - minutes(5)), Some(attempt(&ds[1], 0, 1, 500, t0()))).await;
+    // Pending, due exactly at the cut and after it: not yet.
+    change(b, &ds[2], with_due(&ds[2], cut), None).await;
+    change(b, &ds[3], with_due(&ds[3], cut + minutes(1)), None).await;
+    // Delivered and dead: never overdue, whatever their time says.
+    let delivered = finished(&ds[4], DeliveryStatus::Delivered, t0());
+    change(b, &ds[4], with_due(&delivered, cut - minutes(30)), Some(attempt(&ds[4], 0, 1, 200, t0()))).await;
+    let dead = finished(&ds[5], DeliveryStatus::Dead, t0());
+    change(b, &ds[5], with_due(&dead, cut - minutes(30)), Some(attempt(&ds[5], 0, 1, 500, t0()))).await;
+
+    let mine = |list: Vec<Delivery>| -> Vec<Delivery> { list.into_iter().filter(|d| d.tenant_id == a.id).collect() };
+    let overdue = mine(b.store().overdue_deliveries(cut, 100).await.expect("overdue"));
+    assert_eq!(sorted(ids(&overdue)), sorted(vec![pending_due.id.clone(), retrying_due.id.clone()]));
+    assert!(overdue.contains(&pending_due) && overdue.contains(&retrying_due), "overdue deliveries come back whole");
+    assert_eq!(b.store().overdue_deliveries(cut, 1).await.expect("limit 1").len(), 1);
+    assert!(mine(b.store().overdue_deliveries(t0() - minutes(1), 100).await.expect("none yet")).is_empty());
+}
+
+pub async fn a_dead_notice_is_claimed_once_per_round(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(2);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+
+    assert!(b.store().claim_dead_notice(&ds[0].id, 0).await.expect("first claim"));
+    assert!(!b.store().claim_dead_notice(&ds[0].id, 0).await.expect("second claim"));
+    assert!(b.store().claim_dead_notice(&ds[0].id, 1).await.expect("next round"));
+    assert!(!b.store().claim_dead_notice(&ds[0].id, 1).await.expect("next round again"));
+    assert!(b.store().claim_dead_notice(&ds[1].id, 0).await.expect("another delivery"));
+}
+
+pub async fn endpoint_health_starts_empty_and_round_trips(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let sub = fx.sub_ids(1).remove(0);
+    assert_eq!(b.store().endpoint_health(&sub).await.expect("no history"), EndpointHealth::default());
+
+    let mut health = EndpointHealth::default();
+    health.record(HealthSample { at: t0() + chrono::Duration::nanoseconds(123_456_789), success: true });
+    health.record(HealthSample { at: t0() + minutes(1), success: false });
+    b.store().save_endpoint_health(&sub, &health).await.expect("save");
+    assert_eq!(b.store().endpoint_health(&sub).await.expect("read"), health);
+
+    health.record(HealthSample { at: t0() + minutes(2), success: true });
+    b.store().save_endpoint_health(&sub, &health).await.expect("save again");
+    assert_eq!(b.store().endpoint_health(&sub).await.expect("read again"), health);
+    assert_eq!(b.store().endpoint_health(&fx.sub_ids(1)[0]).await.expect("another"), EndpointHealth::default());
+}
+
+// ---------------------------------------------------------------------------------------
+// Queue
+
+pub async fn tasks_enqueued_without_delay_are_visible_at_once(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let tasks: Vec<DeliveryTask> = (0..3).map(|_| fx.task()).collect();
+    let batch: Vec<(DeliveryTask, u32)> = tasks.iter().map(|t| (t.clone(), 0)).collect();
+    b.queue().enqueue(&batch).await.expect("enqueue");
+
+    let mut got = b.take_visible().await.expect("take");
+    got.sort_by(|x, y| x.delivery_id.cmp(&y.delivery_id));
+    let mut expected = tasks;
+    expected.sort_by(|x, y| x.delivery_id.cmp(&y.delivery_id));
+    assert_eq!(got, expected);
+    assert!(b.take_visible().await.expect("take again").is_empty(), "taken messages are gone");
+    b.queue().enqueue(&[]).await.expect("an empty batch is fine");
+}
+
+pub async fn a_delayed_task_stays_hidden_until_its_delay_has_passed(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let now = fx.task();
+    let later = DeliveryTask { round: 2, attempt: 3, ..fx.task() };
+    b.queue().enqueue(&[(now.clone(), 0), (later.clone(), 2)]).await.expect("enqueue");
+
+    assert_eq!(b.take_visible().await.expect("take"), vec![now]);
+    b.advance(Duration::from_secs(3)).await;
+    assert_eq!(b.take_visible().await.expect("take after the delay"), vec![later]);
+}
+
+pub async fn the_queue_accepts_its_max_delay_and_refuses_longer(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let max = b.queue().max_delay_seconds();
+    assert!((1..=900).contains(&max), "max delay {max} s: SQS allows at most 900");
+
+    let at_max = fx.task();
+    b.queue().enqueue(&[(at_max.clone(), max)]).await.expect("a delay of exactly the max");
+    let too_long = fx.task();
+    assert!(b.queue().enqueue(&[(too_long.clone(), max + 1)]).await.is_err(), "a delay over the max is refused");
+    let visible = b.take_visible().await.expect("take");
+    assert!(!visible.contains(&at_max), "a task at the max delay is not visible at once");
+    assert!(!visible.contains(&too_long), "a refused task was enqueued");
+}
+
+pub async fn dead_lettered_tasks_reach_only_the_dead_letter_queue(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let tasks = vec![fx.task(), fx.task()];
+    b.queue().dead_letter(&tasks).await.expect("dead letter");
+
+    assert!(b.take_visible().await.expect("delivery queue").is_empty());
+    let mut got = b.take_dead_letters().await.expect("dead-letter queue");
+    got.sort_by(|x, y| x.delivery_id.cmp(&y.delivery_id));
+    let mut expected = tasks;
+    expected.sort_by(|x, y| x.delivery_id.cmp(&y.delivery_id));
+    assert_eq!(got, expected);
+    assert!(b.take_dead_letters().await.expect("again").is_empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// Scheduler table
+
+fn scheduled(fx: &mut Fixture, due: DateTime<Utc>) -> ScheduledTask {
+    ScheduledTask { task: fx.task(), due }
+}
+
+pub async fn scheduled_items_come_due_earliest_first(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let ms = chrono::Duration::milliseconds;
+    let first = scheduled(&mut fx, t0() + minutes(10) + ms(250));
+    let second = scheduled(&mut fx, t0() + minutes(20));
+    let third = scheduled(&mut fx, t0() + minutes(30));
+    let much_later = scheduled(&mut fx, t0() + chrono::Duration::hours(2));
+    for item in [&third, &much_later, &first, &second] {
+        b.scheduler().schedule(item).await.expect("schedule");
+    }
+
+    assert!(b.scheduler().due(t0() + minutes(5), 10).await.expect("none yet").is_empty());
+    assert_eq!(
+        b.scheduler().due(t0() + minutes(30), 10).await.expect("due"),
+        vec![first.clone(), second.clone(), third.clone()],
+        "due at or before `until`, earliest first"
+    );
+    assert_eq!(b.scheduler().due(t0() + minutes(30), 2).await.expect("limited"), vec![first, second]);
+}
+
+pub async fn removed_scheduled_items_are_no_longer_due(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let one = scheduled(&mut fx, t0() + minutes(1));
+    let two = scheduled(&mut fx, t0() + minutes(2));
+    b.scheduler().schedule(&one).await.expect("schedule");
+    b.scheduler().schedule(&two).await.expect("schedule");
+    let until = t0() + minutes(5);
+
+    b.scheduler().remove(std::slice::from_ref(&one)).await.expect("remove");
+    assert_eq!(b.scheduler().due(until, 10).await.expect("due"), vec![two.clone()]);
+    b.scheduler().remove(std::slice::from_ref(&one)).await.expect("removing twice is fine");
+    b.scheduler().remove(&[two]).await.expect("remove the other");
+    assert!(b.scheduler().due(until, 10).await.expect("due").is_empty());
+}

@@ -1,0 +1,424 @@
+//! Tables and queues made from `template.yaml`'s own definitions, for moto, DynamoDB Local
+//! and LocalStack (tests, `hookwise dev` on AWS APIs), so the template and the code cannot
+//! drift: a key or index the code needs and the template lacks fails there first.
+//!
+//! The template is read as plain YAML: CloudFormation's short tags (`!Ref`, `!GetAtt`,
+//! `!Sub`) parse as tagged values, and a property that is not a literal is left to its
+//! default.
+
+use std::collections::{BTreeMap, HashMap};
+
+use aws_sdk_dynamodb::types::{
+    AttributeDefinition, BillingMode, GlobalSecondaryIndex, KeySchemaElement, KeyType, Projection, ProjectionType,
+    ScalarAttributeType, TimeToLiveSpecification,
+};
+use aws_sdk_sqs::types::QueueAttributeName;
+use hookwise_core::PortError;
+use serde_yaml::Value;
+
+use crate::config::{AwsClients, AwsConfig};
+use crate::error::classify;
+
+/// The logical ids `template.yaml` gives the resources the adapters use.
+pub const MAIN_TABLE: &str = "MainTable";
+pub const SCHEDULER_TABLE: &str = "SchedulerTable";
+pub const DELIVERY_QUEUE: &str = "DeliveryQueue";
+pub const DEAD_LETTER_QUEUE: &str = "DeadLetterQueue";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("template.yaml is not YAML: {0}")]
+    Yaml(#[from] serde_yaml::Error),
+    #[error("template.yaml: {0}")]
+    Shape(String),
+}
+
+fn shape(msg: impl Into<String>) -> TemplateError {
+    TemplateError::Shape(msg.into())
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct KeySpec {
+    pub attribute: String,
+    pub key_type: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct IndexSpec {
+    pub name: String,
+    pub keys: Vec<KeySpec>,
+    pub projection_type: String,
+    pub non_key_attributes: Vec<String>,
+}
+
+/// An `AWS::DynamoDB::Table`'s schema.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TableSpec {
+    pub keys: Vec<KeySpec>,
+    /// Attribute name and type (`S`, `N`, `B`).
+    pub attributes: Vec<(String, String)>,
+    pub indexes: Vec<IndexSpec>,
+    pub ttl_attribute: Option<String>,
+}
+
+/// An `AWS::SQS::Queue`'s settings.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct QueueSpec {
+    pub visibility_timeout: Option<i64>,
+    pub message_retention_period: Option<i64>,
+    /// The logical id of the dead-letter queue and `maxReceiveCount`.
+    pub redrive: Option<(String, i64)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TemplateResources {
+    pub tables: BTreeMap<String, TableSpec>,
+    pub queues: BTreeMap<String, QueueSpec>,
+}
+
+/// A tag's inner value (`!Ref X` → `X`), any other value as it is.
+fn untag(v: &Value) -> &Value {
+    match v {
+        Value::Tagged(t) => &t.value,
+        other => other,
+    }
+}
+
+fn literal_str(v: &Value) -> Option<String> {
+    match v {
+        Value::String(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn literal_i64(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    v.get(name)
+}
+
+fn seq(v: Option<&Value>) -> &[Value] {
+    v.and_then(Value::as_sequence).map(Vec::as_slice).unwrap_or(&[])
+}
+
+fn keys(v: Option<&Value>, owner: &str) -> Result<Vec<KeySpec>, TemplateError> {
+    let keys: Vec<KeySpec> = seq(v)
+        .iter()
+        .map(|k| {
+            Ok(KeySpec {
+                attribute: field(k, "AttributeName").and_then(literal_str).ok_or_else(|| shape(format!("{owner}: a key without AttributeName")))?,
+                key_type: field(k, "KeyType").and_then(literal_str).ok_or_else(|| shape(format!("{owner}: a key without KeyType")))?,
+            })
+        })
+        .collect::<Result<_, TemplateError>>()?;
+    if keys.is_empty() {
+        return Err(shape(format!("{owner} has no KeySchema")));
+    }
+    Ok(keys)
+}
+
+impl TemplateResources {
+    pub fn parse(yaml: &str) -> Result<Self, TemplateError> {
+        let doc: Value = serde_yaml::from_str(yaml)?;
+        let resources = field(&doc, "Resources").and_then(Value::as_mapping).ok_or_else(|| shape("no Resources"))?;
+        let mut out = TemplateResources::default();
+        for (id, res) in resources {
+            let id = id.as_str().ok_or_else(|| shape("a resource id that is not a string"))?.to_owned();
+            let props = field(res, "Properties").cloned().unwrap_or(Value::Null);
+            match field(res, "Type").and_then(Value::as_str) {
+                Some("AWS::DynamoDB::Table") => {
+                    let attributes = seq(field(&props, "AttributeDefinitions"))
+                        .iter()
+                        .map(|a| {
+                            let name = field(a, "AttributeName").and_then(literal_str);
+                            let ty = field(a, "AttributeType").and_then(literal_str);
+                            name.zip(ty).ok_or_else(|| shape(format!("{id}: an attribute definition needs AttributeName and AttributeType")))
+                        })
+                        .collect::<Result<_, _>>()?;
+                    let indexes = seq(field(&props, "GlobalSecondaryIndexes"))
+                        .iter()
+                        .map(|g| {
+                            let name = field(g, "IndexName").and_then(literal_str).ok_or_else(|| shape(format!("{id}: an index without IndexName")))?;
+                            let projection = field(g, "Projection");
+                            Ok(IndexSpec {
+                                keys: keys(field(g, "KeySchema"), &format!("{id}.{name}"))?,
+                                projection_type: projection
+                                    .and_then(|p| field(p, "ProjectionType"))
+                                    .and_then(literal_str)
+                                    .unwrap_or_else(|| "ALL".into()),
+                                non_key_attributes: seq(projection.and_then(|p| field(p, "NonKeyAttributes"))).iter().filter_map(literal_str).collect(),
+                                name,
+                            })
+                        })
+                        .collect::<Result<_, TemplateError>>()?;
+                    let ttl = field(&props, "TimeToLiveSpecification")
+                        .filter(|t| field(t, "Enabled").and_then(Value::as_bool).unwrap_or(false))
+                        .and_then(|t| field(t, "AttributeName"))
+                        .and_then(literal_str);
+                    let table = TableSpec { keys: keys(field(&props, "KeySchema"), &id)?, attributes, indexes, ttl_attribute: ttl };
+                    out.tables.insert(id, table);
+                }
+                Some("AWS::SQS::Queue") => {
+                    let redrive = field(&props, "RedrivePolicy").map(|r| {
+                        // `deadLetterTargetArn: !GetAtt DeadLetterQueue.Arn`
+                        let target = field(r, "deadLetterTargetArn").map(untag).and_then(|t| match t {
+                            Value::String(s) => Some(s.split('.').next().unwrap_or(s).to_owned()),
+                            Value::Sequence(parts) => parts.first().and_then(literal_str),
+                            _ => None,
+                        });
+                        let count = field(r, "maxReceiveCount").and_then(literal_i64).unwrap_or(5);
+                        target.map(|t| (t, count))
+                    });
+                    let redrive = match redrive {
+                        Some(None) => return Err(shape(format!("{id}: RedrivePolicy.deadLetterTargetArn must be !GetAtt <queue>.Arn"))),
+                        Some(r) => r,
+                        None => None,
+                    };
+                    out.queues.insert(
+                        id,
+                        QueueSpec {
+                            visibility_timeout: field(&props, "VisibilityTimeout").and_then(literal_i64),
+                            message_retention_period: field(&props, "MessageRetentionPeriod").and_then(literal_i64),
+                            redrive,
+                        },
+                    );
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn table(&self, id: &str) -> Result<&TableSpec, TemplateError> {
+        self.tables.get(id).ok_or_else(|| shape(format!("no AWS::DynamoDB::Table named {id}")))
+    }
+
+    pub fn queue(&self, id: &str) -> Result<&QueueSpec, TemplateError> {
+        self.queues.get(id).ok_or_else(|| shape(format!("no AWS::SQS::Queue named {id}")))
+    }
+}
+
+fn key_elements(keys: &[KeySpec]) -> Result<Vec<KeySchemaElement>, PortError> {
+    keys.iter()
+        .map(|k| {
+            KeySchemaElement::builder()
+                .attribute_name(&k.attribute)
+                .key_type(KeyType::from(k.key_type.as_str()))
+                .build()
+                .map_err(|e| PortError::permanent("key schema", e))
+        })
+        .collect()
+}
+
+impl TableSpec {
+    /// Create the table as `name`, on demand, and turn its TTL on.
+    pub async fn create(&self, client: &aws_sdk_dynamodb::Client, name: &str) -> Result<(), PortError> {
+        let attributes = self
+            .attributes
+            .iter()
+            .map(|(n, t)| {
+                AttributeDefinition::builder()
+                    .attribute_name(n)
+                    .attribute_type(ScalarAttributeType::from(t.as_str()))
+                    .build()
+                    .map_err(|e| PortError::permanent("attribute definition", e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let indexes = self
+            .indexes
+            .iter()
+            .map(|i| {
+                let projection = Projection::builder()
+                    .projection_type(ProjectionType::from(i.projection_type.as_str()))
+                    .set_non_key_attributes((!i.non_key_attributes.is_empty()).then(|| i.non_key_attributes.clone()))
+                    .build();
+                GlobalSecondaryIndex::builder()
+                    .index_name(&i.name)
+                    .set_key_schema(Some(key_elements(&i.keys)?))
+                    .projection(projection)
+                    .build()
+                    .map_err(|e| PortError::permanent("index", e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        client
+            .create_table()
+            .table_name(name)
+            .billing_mode(BillingMode::PayPerRequest)
+            .set_attribute_definitions(Some(attributes))
+            .set_key_schema(Some(key_elements(&self.keys)?))
+            .set_global_secondary_indexes((!indexes.is_empty()).then_some(indexes))
+            .send()
+            .await
+            .map_err(|e| classify(&format!("create table {name}"), e))?;
+        if let Some(attr) = &self.ttl_attribute {
+            let spec = TimeToLiveSpecification::builder().attribute_name(attr).enabled(true).build().map_err(|e| PortError::permanent("ttl", e))?;
+            client
+                .update_time_to_live()
+                .table_name(name)
+                .time_to_live_specification(spec)
+                .send()
+                .await
+                .map_err(|e| classify(&format!("enable TTL on {name}"), e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Create the queue as `name` (its dead-letter queue, by logical id, already in `urls`);
+/// returns its URL.
+async fn create_queue(
+    client: &aws_sdk_sqs::Client,
+    spec: &QueueSpec,
+    name: &str,
+    dlq_arns: &HashMap<String, String>,
+) -> Result<String, PortError> {
+    let mut req = client.create_queue().queue_name(name);
+    if let Some(v) = spec.visibility_timeout {
+        req = req.attributes(QueueAttributeName::VisibilityTimeout, v.to_string());
+    }
+    if let Some(v) = spec.message_retention_period {
+        req = req.attributes(QueueAttributeName::MessageRetentionPeriod, v.to_string());
+    }
+    if let Some((dlq, max)) = &spec.redrive {
+        let arn = dlq_arns.get(dlq).ok_or_else(|| PortError::permanent("create queue", format!("its dead-letter queue {dlq} is not created")))?;
+        let policy = serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max.to_string()});
+        req = req.attributes(QueueAttributeName::RedrivePolicy, policy.to_string());
+    }
+    let out = req.send().await.map_err(|e| classify(&format!("create queue {name}"), e))?;
+    out.queue_url.ok_or_else(|| PortError::permanent("create queue", "no QueueUrl in the answer"))
+}
+
+async fn queue_arn(client: &aws_sdk_sqs::Client, url: &str) -> Result<String, PortError> {
+    let out = client
+        .get_queue_attributes()
+        .queue_url(url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| classify("queue arn", e))?;
+    out.attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+        .ok_or_else(|| PortError::permanent("queue arn", format!("no QueueArn for {url}")))
+}
+
+/// What [`provision`] made.
+#[derive(Debug, Clone)]
+pub struct Provisioned {
+    pub table: String,
+    pub scheduler_table: String,
+    pub delivery_queue_url: String,
+    pub dead_letter_queue_url: String,
+}
+
+impl Provisioned {
+    /// The adapters' configuration for these resources.
+    pub fn config(&self, sender_email: &str) -> crate::config::AwsConfigBuilder {
+        AwsConfig::builder()
+            .table(&self.table)
+            .scheduler_table(&self.scheduler_table)
+            .delivery_queue_url(&self.delivery_queue_url)
+            .dead_letter_queue_url(&self.dead_letter_queue_url)
+            .sender_email(sender_email)
+    }
+}
+
+/// Both tables and both queues as the template defines them, named `{prefix}-main`,
+/// `{prefix}-scheduler`, `{prefix}-delivery` and `{prefix}-dead-letter`. The tables are
+/// created concurrently, then the dead-letter queue before the queue that redrives to it.
+pub async fn provision(clients: &AwsClients, resources: &TemplateResources, prefix: &str) -> Result<Provisioned, Box<dyn std::error::Error + Send + Sync>> {
+    let main = resources.table(MAIN_TABLE)?;
+    let scheduler = resources.table(SCHEDULER_TABLE)?;
+    let delivery = resources.queue(DELIVERY_QUEUE)?;
+    let dead = resources.queue(DEAD_LETTER_QUEUE)?;
+    let names = Provisioned {
+        table: format!("{prefix}-main"),
+        scheduler_table: format!("{prefix}-scheduler"),
+        delivery_queue_url: String::new(),
+        dead_letter_queue_url: String::new(),
+    };
+    let (a, b) = futures::join!(main.create(&clients.dynamodb, &names.table), scheduler.create(&clients.dynamodb, &names.scheduler_table));
+    a?;
+    b?;
+    let dead_url = create_queue(&clients.sqs, dead, &format!("{prefix}-dead-letter"), &HashMap::new()).await?;
+    let arns = HashMap::from([(DEAD_LETTER_QUEUE.to_owned(), queue_arn(&clients.sqs, &dead_url).await?)]);
+    let delivery_url = create_queue(&clients.sqs, delivery, &format!("{prefix}-delivery"), &arns).await?;
+    Ok(Provisioned { delivery_queue_url: delivery_url, dead_letter_queue_url: dead_url, ..names })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SAMPLE: &str = r#"
+Transform: AWS::Serverless-2016-10-31
+Parameters:
+  Timeout: {Type: Number, Default: 30}
+Resources:
+  T:
+    Type: AWS::DynamoDB::Table
+    Properties:
+      TableName: !Sub "${AWS::StackName}-t"
+      AttributeDefinitions:
+        - {AttributeName: pk, AttributeType: S}
+        - {AttributeName: g, AttributeType: S}
+      KeySchema: [{AttributeName: pk, KeyType: HASH}]
+      GlobalSecondaryIndexes:
+        - IndexName: by-g
+          KeySchema: [{AttributeName: g, KeyType: HASH}]
+          Projection: {ProjectionType: KEYS_ONLY}
+      TimeToLiveSpecification: {AttributeName: ttl, Enabled: true}
+  Dlq:
+    Type: AWS::SQS::Queue
+  Q:
+    Type: AWS::SQS::Queue
+    Properties:
+      VisibilityTimeout: 180
+      DelaySeconds: !Ref Timeout
+      RedrivePolicy:
+        deadLetterTargetArn: !GetAtt Dlq.Arn
+        maxReceiveCount: 4
+  Fn:
+    Type: AWS::Serverless::Function
+    Properties: {Handler: bootstrap}
+"#;
+
+    #[test]
+    fn tables_and_queues_are_read_through_cloudformation_tags() {
+        let r = TemplateResources::parse(SAMPLE).unwrap();
+        let t = r.table("T").unwrap();
+        assert_eq!(t.keys, vec![KeySpec { attribute: "pk".into(), key_type: "HASH".into() }]);
+        assert_eq!(t.attributes.len(), 2);
+        assert_eq!(t.indexes[0].name, "by-g");
+        assert_eq!(t.indexes[0].projection_type, "KEYS_ONLY");
+        assert_eq!(t.ttl_attribute.as_deref(), Some("ttl"));
+        let q = r.queue("Q").unwrap();
+        assert_eq!(q.visibility_timeout, Some(180));
+        assert_eq!(q.redrive, Some(("Dlq".into(), 4)));
+        assert_eq!(r.queue("Dlq").unwrap(), &QueueSpec::default());
+        assert!(r.table("Fn").is_err());
+    }
+
+    #[test]
+    fn the_projects_template_defines_what_the_adapters_use() {
+        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).expect("template.yaml at the workspace root");
+        let r = TemplateResources::parse(&yaml).unwrap();
+        let main = r.table(MAIN_TABLE).unwrap();
+        let names: Vec<&str> = main.indexes.iter().map(|i| i.name.as_str()).collect();
+        for index in [crate::store::INDEX_BY_TENANT, crate::store::INDEX_BY_TENANT_STATUS, crate::store::INDEX_BY_SUBSCRIPTION, crate::store::INDEX_OVERDUE] {
+            assert!(names.contains(&index), "MainTable lacks the index {index}");
+        }
+        assert_eq!(main.ttl_attribute.as_deref(), Some(crate::store::TTL_ATTRIBUTE));
+        let sched = r.table(SCHEDULER_TABLE).unwrap();
+        assert_eq!(sched.keys[0].attribute, crate::scheduler::PARTITION_KEY);
+        assert_eq!(sched.keys[1].attribute, crate::scheduler::SORT_KEY);
+        let q = r.queue(DELIVERY_QUEUE).unwrap();
+        assert_eq!(q.redrive.as_ref().map(|r| r.0.as_str()), Some(DEAD_LETTER_QUEUE));
+        r.queue(DEAD_LETTER_QUEUE).unwrap();
+    }
+}

@@ -1,0 +1,66 @@
+//! Hookwise on AWS: the core's ports on DynamoDB, SQS and SES v2.
+//!
+//! - [`DynamoStore`]: the main table (single-table design, see [`store`] for the keys).
+//! - [`DynamoScheduler`]: the scheduler table, one partition per due minute.
+//! - [`SqsQueue`]: the delivery queue (`DelaySeconds` up to 900) and its dead-letter queue.
+//! - [`SesMailer`]: SES v2 `SendEmail` from a configured address.
+//!
+//! Build the SDK clients once per Lambda container with [`AwsClients::from_env`], the
+//! adapters with [`AwsAdapters::new`], and hand [`AwsAdapters::ports`] to the services.
+//! Every SDK error keeps its kind on the way out: a failed condition is
+//! [`PortError::ConditionFailed`](hookwise_core::PortError), throttling, 5xx and timeouts are
+//! `Retryable`, the rest `Permanent`.
+
+pub mod bootstrap;
+pub mod config;
+pub mod counter;
+mod error;
+mod item;
+pub mod mailer;
+pub mod queue;
+pub mod scheduler;
+pub mod store;
+
+use std::sync::Arc;
+
+use hookwise_core::ports::{Clock, Sender};
+use hookwise_core::services::Ports;
+
+pub use config::{env, AwsClients, AwsConfig, AwsConfigBuilder, ConfigError};
+pub use counter::{RequestCounter, RequestCounts};
+pub use mailer::SesMailer;
+pub use queue::{decode_task, encode_task, SqsQueue};
+pub use scheduler::DynamoScheduler;
+pub use store::DynamoStore;
+
+/// The four AWS adapters, built once and shared.
+#[derive(Clone)]
+pub struct AwsAdapters {
+    pub store: Arc<DynamoStore>,
+    pub scheduler: Arc<DynamoScheduler>,
+    pub queue: Arc<SqsQueue>,
+    pub mailer: Arc<SesMailer>,
+}
+
+impl AwsAdapters {
+    pub fn new(clients: &AwsClients, config: &AwsConfig) -> Self {
+        Self {
+            store: Arc::new(DynamoStore::new(clients.dynamodb.clone(), config).with_counter(clients.counter.clone())),
+            scheduler: Arc::new(DynamoScheduler::new(clients.dynamodb.clone(), &config.scheduler_table)),
+            queue: Arc::new(SqsQueue::new(clients.sqs.clone(), config)),
+            mailer: Arc::new(SesMailer::new(clients.sesv2.clone(), &config.sender_email)),
+        }
+    }
+
+    /// The services' ports: these adapters plus an HTTP sender and a clock.
+    pub fn ports(&self, sender: Arc<dyn Sender>, clock: Arc<dyn Clock>) -> Ports {
+        Ports {
+            store: self.store.clone(),
+            queue: self.queue.clone(),
+            scheduler: self.scheduler.clone(),
+            mailer: self.mailer.clone(),
+            sender,
+            clock,
+        }
+    }
+}

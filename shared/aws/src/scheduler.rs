@@ -1,0 +1,273 @@
+//! The scheduler table: retries due later than SQS can delay, one partition per minute.
+//!
+//! | item   | `bucket` (partition)          | `due_key` (sort)                        |
+//! |--------|-------------------------------|-----------------------------------------|
+//! | task   | due minute `2026-11-30T05:07` | `{due}#{delivery}#{round}#{attempt}`    |
+//! | cursor | `#CURSOR`                     | `#CURSOR`: `pending` (string set of the minutes that may hold tasks), `version` |
+//!
+//! A minute's due tasks are one Query. So that a minute is never skipped (a tick that
+//! failed, a Lambda that did not run for an hour), `schedule` adds its minute to the
+//! cursor's `pending` set, and `due` queries exactly the pending minutes up to `until`,
+//! oldest first; a minute found empty leaves the set, by a write conditional on the
+//! cursor's `version` so a task scheduled meanwhile keeps its minute in it.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use aws_sdk_dynamodb::Client;
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, TryStreamExt};
+use hookwise_core::model::DeliveryId;
+use hookwise_core::ports::{DeliveryTask, PortResult, ScheduledTask, SchedulerTable};
+use hookwise_core::PortError;
+
+use crate::error::classify;
+use crate::item::{corrupt, get_n, get_s, n, s, sortable_time, Item};
+
+pub const PARTITION_KEY: &str = "bucket";
+pub const SORT_KEY: &str = "due_key";
+const CURSOR: &str = "#CURSOR";
+/// DynamoDB's limit on one `BatchWriteItem`.
+const MAX_BATCH_WRITE: usize = 25;
+const CONCURRENCY: usize = 4;
+
+/// The minute a time falls in, as the partition key.
+pub fn minute_bucket(t: DateTime<Utc>) -> String {
+    t.format("%Y-%m-%dT%H:%M").to_string()
+}
+
+fn due_key(item: &ScheduledTask) -> String {
+    format!("{}#{}#{}#{}", sortable_time(item.due), item.task.delivery_id, item.task.round, item.task.attempt)
+}
+
+fn key(item: &ScheduledTask) -> Item {
+    HashMap::from([(PARTITION_KEY.to_owned(), s(minute_bucket(item.due))), (SORT_KEY.to_owned(), s(due_key(item)))])
+}
+
+fn cursor_key() -> Item {
+    HashMap::from([(PARTITION_KEY.to_owned(), s(CURSOR)), (SORT_KEY.to_owned(), s(CURSOR))])
+}
+
+fn decode(item: &Item) -> PortResult<ScheduledTask> {
+    let due = DateTime::parse_from_rfc3339(get_s(item, "due")?).map_err(|e| corrupt("due", e.to_string()))?.with_timezone(&Utc);
+    let delivery_id = DeliveryId::parse(get_s(item, "delivery_id")?).map_err(|e| corrupt("delivery_id", e.to_string()))?;
+    Ok(ScheduledTask { task: DeliveryTask { delivery_id, round: get_n(item, "round")?, attempt: get_n(item, "attempt")? }, due })
+}
+
+#[derive(Clone, Debug)]
+pub struct DynamoScheduler {
+    client: Client,
+    table: String,
+}
+
+impl DynamoScheduler {
+    pub fn new(client: Client, table: &str) -> Self {
+        Self { client, table: table.to_owned() }
+    }
+
+    pub fn table_name(&self) -> &str {
+        &self.table
+    }
+
+    /// The minutes that may hold tasks, and the cursor's version.
+    async fn cursor(&self) -> PortResult<(Vec<String>, u64)> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(cursor_key()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify("read scheduler cursor", e))?;
+        let Some(item) = out.item else { return Ok((Vec::new(), 0)) };
+        let mut pending = match item.get("pending") {
+            Some(AttributeValue::Ss(set)) => set.clone(),
+            _ => Vec::new(),
+        };
+        pending.sort();
+        let version = if item.contains_key("version") { get_n(&item, "version")? } else { 0 };
+        Ok((pending, version))
+    }
+
+    /// A minute's tasks due at or before `until`, earliest first, at most `limit`.
+    async fn query_minute(&self, bucket: &str, until: &str, limit: usize) -> PortResult<Vec<ScheduledTask>> {
+        let mut tasks = Vec::new();
+        let mut start = None;
+        loop {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .key_condition_expression("#b = :b AND #k < :k")
+                .expression_attribute_names("#b", PARTITION_KEY)
+                .expression_attribute_names("#k", SORT_KEY)
+                .expression_attribute_values(":b", s(bucket))
+                // `$` sorts right after `#`: every key of a task due at `until` is below it.
+                .expression_attribute_values(":k", s(format!("{until}$")))
+                .limit((limit - tasks.len()) as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| classify("scheduler due", e))?;
+            for item in out.items() {
+                tasks.push(decode(item)?);
+            }
+            start = out.last_evaluated_key.filter(|k| !k.is_empty());
+            if start.is_none() || tasks.len() >= limit {
+                return Ok(tasks);
+            }
+        }
+    }
+
+    async fn forget_minutes(&self, empty: Vec<String>, version: u64) -> PortResult<()> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(cursor_key()))
+            .update_expression("DELETE #p :empty ADD #v :one")
+            .condition_expression("#v = :version")
+            .expression_attribute_names("#p", "pending")
+            .expression_attribute_names("#v", "version")
+            .expression_attribute_values(":empty", AttributeValue::Ss(empty))
+            .expression_attribute_values(":one", n(1))
+            .expression_attribute_values(":version", n(version))
+            .send()
+            .await;
+        match result.map_err(|e| classify("update scheduler cursor", e)) {
+            // A task was scheduled meanwhile: the next tick looks again.
+            Ok(_) | Err(PortError::ConditionFailed(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn delete_chunk(&self, keys: Vec<Item>) -> PortResult<()> {
+        let mut requests: Vec<WriteRequest> = keys
+            .into_iter()
+            .map(|k| {
+                let delete = DeleteRequest::builder().set_key(Some(k)).build().map_err(|e| PortError::permanent("building a delete", e))?;
+                Ok(WriteRequest::builder().delete_request(delete).build())
+            })
+            .collect::<PortResult<_>>()?;
+        for round in 0..8u32 {
+            if requests.is_empty() {
+                return Ok(());
+            }
+            if round > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(25 << round)).await;
+            }
+            let out = self
+                .client
+                .batch_write_item()
+                .request_items(&self.table, requests)
+                .send()
+                .await
+                .map_err(|e| classify("remove scheduled tasks", e))?;
+            requests = out.unprocessed_items.and_then(|mut u| u.remove(&self.table)).unwrap_or_default();
+        }
+        if requests.is_empty() {
+            Ok(())
+        } else {
+            Err(PortError::retryable("remove scheduled tasks", "DynamoDB left deletes unprocessed after 8 tries"))
+        }
+    }
+}
+
+#[async_trait]
+impl SchedulerTable for DynamoScheduler {
+    async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
+        let mut record = key(item);
+        record.insert("due".into(), s(item.due.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)));
+        record.insert("delivery_id".into(), s(item.task.delivery_id.as_str()));
+        record.insert("round".into(), n(item.task.round));
+        record.insert("attempt".into(), n(item.task.attempt));
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(record))
+            .send()
+            .await
+            .map_err(|e| classify("schedule task", e))?;
+        // After the task is written, so a tick that misses the minute's new task is one
+        // whose cursor update then fails on the version.
+        self.client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(cursor_key()))
+            .update_expression("ADD #p :minute, #v :one")
+            .expression_attribute_names("#p", "pending")
+            .expression_attribute_names("#v", "version")
+            .expression_attribute_values(":minute", AttributeValue::Ss(vec![minute_bucket(item.due)]))
+            .expression_attribute_values(":one", n(1))
+            .send()
+            .await
+            .map_err(|e| classify("update scheduler cursor", e))?;
+        Ok(())
+    }
+
+    async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>> {
+        let limit = limit as usize;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let (pending, version) = self.cursor().await?;
+        let last = minute_bucket(until);
+        let until_key = sortable_time(until);
+        let minutes: Vec<String> = pending.into_iter().filter(|m| *m <= last).collect();
+        let mut due = Vec::new();
+        let mut empty = Vec::new();
+        // Oldest minute first, a few queries in flight, in order.
+        let until_key = &until_key;
+        let mut results = futures::stream::iter(minutes)
+            .map(|m| async move {
+                let tasks = self.query_minute(&m, until_key, limit).await;
+                (m, tasks)
+            })
+            .buffered(CONCURRENCY);
+        while let Some((minute, tasks)) = results.next().await {
+            let tasks = tasks?;
+            // Every task of a minute before `until`'s is due: none found means none there.
+            if tasks.is_empty() && minute < last {
+                empty.push(minute);
+            }
+            due.extend(tasks);
+            if due.len() >= limit {
+                break;
+            }
+        }
+        drop(results);
+        if !empty.is_empty() {
+            self.forget_minutes(empty, version).await?;
+        }
+        due.truncate(limit);
+        Ok(due)
+    }
+
+    async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
+        let mut keys: Vec<Item> = items.iter().map(key).collect();
+        keys.dedup();
+        let chunks: Vec<Vec<Item>> = keys.chunks(MAX_BATCH_WRITE).map(<[Item]>::to_vec).collect();
+        futures::stream::iter(chunks).map(|c| self.delete_chunk(c)).buffer_unordered(CONCURRENCY).try_collect::<Vec<()>>().await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_task_lands_in_its_minute_and_sorts_by_due_time_within_it() {
+        let t: DateTime<Utc> = "2026-11-30T05:07:59.999Z".parse().unwrap();
+        assert_eq!(minute_bucket(t), "2026-11-30T05:07");
+        let mut rng = rand::rng();
+        let mut task = |due| ScheduledTask { task: DeliveryTask { delivery_id: DeliveryId::generate(t, &mut rng), round: 0, attempt: 2 }, due };
+        let early = due_key(&task(t - chrono::Duration::seconds(30)));
+        let late = due_key(&task(t));
+        assert!(early < late);
+        assert!(late < format!("{}$", sortable_time(t)), "a task due exactly at `until` is included");
+    }
+}

@@ -1,0 +1,787 @@
+//! The main table: one DynamoDB table for tenants, API keys, subscriptions, events,
+//! deliveries, attempts, endpoint health and dead notices.
+//!
+//! | item               | `pk`                     | `sk`                          |
+//! |--------------------|--------------------------|-------------------------------|
+//! | tenant             | `TEN#{tenant}`           | `#TENANT`                     |
+//! | subscription       | `TEN#{tenant}`           | `SUB#{subscription}`          |
+//! | API key (hash)     | `KEY#{sha256}`           | `#KEY` (a copy of the tenant) |
+//! | event              | `EVT#{event}`            | `#EVENT` (+ its delivery ids) |
+//! | idempotency marker | `IDEM#{tenant}#{key}`    | `#IDEM` (→ the event id)      |
+//! | delivery           | `DLV#{delivery}`         | `#DELIVERY`                   |
+//! | attempt            | `DLV#{delivery}`         | `ATT#{round:010}#{n:010}`     |
+//! | dead notice        | `DLV#{delivery}`         | `NOTICE#{round:010}`          |
+//! | endpoint health    | `HEALTH#{subscription}`  | `#HEALTH`                     |
+//!
+//! Deliveries are read by id alone (queue messages carry only the id) and strongly
+//! consistently, so they have their own partition; their attempts sit beside them. Global
+//! secondary indexes, all `KEYS_ONLY` so a delivery update that keeps an index's keys costs
+//! that index nothing (listings read the items with `BatchGetItem`):
+//!
+//! | index              | partition key                       | sort key                  |
+//! |--------------------|-------------------------------------|---------------------------|
+//! | `by-tenant`        | `gsi_tenant` = tenant               | `gsi_created` = `{created_at}#{id}` |
+//! | `by-tenant-status` | `gsi_tenant_status` = `{tenant}#{status}` | `gsi_created`       |
+//! | `by-subscription`  | `gsi_subscription` = `{tenant}#{sub}` | `gsi_created`           |
+//! | `overdue`          | `gsi_due_shard` = `DUE#{0..7}`      | `gsi_due` = `{next_attempt_at}#{id}`, only while pending or retrying |
+//!
+//! `expires_at` (epoch seconds) is the TTL of events, markers, deliveries, attempts and
+//! notices: their last change plus the configured retention.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, KeysAndAttributes, Put, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
+    TransactWriteItem,
+};
+use aws_sdk_dynamodb::Client;
+use chrono::{DateTime, Utc};
+use futures::{StreamExt, TryStreamExt};
+use hookwise_core::health::EndpointHealth;
+use hookwise_core::model::*;
+use hookwise_core::ports::*;
+use hookwise_core::PortError;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::config::AwsConfig;
+use crate::counter::RequestCounter;
+use crate::error::{classify, classify_transaction, TxFailure};
+use crate::item::{corrupt, from_item, from_json, get_s, n, s, sortable_time, to_item, to_json, Item};
+
+pub const PK: &str = "pk";
+pub const SK: &str = "sk";
+pub const TTL_ATTRIBUTE: &str = "expires_at";
+pub const INDEX_BY_TENANT: &str = "by-tenant";
+pub const INDEX_BY_TENANT_STATUS: &str = "by-tenant-status";
+pub const INDEX_BY_SUBSCRIPTION: &str = "by-subscription";
+pub const INDEX_OVERDUE: &str = "overdue";
+/// Partitions of the overdue index, so a burst of retries does not heat one GSI key.
+pub const OVERDUE_SHARDS: u32 = 8;
+
+const GSI_TENANT: &str = "gsi_tenant";
+const GSI_TENANT_STATUS: &str = "gsi_tenant_status";
+const GSI_SUBSCRIPTION: &str = "gsi_subscription";
+const GSI_CREATED: &str = "gsi_created";
+const GSI_DUE_SHARD: &str = "gsi_due_shard";
+const GSI_DUE: &str = "gsi_due";
+
+/// DynamoDB's limits: items per transaction and keys per `BatchGetItem`.
+const MAX_TRANSACTION_ITEMS: usize = 100;
+const MAX_BATCH_GET: usize = 100;
+/// Batch requests in flight at once for one call.
+const CONCURRENCY: usize = 4;
+const DEFAULT_PAGE: usize = 50;
+const MAX_PAGE: usize = 100;
+
+type Key = (String, String);
+
+fn key_item((pk, sk): &Key) -> Item {
+    HashMap::from([(PK.to_owned(), s(pk)), (SK.to_owned(), s(sk))])
+}
+
+fn tenant_key(id: &TenantId) -> Key {
+    (format!("TEN#{id}"), "#TENANT".into())
+}
+fn api_key_key(hash: &str) -> Key {
+    (format!("KEY#{hash}"), "#KEY".into())
+}
+fn subscription_key(tenant: &TenantId, id: &SubscriptionId) -> Key {
+    (format!("TEN#{tenant}"), format!("SUB#{id}"))
+}
+fn event_key(id: &EventId) -> Key {
+    (format!("EVT#{id}"), "#EVENT".into())
+}
+fn idempotency_key(tenant: &TenantId, key: &str) -> Key {
+    (format!("IDEM#{tenant}#{key}"), "#IDEM".into())
+}
+fn delivery_key(id: &DeliveryId) -> Key {
+    (format!("DLV#{id}"), "#DELIVERY".into())
+}
+fn attempt_key(a: &Attempt) -> Key {
+    (format!("DLV#{}", a.delivery_id), format!("ATT#{:010}#{:010}", a.round, a.attempt))
+}
+fn notice_key(id: &DeliveryId, round: u32) -> Key {
+    (format!("DLV#{id}"), format!("NOTICE#{round:010}"))
+}
+fn health_key(sub: &SubscriptionId) -> Key {
+    (format!("HEALTH#{sub}"), "#HEALTH".into())
+}
+
+fn overdue_shard(id: &DeliveryId) -> u32 {
+    // FNV-1a: stable across builds, unlike std's hasher.
+    let h = id.as_str().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    (h % u64::from(OVERDUE_SHARDS)) as u32
+}
+
+fn with_key(mut item: Item, key: &Key, kind: &str) -> Item {
+    item.insert(PK.into(), s(&key.0));
+    item.insert(SK.into(), s(&key.1));
+    item.insert("kind".into(), s(kind));
+    item
+}
+
+fn build_err(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> PortError {
+    PortError::permanent(format!("building the {what} request"), e)
+}
+
+/// The main-table adapter.
+#[derive(Clone, Debug)]
+pub struct DynamoStore {
+    client: Client,
+    table: String,
+    retention: chrono::Duration,
+    counter: Option<RequestCounter>,
+}
+
+impl DynamoStore {
+    pub fn new(client: Client, config: &AwsConfig) -> Self {
+        Self {
+            client,
+            table: config.table.clone(),
+            retention: chrono::Duration::from_std(config.retention).unwrap_or(chrono::Duration::days(30)),
+            counter: None,
+        }
+    }
+
+    /// Also count the capacity units each call consumed.
+    pub fn with_counter(mut self, counter: Option<RequestCounter>) -> Self {
+        self.counter = counter;
+        self
+    }
+
+    pub fn table_name(&self) -> &str {
+        &self.table
+    }
+
+    fn rcc(&self) -> Option<ReturnConsumedCapacity> {
+        self.counter.as_ref().map(|_| ReturnConsumedCapacity::Total)
+    }
+
+    fn charge<'a>(&self, write: bool, consumed: impl IntoIterator<Item = &'a aws_sdk_dynamodb::types::ConsumedCapacity>) {
+        if let Some(c) = &self.counter {
+            c.record_capacity(write, consumed);
+        }
+    }
+
+    fn expires_at(&self, from: DateTime<Utc>) -> AttributeValue {
+        n((from + self.retention).timestamp())
+    }
+
+    // --- items
+
+    fn delivery_item(&self, d: &Delivery) -> Item {
+        let mut item = with_key(to_item(d), &delivery_key(&d.id), "delivery");
+        let created = format!("{}#{}", sortable_time(d.created_at), d.id);
+        item.insert(GSI_TENANT.into(), s(d.tenant_id.as_str()));
+        item.insert(GSI_TENANT_STATUS.into(), s(format!("{}#{}", d.tenant_id, d.status.as_str())));
+        item.insert(GSI_SUBSCRIPTION.into(), s(format!("{}#{}", d.tenant_id, d.subscription_id)));
+        item.insert(GSI_CREATED.into(), s(created));
+        if let (DeliveryStatus::Pending | DeliveryStatus::Retrying, Some(due)) = (d.status, d.next_attempt_at) {
+            item.insert(GSI_DUE_SHARD.into(), s(format!("DUE#{}", overdue_shard(&d.id))));
+            item.insert(GSI_DUE.into(), s(format!("{}#{}", sortable_time(due), d.id)));
+        }
+        item.insert(TTL_ATTRIBUTE.into(), self.expires_at(d.updated_at));
+        item
+    }
+
+    fn event_item(&self, e: &Event, deliveries: &[Delivery]) -> Item {
+        let mut item = with_key(to_item(e), &event_key(&e.id), "event");
+        // As JSON text: a number such as 1.0 would come back from DynamoDB as 1.
+        item.insert("payload".into(), s(e.payload.to_string()));
+        item.insert("delivery_ids".into(), AttributeValue::L(deliveries.iter().map(|d| s(d.id.as_str())).collect()));
+        item.insert(TTL_ATTRIBUTE.into(), self.expires_at(e.created_at));
+        item
+    }
+
+    fn decode_event(item: &Item) -> Result<(Event, Vec<DeliveryId>), PortError> {
+        let mut json = to_json(item)?;
+        let ids = match json.remove("delivery_ids") {
+            Some(Value::Array(ids)) => ids
+                .into_iter()
+                .map(|v| serde_json::from_value::<DeliveryId>(v).map_err(|e| corrupt("delivery_ids", e.to_string())))
+                .collect::<Result<Vec<_>, _>>()?,
+            _ => Vec::new(),
+        };
+        if let Some(Value::String(text)) = json.get("payload") {
+            let payload: Value = serde_json::from_str(text).map_err(|e| corrupt("payload", e.to_string()))?;
+            json.insert("payload".into(), payload);
+        }
+        Ok((from_json(json)?, ids))
+    }
+
+    fn put(&self, item: Item, condition: Option<&str>) -> Result<TransactWriteItem, PortError> {
+        let put = Put::builder().table_name(&self.table).set_item(Some(item)).set_condition_expression(condition.map(str::to_owned));
+        Ok(TransactWriteItem::builder().put(put.build().map_err(|e| build_err("put", e))?).build())
+    }
+
+    fn put_new(&self, item: Item) -> Result<TransactWriteItem, PortError> {
+        self.put(item, Some("attribute_not_exists(pk)"))
+    }
+
+    // --- calls
+
+    async fn get(&self, key: &Key, what: &str) -> Result<Option<Item>, PortError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key_item(key)))
+            .consistent_read(true)
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify(what, e))?;
+        self.charge(false, out.consumed_capacity());
+        Ok(out.item)
+    }
+
+    async fn put_item(&self, item: Item, what: &str) -> Result<(), PortError> {
+        let out = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify(what, e))?;
+        self.charge(true, out.consumed_capacity());
+        Ok(())
+    }
+
+    async fn transact(&self, items: Vec<TransactWriteItem>, token: Option<String>, what: &str) -> Result<(), TxFailure> {
+        let out = self
+            .client
+            .transact_write_items()
+            .set_transact_items(Some(items))
+            .set_client_request_token(token)
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify_transaction(what, e))?;
+        self.charge(true, out.consumed_capacity());
+        Ok(())
+    }
+
+    /// Every item of a query, following `LastEvaluatedKey`.
+    async fn query_all(
+        &self,
+        query: aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
+        what: &str,
+    ) -> Result<Vec<Item>, PortError> {
+        let mut items = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let out = query
+                .clone()
+                .set_exclusive_start_key(start.take())
+                .set_return_consumed_capacity(self.rcc())
+                .send()
+                .await
+                .map_err(|e| classify(what, e))?;
+            self.charge(false, out.consumed_capacity());
+            items.extend(out.items.unwrap_or_default());
+            match out.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => return Ok(items),
+            }
+        }
+    }
+
+    /// Items by key, strongly consistent, 100 a request, some requests at once; keys
+    /// DynamoDB leaves unprocessed are asked again with a backoff. Keyed by `pk`.
+    async fn batch_get(&self, pks: &[Key], what: &str) -> Result<HashMap<String, Item>, PortError> {
+        let chunks: Vec<Vec<Item>> = pks.chunks(MAX_BATCH_GET).map(|c| c.iter().map(key_item).collect()).collect();
+        let found: Vec<Vec<Item>> = futures::stream::iter(chunks)
+            .map(|keys| self.batch_get_chunk(keys, what))
+            .buffer_unordered(CONCURRENCY)
+            .try_collect()
+            .await?;
+        let mut by_pk = HashMap::new();
+        for item in found.into_iter().flatten() {
+            let pk = get_s(&item, PK)?.to_owned();
+            by_pk.insert(pk, item);
+        }
+        Ok(by_pk)
+    }
+
+    async fn batch_get_chunk(&self, keys: Vec<Item>, what: &str) -> Result<Vec<Item>, PortError> {
+        let mut items = Vec::new();
+        let mut pending = Some(keys);
+        for round in 0..8u32 {
+            let Some(keys) = pending.take().filter(|k| !k.is_empty()) else { return Ok(items) };
+            if round > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(25 << round)).await;
+            }
+            let request = KeysAndAttributes::builder().set_keys(Some(keys)).consistent_read(true).build().map_err(|e| build_err(what, e))?;
+            let out = self
+                .client
+                .batch_get_item()
+                .request_items(&self.table, request)
+                .set_return_consumed_capacity(self.rcc())
+                .send()
+                .await
+                .map_err(|e| classify(what, e))?;
+            self.charge(false, out.consumed_capacity());
+            if let Some(mut responses) = out.responses {
+                items.extend(responses.remove(&self.table).unwrap_or_default());
+            }
+            pending = out.unprocessed_keys.and_then(|mut u| u.remove(&self.table)).map(|k| k.keys);
+        }
+        match pending {
+            Some(keys) if !keys.is_empty() => Err(PortError::retryable(what, "DynamoDB left keys unprocessed after 8 tries")),
+            _ => Ok(items),
+        }
+    }
+
+    async fn deliveries_by_id(&self, ids: &[DeliveryId], what: &str) -> Result<Vec<Delivery>, PortError> {
+        let keys: Vec<Key> = ids.iter().map(delivery_key).collect();
+        let found = self.batch_get(&keys, what).await?;
+        keys.iter().filter_map(|k| found.get(&k.0)).map(from_item).collect()
+    }
+
+    /// One page of a tenant's deliveries from `index`, newest first, read whole.
+    async fn list_from_index(
+        &self,
+        tenant: &TenantId,
+        index: &str,
+        key_attr: &str,
+        key: String,
+        status: Option<DeliveryStatus>,
+        query: &DeliveryQuery,
+    ) -> Result<DeliveryPage, PortError> {
+        let limit = match query.limit as usize {
+            0 => DEFAULT_PAGE,
+            l => l.min(MAX_PAGE),
+        };
+        // `status` is checked on the items, so keys may be read that do not make the page.
+        let checked = status.is_some();
+        let mut cursor = query.cursor.clone();
+        let mut found: Vec<(String, Delivery)> = Vec::new();
+        loop {
+            let want = if checked { MAX_PAGE } else { limit + 1 - found.len() };
+            let mut q = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(index)
+                .scan_index_forward(false)
+                .limit(want as i32)
+                .expression_attribute_names("#k", key_attr)
+                .expression_attribute_values(":k", s(&key))
+                .set_return_consumed_capacity(self.rcc());
+            q = match &cursor {
+                Some(c) => q
+                    .key_condition_expression("#k = :k AND #c < :c")
+                    .expression_attribute_names("#c", GSI_CREATED)
+                    .expression_attribute_values(":c", s(c)),
+                None => q.key_condition_expression("#k = :k"),
+            };
+            let out = q.send().await.map_err(|e| classify("list deliveries", e))?;
+            self.charge(false, out.consumed_capacity());
+            let keys: Vec<(String, Key)> = out
+                .items()
+                .iter()
+                .map(|it| Ok((get_s(it, GSI_CREATED)?.to_owned(), (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()))))
+                .collect::<Result<_, PortError>>()?;
+            let items = self.batch_get(&keys.iter().map(|(_, k)| k.clone()).collect::<Vec<_>>(), "list deliveries").await?;
+            for (created, k) in &keys {
+                let Some(item) = items.get(&k.0) else { continue };
+                let d: Delivery = from_item(item)?;
+                // The index lags the table a little: check what it claimed.
+                if &d.tenant_id == tenant && status.is_none_or(|st| d.status == st) {
+                    found.push((created.clone(), d));
+                }
+            }
+            let next = out.last_evaluated_key.as_ref().and_then(|k| k.get(GSI_CREATED)).and_then(|v| v.as_s().ok()).cloned();
+            match next {
+                Some(c) if found.len() <= limit => cursor = Some(c),
+                _ => break,
+            }
+        }
+        let next_cursor = (found.len() > limit).then(|| found[limit - 1].0.clone());
+        found.truncate(limit);
+        Ok(DeliveryPage { items: found.into_iter().map(|(_, d)| d).collect(), next_cursor })
+    }
+
+    async fn overdue_shard_keys(&self, shard: u32, before: &str, limit: u32) -> Result<Vec<(String, Key)>, PortError> {
+        let out = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(INDEX_OVERDUE)
+            .key_condition_expression("#s = :s AND #d < :d")
+            .expression_attribute_names("#s", GSI_DUE_SHARD)
+            .expression_attribute_names("#d", GSI_DUE)
+            .expression_attribute_values(":s", s(format!("DUE#{shard}")))
+            .expression_attribute_values(":d", s(before))
+            .limit(limit as i32)
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify("overdue deliveries", e))?;
+        self.charge(false, out.consumed_capacity());
+        out.items()
+            .iter()
+            .map(|it| Ok((get_s(it, GSI_DUE)?.to_owned(), (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()))))
+            .collect()
+    }
+}
+
+/// The same request content gets the same token, so a transaction the SDK retries after it
+/// committed succeeds instead of failing its own conditions; any other content, another one.
+fn request_token(parts: &[&dyn erased::Describe]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update(p.describe().as_bytes());
+        h.update([0]);
+    }
+    h.finalize().iter().take(16).map(|b| format!("{b:02x}")).collect()
+}
+
+mod erased {
+    pub trait Describe {
+        fn describe(&self) -> String;
+    }
+    impl<T: std::fmt::Debug> Describe for T {
+        fn describe(&self) -> String {
+            format!("{self:?}")
+        }
+    }
+}
+
+/// Unique per call, so a claim can recognise its own write on a retried request.
+fn claim_nonce() -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{}-{nanos:x}-{:x}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+}
+
+const EXPECTED_STATE: &str = "attribute_exists(pk) AND #status = :status AND #round = :round AND #attempts = :attempts";
+
+#[async_trait]
+impl Store for DynamoStore {
+    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> PortResult<()> {
+        let items = vec![
+            self.put_new(with_key(to_item(tenant), &api_key_key(api_key_hash), "api_key"))?,
+            self.put_new(with_key(to_item(tenant), &tenant_key(&tenant.id), "tenant"))?,
+        ];
+        match self.transact(items, None, "create tenant").await {
+            Ok(()) => Ok(()),
+            Err(TxFailure::Condition(_)) => Err(PortError::ConditionFailed("API key or tenant id already in use".into())),
+            Err(TxFailure::Other(e)) => Err(e),
+        }
+    }
+
+    async fn tenant_by_api_key(&self, api_key_hash: &str) -> PortResult<Option<Tenant>> {
+        self.get(&api_key_key(api_key_hash), "tenant by API key").await?.as_ref().map(from_item).transpose()
+    }
+
+    async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
+        self.get(&tenant_key(id), "get tenant").await?.as_ref().map(from_item).transpose()
+    }
+
+    async fn put_subscription(&self, sub: &Subscription) -> PortResult<()> {
+        self.put_item(with_key(to_item(sub), &subscription_key(&sub.tenant_id, &sub.id), "subscription"), "put subscription").await
+    }
+
+    async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>> {
+        self.get(&subscription_key(tenant, id), "get subscription").await?.as_ref().map(from_item).transpose()
+    }
+
+    async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
+        let q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :sub)")
+            .expression_attribute_values(":pk", s(tenant_key(tenant).0))
+            .expression_attribute_values(":sub", s("SUB#"));
+        let mut subs: Vec<Subscription> = self.query_all(q, "list subscriptions").await?.iter().map(from_item).collect::<Result<_, _>>()?;
+        subs.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
+        Ok(subs)
+    }
+
+    async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool> {
+        let out = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(key_item(&subscription_key(tenant, id))))
+            .return_values(ReturnValue::AllOld)
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify("delete subscription", e))?;
+        self.charge(true, out.consumed_capacity());
+        Ok(out.attributes.is_some_and(|a| !a.is_empty()))
+    }
+
+    async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
+        let mut items = Vec::with_capacity(deliveries.len() + 2);
+        let marker = event.idempotency_key.as_ref().map(|k| idempotency_key(&event.tenant_id, k));
+        if let Some(key) = &marker {
+            let mut item = with_key(HashMap::new(), key, "idempotency_key");
+            item.insert("event_id".into(), s(event.id.as_str()));
+            item.insert(TTL_ATTRIBUTE.into(), self.expires_at(event.created_at));
+            items.push(self.put_new(item)?);
+        }
+        items.push(self.put_new(self.event_item(event, deliveries))?);
+        for d in deliveries {
+            items.push(self.put_new(self.delivery_item(d))?);
+        }
+        // Past 100 items a transaction cannot hold them all: the first one (marker, event
+        // and the first deliveries) decides, the rest follow.
+        let rest = if items.len() > MAX_TRANSACTION_ITEMS { items.split_off(MAX_TRANSACTION_ITEMS) } else { Vec::new() };
+
+        match self.transact(items, Some(event.id.to_string()), "create event").await {
+            Ok(()) => {}
+            Err(TxFailure::Condition(failed)) => {
+                let Some(key) = marker.filter(|_| failed.is_empty() || failed.contains(&0)) else {
+                    return Err(PortError::ConditionFailed(format!("event {} or one of its deliveries already exists", event.id)));
+                };
+                let existing = self.get(&key, "read idempotency key").await?;
+                let existing = existing.as_ref().map(|it| get_s(it, "event_id").map(str::to_owned)).transpose()?;
+                match existing {
+                    Some(id) if id != event.id.as_str() => {
+                        return Ok(Created::Existing(EventId::parse(&id).map_err(|e| corrupt("event_id", e.to_string()))?))
+                    }
+                    Some(_) => {} // our own write, committed by an earlier try of this request
+                    None => return Err(PortError::ConditionFailed(format!("event {} already exists", event.id))),
+                }
+            }
+            Err(TxFailure::Other(e)) => return Err(e),
+        }
+
+        let chunks: Vec<Vec<TransactWriteItem>> = {
+            let mut rest = rest.into_iter().peekable();
+            let mut chunks = Vec::new();
+            while rest.peek().is_some() {
+                chunks.push(rest.by_ref().take(MAX_TRANSACTION_ITEMS).collect());
+            }
+            chunks
+        };
+        futures::stream::iter(chunks.into_iter().enumerate())
+            .map(|(i, chunk)| async move {
+                match self.transact(chunk, Some(format!("{}-{i}", event.id)), "create event deliveries").await {
+                    Ok(()) => Ok(()),
+                    Err(TxFailure::Condition(_)) => Err(PortError::ConditionFailed(format!("a delivery of event {} already exists", event.id))),
+                    Err(TxFailure::Other(e)) => Err(e),
+                }
+            })
+            .buffer_unordered(CONCURRENCY)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(Created::New)
+    }
+
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {
+        let Some(item) = self.get(&event_key(id), "get event").await? else { return Ok(None) };
+        let (event, _) = Self::decode_event(&item)?;
+        Ok((&event.tenant_id == tenant).then_some(event))
+    }
+
+    async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>> {
+        let Some(item) = self.get(&event_key(event), "event deliveries").await? else { return Ok(Vec::new()) };
+        let (event, ids) = Self::decode_event(&item)?;
+        if &event.tenant_id != tenant {
+            return Ok(Vec::new());
+        }
+        self.deliveries_by_id(&ids, "event deliveries").await
+    }
+
+    async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>> {
+        self.get(&delivery_key(id), "get delivery").await?.as_ref().map(from_item).transpose()
+    }
+
+    async fn list_deliveries(&self, tenant: &TenantId, query: &DeliveryQuery) -> PortResult<DeliveryPage> {
+        match (&query.subscription_id, query.status) {
+            (Some(sub), status) => {
+                let key = format!("{tenant}#{sub}");
+                self.list_from_index(tenant, INDEX_BY_SUBSCRIPTION, GSI_SUBSCRIPTION, key, status, query).await
+            }
+            (None, Some(status)) => {
+                let key = format!("{tenant}#{}", status.as_str());
+                let page = self.list_from_index(tenant, INDEX_BY_TENANT_STATUS, GSI_TENANT_STATUS, key, None, query).await?;
+                // The index may still list a delivery under its old status for a moment.
+                Ok(DeliveryPage { items: page.items.into_iter().filter(|d| d.status == status).collect(), ..page })
+            }
+            (None, None) => self.list_from_index(tenant, INDEX_BY_TENANT, GSI_TENANT, tenant.to_string(), None, query).await,
+        }
+    }
+
+    async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()> {
+        let e = &change.expected;
+        let expect_values = HashMap::from([
+            (":status".to_owned(), s(e.status.as_str())),
+            (":round".to_owned(), n(e.round)),
+            (":attempts".to_owned(), n(e.attempts)),
+        ]);
+        let expect_names = HashMap::from([
+            ("#status".to_owned(), "status".to_owned()),
+            ("#round".to_owned(), "round".to_owned()),
+            ("#attempts".to_owned(), "attempts".to_owned()),
+        ]);
+        let item = self.delivery_item(&change.next);
+
+        let Some(attempt) = &change.attempt else {
+            // One conditional put (half a transaction's cost). If a retry of it finds its own
+            // write, the condition fails on an item equal to the new state: that is success.
+            let result = self
+                .client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(item))
+                .condition_expression(EXPECTED_STATE)
+                .set_expression_attribute_names(Some(expect_names))
+                .set_expression_attribute_values(Some(expect_values))
+                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+                .set_return_consumed_capacity(self.rcc())
+                .send()
+                .await;
+            return match result {
+                Ok(out) => {
+                    self.charge(true, out.consumed_capacity());
+                    Ok(())
+                }
+                Err(err) => {
+                    if let Some(PutItemError::ConditionalCheckFailedException(failed)) = err.as_service_error() {
+                        let current: Option<Delivery> = failed.item().map(from_item).transpose().ok().flatten();
+                        if current.as_ref() == Some(&change.next) {
+                            return Ok(());
+                        }
+                        let why = if failed.item().is_some() || current.is_some() { "the delivery changed" } else { "no such delivery or it changed" };
+                        return Err(PortError::ConditionFailed(format!("apply change to {}: {why}", change.next.id)));
+                    }
+                    Err(classify("apply change", err))
+                }
+            };
+        };
+
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression(EXPECTED_STATE)
+            .set_expression_attribute_names(Some(expect_names))
+            .set_expression_attribute_values(Some(expect_values))
+            .build()
+            .map_err(|e| build_err("apply change", e))?;
+        let mut record = with_key(to_item(attempt), &attempt_key(attempt), "attempt");
+        record.insert(TTL_ATTRIBUTE.into(), self.expires_at(attempt.started_at));
+        let items = vec![TransactWriteItem::builder().put(put).build(), self.put_new(record)?];
+        let token = request_token(&[&change.expected, &change.next, attempt]);
+        match self.transact(items, Some(token), "apply change").await {
+            Ok(()) => Ok(()),
+            Err(TxFailure::Condition(failed)) => Err(PortError::ConditionFailed(match failed.as_slice() {
+                [1] => format!("attempt {} of round {} of {} is already recorded", attempt.attempt, attempt.round, attempt.delivery_id),
+                _ => format!("delivery {} is not in the expected state", change.next.id),
+            })),
+            Err(TxFailure::Other(e)) => Err(e),
+        }
+    }
+
+    async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>> {
+        let q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :att)")
+            .expression_attribute_values(":pk", s(delivery_key(delivery).0))
+            .expression_attribute_values(":att", s("ATT#"));
+        self.query_all(q, "attempts").await?.iter().map(from_item).collect()
+    }
+
+    async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let before = sortable_time(due_before);
+        let per_shard: Vec<Vec<(String, Key)>> = futures::stream::iter(0..OVERDUE_SHARDS)
+            .map(|shard| self.overdue_shard_keys(shard, &before, limit))
+            .buffered(OVERDUE_SHARDS as usize)
+            .try_collect()
+            .await?;
+        let mut keys: Vec<(String, Key)> = per_shard.into_iter().flatten().collect();
+        keys.sort();
+        keys.truncate(limit as usize);
+        let found = self.batch_get(&keys.iter().map(|(_, k)| k.clone()).collect::<Vec<_>>(), "overdue deliveries").await?;
+        let mut overdue = Vec::new();
+        for (_, k) in &keys {
+            let Some(item) = found.get(&k.0) else { continue };
+            let d: Delivery = from_item(item)?;
+            if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Retrying) && d.next_attempt_at.is_some_and(|t| t < due_before) {
+                overdue.push(d);
+            }
+        }
+        Ok(overdue)
+    }
+
+    async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {
+        Ok(self.get(&health_key(sub), "endpoint health").await?.as_ref().map(from_item).transpose()?.unwrap_or_default())
+    }
+
+    async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
+        self.put_item(with_key(to_item(health), &health_key(sub), "endpoint_health"), "save endpoint health").await
+    }
+
+    async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
+        let nonce = claim_nonce();
+        let mut item = with_key(HashMap::new(), &notice_key(delivery, round), "dead_notice");
+        item.insert("claim".into(), s(&nonce));
+        item.insert(TTL_ATTRIBUTE.into(), self.expires_at(Utc::now()));
+        let result = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.charge(true, out.consumed_capacity());
+                Ok(true)
+            }
+            Err(err) => match err.as_service_error() {
+                // Claimed before, unless by this very call on an earlier try.
+                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
+                    Ok(failed.item().and_then(|it| get_s(it, "claim").ok()) == Some(nonce.as_str()))
+                }
+                _ => Err(classify("claim dead notice", err)),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overdue_shards_spread_ids_and_stay_in_range() {
+        let mut rng = rand::rng();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..200 {
+            let shard = overdue_shard(&DeliveryId::generate(Utc::now(), &mut rng));
+            assert!(shard < OVERDUE_SHARDS);
+            seen.insert(shard);
+        }
+        assert_eq!(seen.len(), OVERDUE_SHARDS as usize);
+    }
+
+    #[test]
+    fn request_tokens_fit_dynamodb_and_differ_with_content() {
+        let a = request_token(&[&1u32, &"x"]);
+        assert_eq!(a.len(), 32);
+        assert_eq!(a, request_token(&[&1u32, &"x"]));
+        assert_ne!(a, request_token(&[&2u32, &"x"]));
+    }
+}

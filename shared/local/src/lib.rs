@@ -7,8 +7,11 @@
 //! [`LocalBackend::receive`] and [`LocalBackend::ack`], which are not ports because on AWS
 //! the Lambda runtime does that part.
 //!
-//! One connection behind a mutex, used inside `spawn_blocking`: SQLite serialises writers
-//! anyway, and each call holds the lock for one short statement or transaction.
+//! One connection, owned by one thread. Calls queue up for it; it runs whatever has queued
+//! as one transaction (each call in its own savepoint, so a failed call undoes only its
+//! own writes) and answers every call after the commit. SQLite serialises writers anyway;
+//! this way concurrent callers share a commit instead of each paying for one, and the
+//! async runtime never waits on the disk or on another process's lock.
 //!
 //! [`Store`]: hookwise_core::ports::Store
 //! [`DeliveryQueue`]: hookwise_core::ports::DeliveryQueue
@@ -22,8 +25,10 @@ mod schema;
 mod store;
 
 use std::path::{Path, PathBuf};
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{mpsc, Arc};
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -32,7 +37,7 @@ use hookwise_core::PortError;
 use rusqlite::{Connection, ErrorCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 
 pub use outbox::SentEmail;
 pub use queue::{QueueName, Receipt, Received};
@@ -49,6 +54,8 @@ pub const DEFAULT_MAX_RECEIVE_COUNT: u32 = 5;
 /// How long a writer waits for another process holding the database (e.g. `hookwise
 /// tenant create` while `hookwise dev` runs) before the call fails as retryable.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most calls one transaction takes, so the first caller in a burst is not kept long.
+const MAX_BATCH: usize = 256;
 
 /// How a [`LocalBackend`] behaves; the defaults copy SQS and SES.
 #[derive(Clone)]
@@ -93,14 +100,16 @@ pub struct LocalBackend {
 }
 
 struct Inner {
-    conn: Mutex<Connection>,
+    /// To the connection's thread; `None` only while dropping.
+    jobs: Option<mpsc::Sender<Box<dyn Job>>>,
+    thread: Option<JoinHandle<()>>,
     config: LocalConfig,
     /// Where `.eml` files go; `None` for an in-memory backend (mail is kept as rows only).
     outbox_dir: Option<PathBuf>,
     data_dir: Option<PathBuf>,
     delivery_ready: Notify,
     dead_ready: Notify,
-    // Declared last so the connection closes before the directory is removed.
+    // Dropped after `Drop for Inner` has closed the connection.
     _temp: Option<TempDirGuard>,
 }
 
@@ -132,7 +141,7 @@ impl LocalBackend {
     pub fn open_in_memory_with(config: LocalConfig) -> PortResult<Self> {
         let conn = Connection::open_in_memory().map_err(|e| db_err("open an in-memory database", e))?;
         schema::prepare(&conn)?;
-        Ok(Self::from_parts(conn, config, None, None, None))
+        Self::from_parts(conn, config, None, None, None)
     }
 
     /// A fresh data dir under the system's temp dir, removed when the last clone is
@@ -160,7 +169,7 @@ impl LocalBackend {
         let path = data_dir.join(DB_FILE);
         let conn = Connection::open(&path).map_err(|e| db_err("open the database", e))?;
         schema::prepare(&conn)?;
-        Ok(Self::from_parts(conn, config, Some(outbox_dir), Some(data_dir.to_owned()), temp))
+        Self::from_parts(conn, config, Some(outbox_dir), Some(data_dir.to_owned()), temp)
     }
 
     fn from_parts(
@@ -169,10 +178,16 @@ impl LocalBackend {
         outbox_dir: Option<PathBuf>,
         data_dir: Option<PathBuf>,
         temp: Option<TempDirGuard>,
-    ) -> Self {
-        Self {
+    ) -> PortResult<Self> {
+        let (jobs, queue) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("hookwise-sqlite".into())
+            .spawn(move || serve(conn, queue))
+            .map_err(|e| PortError::permanent("start the database thread", e))?;
+        Ok(Self {
             inner: Arc::new(Inner {
-                conn: Mutex::new(conn),
+                jobs: Some(jobs),
+                thread: Some(thread),
                 config,
                 outbox_dir,
                 data_dir,
@@ -180,7 +195,7 @@ impl LocalBackend {
                 dead_ready: Notify::new(),
                 _temp: temp,
             }),
-        }
+        })
     }
 
     /// The data dir, unless the database is in memory.
@@ -201,21 +216,130 @@ impl LocalBackend {
         self.inner.config.clock.now()
     }
 
-    /// Run `f` on the connection off the async runtime's worker threads.
+    /// Run `f` on the connection's thread, in a transaction with whatever else is queued;
+    /// an `Err` from `f` undoes its writes. Answers once the transaction has committed.
     async fn with_conn<T, F>(&self, what: &'static str, f: F) -> PortResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection) -> PortResult<T> + Send + 'static,
+        F: FnOnce(&Connection) -> PortResult<T> + Send + 'static,
     {
-        let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
-            // A panic while holding the lock cannot leave a transaction half-applied (it
-            // rolls back on drop), so a poisoned lock is still safe to use.
-            let mut conn = inner.conn.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            f(&mut conn)
-        })
-        .await
-        .map_err(|e| PortError::permanent(what, e))?
+        let stopped = || PortError::permanent(what, "the database thread has stopped");
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Call { what, f: Some(f), result: None, reply });
+        self.inner.jobs.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the channel ends the thread; waiting for it closes the database before
+        // anyone reopens it (or the temp dir goes).
+        self.jobs.take();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// One call waiting for the connection.
+trait Job: Send {
+    /// Run inside the batch's transaction; `false` when the call failed and its writes
+    /// must be undone.
+    fn run(&mut self, conn: &Connection) -> bool;
+    /// Answer the caller, once the batch's fate is known.
+    fn finish(self: Box<Self>, batch: &Result<(), BatchFailure>);
+}
+
+struct Call<T, F> {
+    what: &'static str,
+    f: Option<F>,
+    result: Option<PortResult<T>>,
+    reply: oneshot::Sender<PortResult<T>>,
+}
+
+impl<T, F> Job for Call<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> PortResult<T> + Send,
+{
+    fn run(&mut self, conn: &Connection) -> bool {
+        let Some(f) = self.f.take() else { return false };
+        // A bug in one call must not take the thread (and every later call) down with it.
+        let what = self.what;
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(conn)))
+            .unwrap_or_else(|_| Err(PortError::permanent(what, "the database call panicked")));
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn finish(self: Box<Self>, batch: &Result<(), BatchFailure>) {
+        let answer = match (self.result, batch) {
+            // A failed call reports its own error; nothing of it was kept either way.
+            (Some(Err(e)), _) => Err(e),
+            (Some(Ok(value)), Ok(())) => Ok(value),
+            (_, Err(failure)) => Err(failure.to_port_error(self.what)),
+            (None, Ok(())) => Err(PortError::permanent(self.what, "the call never ran")),
+        };
+        // The caller may have gone away (its future dropped); nothing to tell then.
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// Why a whole batch failed; each caller gets it as its own `PortError`.
+struct BatchFailure {
+    retryable: bool,
+    message: String,
+}
+
+impl BatchFailure {
+    fn of(e: rusqlite::Error) -> Self {
+        let retryable = matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked));
+        Self { retryable, message: e.to_string() }
+    }
+
+    fn to_port_error(&self, what: &'static str) -> PortError {
+        if self.retryable {
+            PortError::retryable(what, self.message.clone())
+        } else {
+            PortError::permanent(what, self.message.clone())
+        }
+    }
+}
+
+/// The connection's thread: take what has queued, run it as one transaction, answer.
+fn serve(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let outcome = run_batch(&conn, &mut batch);
+        for job in batch {
+            job.finish(&outcome);
+        }
+    }
+}
+
+fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), BatchFailure> {
+    // IMMEDIATE takes the write lock up front (waiting up to the busy timeout for another
+    // process), so no statement inside can meet SQLITE_BUSY halfway.
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(BatchFailure::of)?;
+    let ran = batch.iter_mut().try_for_each(|job| {
+        conn.execute_batch("SAVEPOINT call")?;
+        let end = if job.run(conn) { "RELEASE call" } else { "ROLLBACK TO call; RELEASE call" };
+        conn.execute_batch(end)
+    });
+    match ran.and_then(|()| conn.execute_batch("COMMIT")) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = conn.execute_batch("ROLLBACK");
+            Err(BatchFailure::of(e))
+        }
     }
 }
 

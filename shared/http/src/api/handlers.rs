@@ -48,10 +48,19 @@ pub async fn create_subscription(
 pub async fn list_subscriptions(
     State(s): State<ApiState>,
     Authenticated(tenant): Authenticated,
-) -> ApiResult<Json<Page<SubscriptionView>>> {
+) -> ApiResult<Json<Page<SubscriptionSummary>>> {
     let subs = s.services.list_subscriptions(&tenant).await?;
+    let mut data = Vec::with_capacity(subs.len());
+    for sub in subs {
+        match s.services.subscription_overview(&tenant, &sub.id).await {
+            Ok(overview) => data.push(overview.into()),
+            // Deleted since it was listed: it is simply no longer there.
+            Err(hookwise_core::Error::NotFound { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok(Json(Page {
-        data: subs.into_iter().map(SubscriptionView::public).collect(),
+        data,
         next_cursor: None,
     }))
 }
@@ -60,11 +69,11 @@ pub async fn get_subscription(
     State(s): State<ApiState>,
     Authenticated(tenant): Authenticated,
     PathId(id): PathId,
-) -> ApiResult<Json<SubscriptionView>> {
+) -> ApiResult<Json<SubscriptionSummary>> {
     let id = path_id(&id, SubscriptionId::parse)?;
-    Ok(Json(SubscriptionView::public(
-        s.services.get_subscription(&tenant, &id).await?,
-    )))
+    Ok(Json(
+        s.services.subscription_overview(&tenant, &id).await?.into(),
+    ))
 }
 
 pub async fn update_subscription(
@@ -263,10 +272,26 @@ pub async fn list_deliveries(
     Authenticated(tenant): Authenticated,
     ApiQuery(params): ApiQuery<DeliveryListParams>,
 ) -> ApiResult<Json<Page<DeliveryView>>> {
-    let page = s
-        .services
-        .list_deliveries(&tenant, params.into_query()?)
-        .await?;
+    let query = params.into_query()?;
+    let cursor = query.cursor.clone();
+    let page = match s.services.list_deliveries(&tenant, query).await {
+        Ok(page) => page,
+        // A cursor is opaque and only the store can read it; one it cannot read is the
+        // client's mistake (a cursor not returned by this API), not a server error.
+        Err(hookwise_core::Error::Port(e @ hookwise_core::PortError::Permanent { .. }))
+            if cursor.is_some() =>
+        {
+            tracing::info!(error = %e, "a delivery listing with an unreadable cursor");
+            return Err(ApiError::unprocessable(
+                "invalid_cursor",
+                format!(
+                    "cursor `{}` is not one this API returned: pass the `next_cursor` of a previous page",
+                    cursor.unwrap_or_default()
+                ),
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
     Ok(Json(Page {
         data: page.items.into_iter().map(DeliveryView::from).collect(),
         next_cursor: page.next_cursor,

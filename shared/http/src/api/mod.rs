@@ -1,6 +1,9 @@
 //! The public API: one axum [`Router`] for `hookwise dev` (`axum::serve`) and Lambda
 //! (`lambda_http::run`). JSON in and out; every error is `{"error": {"code", "message"}}`.
+//! The same Router serves the dashboard (`/dashboard`) and the OpenAPI document
+//! (`/v1/openapi.json`), so both work wherever the API does.
 
+mod dashboard;
 mod error;
 mod extract;
 mod handlers;
@@ -9,11 +12,12 @@ mod views;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{on, MethodFilter};
 use axum::Router;
 use hookwise_core::services::Services;
 use tower_http::trace::TraceLayer;
 
+pub use dashboard::OPENAPI_JSON;
 pub use error::{ApiError, ApiResult};
 pub use extract::{parse_json, ApiJson, Authenticated};
 pub use views::*;
@@ -33,32 +37,47 @@ impl ApiState {
     }
 }
 
-/// The whole API. `GET /healthz` needs no key; everything under `/v1` needs
-/// `Authorization: Bearer <api key>` and sees only that key's tenant.
+/// The route table, written once: it builds the Router and lists [`ROUTES`], which the
+/// spec-in-step test compares with `openapi.json` both ways.
+macro_rules! route_table {
+    ($($method:ident $path:literal => $handler:path;)*) => {
+        /// Every `(METHOD, path)` the Router serves, paths in axum's (and OpenAPI's) `{id}` form.
+        pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
+
+        fn add_routes(router: Router<ApiState>) -> Router<ApiState> {
+            router$(.route($path, on(MethodFilter::$method, $handler)))*
+        }
+    };
+}
+
+route_table! {
+    GET    "/healthz"                              => handlers::healthz;
+    GET    "/v1/openapi.json"                      => dashboard::openapi;
+    GET    "/dashboard"                            => dashboard::page;
+    GET    "/dashboard/app.js"                     => dashboard::script;
+    GET    "/dashboard/app.css"                    => dashboard::stylesheet;
+    POST   "/v1/subscriptions"                     => handlers::create_subscription;
+    GET    "/v1/subscriptions"                     => handlers::list_subscriptions;
+    GET    "/v1/subscriptions/{id}"                => handlers::get_subscription;
+    PATCH  "/v1/subscriptions/{id}"                => handlers::update_subscription;
+    DELETE "/v1/subscriptions/{id}"                => handlers::delete_subscription;
+    POST   "/v1/subscriptions/{id}/rotate-secret"  => handlers::rotate_secret;
+    POST   "/v1/subscriptions/{id}/recover"        => handlers::recover_subscription;
+    POST   "/v1/events"                            => handlers::ingest_event;
+    GET    "/v1/events/{id}"                       => handlers::get_event;
+    POST   "/v1/events/{id}/replay"                => handlers::replay_event;
+    GET    "/v1/deliveries"                        => handlers::list_deliveries;
+    GET    "/v1/deliveries/{id}"                   => handlers::get_delivery;
+    POST   "/v1/deliveries/{id}/replay"            => handlers::replay_delivery;
+}
+
+/// The whole API. `GET /healthz`, the OpenAPI document and the dashboard's assets need no
+/// key; everything else under `/v1` needs `Authorization: Bearer <api key>` and sees only
+/// that key's tenant.
 pub fn router(state: ApiState) -> Router {
-    use handlers::*;
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route(
-            "/v1/subscriptions",
-            post(create_subscription).get(list_subscriptions),
-        )
-        .route(
-            "/v1/subscriptions/{id}",
-            get(get_subscription)
-                .patch(update_subscription)
-                .delete(delete_subscription),
-        )
-        .route("/v1/subscriptions/{id}/rotate-secret", post(rotate_secret))
-        .route("/v1/subscriptions/{id}/recover", post(recover_subscription))
-        .route("/v1/events", post(ingest_event))
-        .route("/v1/events/{id}", get(get_event))
-        .route("/v1/events/{id}/replay", post(replay_event))
-        .route("/v1/deliveries", get(list_deliveries))
-        .route("/v1/deliveries/{id}", get(get_delivery))
-        .route("/v1/deliveries/{id}/replay", post(replay_delivery))
-        .fallback(no_route)
-        .method_not_allowed_fallback(method_not_allowed)
+    add_routes(Router::new())
+        .fallback(handlers::no_route)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TraceLayer::new_for_http())
         .with_state(state)

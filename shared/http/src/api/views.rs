@@ -55,6 +55,44 @@ impl SubscriptionView {
     }
 }
 
+/// Deliveries of one subscription by status.
+#[derive(Debug, Serialize)]
+pub struct DeliveryCounts {
+    pub pending: u64,
+    pub retrying: u64,
+    pub delivered: u64,
+    pub dead: u64,
+}
+
+/// `GET /v1/subscriptions[/{id}]`: a subscription with what the dashboard shows beside it.
+#[derive(Debug, Serialize)]
+pub struct SubscriptionSummary {
+    #[serde(flatten)]
+    pub subscription: SubscriptionView,
+    /// The endpoint's recent success rate, 0 to 1, newer attempts weighing more; `null`
+    /// before any attempt.
+    pub health: Option<f64>,
+    pub counts: DeliveryCounts,
+}
+
+impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary {
+    fn from(o: hookwise_core::services::SubscriptionOverview) -> Self {
+        // In `DeliveryStatus::ALL`'s order.
+        let [pending, retrying, delivered, dead] = o.counts;
+        Self {
+            subscription: SubscriptionView::public(o.subscription),
+            // A score is a finite fraction; anything else would not be valid JSON.
+            health: o.health.filter(|h| h.is_finite()).map(|h| h.clamp(0.0, 1.0)),
+            counts: DeliveryCounts {
+                pending,
+                retrying,
+                delivered,
+                dead,
+            },
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct DeliveryView {
     pub id: DeliveryId,

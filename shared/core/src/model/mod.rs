@@ -162,6 +162,28 @@ pub struct Delivery {
     pub updated_at: DateTime<Utc>,
 }
 
+impl Delivery {
+    /// A new delivery of `event` to a subscription: pending, its first attempt due at once.
+    pub fn new(id: DeliveryId, event: &Event, subscription_id: SubscriptionId) -> Self {
+        Self {
+            id,
+            tenant_id: event.tenant_id.clone(),
+            event_id: event.id.clone(),
+            subscription_id,
+            event_type: event.event_type.clone(),
+            status: DeliveryStatus::Pending,
+            round: 0,
+            attempts: 0,
+            next_attempt_at: Some(event.created_at),
+            last_delay_seconds: None,
+            last_status_code: None,
+            last_error: None,
+            created_at: event.created_at,
+            updated_at: event.created_at,
+        }
+    }
+}
+
 /// The largest response excerpt kept with an attempt.
 pub const EXCERPT_LIMIT: usize = 4096;
 

@@ -57,22 +57,7 @@ impl Services {
         let deliveries: Vec<Delivery> = subscriptions
             .iter()
             .filter(|s| s.wants(&event.event_type))
-            .map(|s| Delivery {
-                id: DeliveryId::generate(now, &mut *self.rng()),
-                tenant_id: tenant.id.clone(),
-                event_id: event.id.clone(),
-                subscription_id: s.id.clone(),
-                event_type: event.event_type.clone(),
-                status: DeliveryStatus::Pending,
-                round: 0,
-                attempts: 0,
-                next_attempt_at: Some(now),
-                last_delay_seconds: None,
-                last_status_code: None,
-                last_error: None,
-                created_at: now,
-                updated_at: now,
-            })
+            .map(|s| Delivery::new(DeliveryId::generate(now, &mut *self.rng()), &event, s.id.clone()))
             .collect();
 
         // Stored before any attempt (seed 000): once this returns, the event is durable.

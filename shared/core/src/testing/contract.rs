@@ -446,7 +446,7 @@ pub async fn another_tenants_ids_are_not_found(b: &dyn ContractBackend) {
     let other = fx.stored_tenant(b).await;
     let sub = fx.subscription(&a.id, t0());
     b.store().put_subscription(&sub).await.expect("put");
-    let (event, deliveries) = fx.stored_event(b, &a.id, t0(), &[sub.id.clone()]).await;
+    let (event, deliveries) = fx.stored_event(b, &a.id, t0(), std::slice::from_ref(&sub.id)).await;
 
     assert_eq!(b.store().get_event(&other.id, &event.id).await.expect("get event"), None);
     assert!(b.store().event_deliveries(&other.id, &event.id).await.expect("deliveries").is_empty());

@@ -108,13 +108,39 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             format!("the request body is not valid JSON: {e}"),
         )
     })?;
-    if !value.is_object() {
+    let mut value = value;
+    let Some(fields) = value.as_object_mut() else {
         return Err(ApiError::unprocessable(
             "invalid_body",
             "the request body must be a JSON object",
         ));
+    };
+    // The event payload is the customer's data and goes out exactly as it came in.
+    for (_, field) in fields.iter_mut().filter(|(name, _)| *name != "payload") {
+        whole_numbers_as_integers(field);
     }
     serde_path_to_error::deserialize(&value).map_err(|e| misfit(&value, e))
+}
+
+/// JSON has one number type: `94.0` is the integer 94 to JSON Schema and to many clients
+/// (Python's `json.dumps(94.0)`), while serde refuses it for a `u32`. Whole numbers small
+/// enough to be exact become integers, so `"timeout_ms": 5000.0` means 5000.
+fn whole_numbers_as_integers(value: &mut serde_json::Value) {
+    const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53
+    match value {
+        serde_json::Value::Number(n) if !n.is_i64() && !n.is_u64() => {
+            if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < EXACT) {
+                *value = if f >= 0.0 {
+                    serde_json::Value::from(f as u64)
+                } else {
+                    serde_json::Value::from(f as i64)
+                };
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(whole_numbers_as_integers),
+        serde_json::Value::Object(map) => map.values_mut().for_each(whole_numbers_as_integers),
+        _ => {}
+    }
 }
 
 /// The error for a body that is JSON but not the expected shape, with a code that matches
@@ -229,5 +255,34 @@ impl<S: Send + Sync> FromRequestParts<S> for PathId {
             .await
             .map(|p| Self(p.0))
             .map_err(|r| ApiError::not_found(r.body_text()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[derive(Debug, Deserialize)]
+    struct Body {
+        timeout_ms: u32,
+        delays: Vec<u64>,
+        offset: i64,
+        payload: serde_json::Value,
+    }
+
+    #[test]
+    fn given_whole_numbers_written_as_floats_then_they_parse_as_integers_but_the_payload_is_untouched() {
+        let b: Body = parse_json(br#"{"timeout_ms": 5000.0, "delays": [1.0, 2], "offset": -3.0, "payload": {"amount": 1.0}}"#).unwrap();
+        assert_eq!((b.timeout_ms, b.delays, b.offset), (5000, vec![1, 2], -3));
+        assert_eq!(b.payload, json!({"amount": 1.0}));
+        assert!(b.payload["amount"].is_f64());
+    }
+
+    #[test]
+    fn given_a_fraction_then_it_is_still_refused_for_an_integer_field() {
+        let err = parse_json::<Body>(br#"{"timeout_ms": 5000.5, "delays": [], "offset": 0, "payload": {}}"#).unwrap_err();
+        assert_eq!(err.status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(err.message.contains("timeout_ms"), "{}", err.message);
     }
 }

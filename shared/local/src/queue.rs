@@ -1,0 +1,279 @@
+//! The delivery queue and its dead-letter queue, as SQS behaves: a per-message delay, and a
+//! visibility timeout so a message whose handler died comes back.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult};
+use hookwise_core::PortError;
+use rusqlite::{params};
+
+use crate::{db_err, from_nanos, nanos, to_json, LocalBackend};
+
+/// Which of the two queues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QueueName {
+    /// Delivery tasks for the worker.
+    Delivery,
+    /// Dead deliveries for the dead-letter handler.
+    DeadLetter,
+}
+
+impl QueueName {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Delivery => "delivery",
+            Self::DeadLetter => "dead",
+        }
+    }
+}
+
+/// Proof of one receive of one message; acking with it deletes the message unless it has
+/// been received again since (its visibility ran out and another handler took it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Receipt {
+    queue: QueueName,
+    id: i64,
+    receive_count: u32,
+}
+
+/// A message taken from a queue, invisible to other receivers until its timeout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Received {
+    pub receipt: Receipt,
+    pub task: DeliveryTask,
+    /// 1 the first time the message is received.
+    pub receive_count: u32,
+}
+
+/// Where undecodable messages go: kept for a person to look at, out of every receiver's way.
+const CORRUPT: &str = "corrupt";
+
+/// `at + by`, saturating instead of panicking at the end of time.
+fn later(at: DateTime<Utc>, by: chrono::Duration) -> DateTime<Utc> {
+    at.checked_add_signed(by).unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+impl LocalBackend {
+    /// Take up to `max` visible messages from the delivery queue, oldest first, hiding them
+    /// for `visibility_timeout`. Messages already received `max_receive_count` times move to
+    /// the dead-letter queue instead (SQS's redrive).
+    pub async fn receive(&self, max: usize, visibility_timeout: Duration) -> PortResult<Vec<Received>> {
+        self.receive_from(QueueName::Delivery, max, visibility_timeout).await
+    }
+
+    /// Delete a received delivery-queue message. `false` when the receipt is stale: the
+    /// message was acked already or has been received again since.
+    pub async fn ack(&self, receipt: &Receipt) -> PortResult<bool> {
+        Ok(self.ack_in(QueueName::Delivery, std::slice::from_ref(receipt)).await? == 1)
+    }
+
+    /// Delete many received delivery-queue messages in one transaction; how many were deleted.
+    pub async fn ack_many(&self, receipts: &[Receipt]) -> PortResult<usize> {
+        self.ack_in(QueueName::Delivery, receipts).await
+    }
+
+    /// [`receive`](Self::receive) for the dead-letter queue (no redrive from there).
+    pub async fn receive_dead(&self, max: usize, visibility_timeout: Duration) -> PortResult<Vec<Received>> {
+        self.receive_from(QueueName::DeadLetter, max, visibility_timeout).await
+    }
+
+    pub async fn ack_dead(&self, receipt: &Receipt) -> PortResult<bool> {
+        Ok(self.ack_in(QueueName::DeadLetter, std::slice::from_ref(receipt)).await? == 1)
+    }
+
+    pub async fn ack_dead_many(&self, receipts: &[Receipt]) -> PortResult<usize> {
+        self.ack_in(QueueName::DeadLetter, receipts).await
+    }
+
+    /// Messages in a queue, visible or not.
+    pub async fn queue_len(&self, queue: QueueName) -> PortResult<u64> {
+        self.with_conn("count queue messages", move |conn| {
+            conn.query_row("SELECT COUNT(*) FROM queue WHERE queue = ?1", [queue.as_str()], |row| row.get::<_, i64>(0))
+                .map(|n| n as u64)
+                .map_err(|e| db_err("count queue messages", e))
+        })
+        .await
+    }
+
+    /// When the next message of a queue becomes visible (in the past if one is visible now);
+    /// `None` when the queue is empty.
+    pub async fn next_visible_at(&self, queue: QueueName) -> PortResult<Option<DateTime<Utc>>> {
+        self.with_conn("peek at the queue", move |conn| {
+            conn.query_row("SELECT MIN(visible_at) FROM queue WHERE queue = ?1", [queue.as_str()], |row| row.get::<_, Option<i64>>(0))
+                .map(|at| at.map(from_nanos))
+                .map_err(|e| db_err("peek at the queue", e))
+        })
+        .await
+    }
+
+    /// Wait until a message of `queue` may be visible: one is enqueued, the earliest hidden
+    /// one's time comes (by the configured clock), or `max_wait` passes. A worker loops
+    /// `receive` → (empty) → `wait_for_messages` instead of polling hard.
+    pub async fn wait_for_messages(&self, queue: QueueName, max_wait: Duration) -> PortResult<()> {
+        let notify = match queue {
+            QueueName::Delivery => &self.inner.delivery_ready,
+            QueueName::DeadLetter => &self.inner.dead_ready,
+        };
+        // Registered before looking, so an enqueue between the look and the sleep still wakes us.
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let wait = match self.next_visible_at(queue).await? {
+            Some(at) => (at - self.now()).to_std().unwrap_or(Duration::ZERO).min(max_wait),
+            None => max_wait,
+        };
+        if wait.is_zero() {
+            return Ok(());
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+        Ok(())
+    }
+
+    async fn receive_from(&self, queue: QueueName, max: usize, visibility_timeout: Duration) -> PortResult<Vec<Received>> {
+        if max == 0 {
+            return Ok(Vec::new());
+        }
+        let now = self.now();
+        let now_ns = nanos(now);
+        let hidden_until = nanos(later(now, chrono::Duration::from_std(visibility_timeout).unwrap_or(chrono::Duration::MAX)));
+        let redrive = match queue {
+            QueueName::Delivery => self.inner.config.max_receive_count,
+            QueueName::DeadLetter => None,
+        };
+        let limit = i64::try_from(max).unwrap_or(i64::MAX);
+        let (received, redriven) = self
+            .with_conn("receive from the queue", move |conn| {
+                let err = |e| db_err("receive from the queue", e);
+                let redriven = match redrive {
+                    Some(max_count) => conn
+                        .prepare_cached(
+                            "UPDATE queue SET queue = 'dead', receive_count = 0, visible_at = ?1
+                             WHERE queue = 'delivery' AND visible_at <= ?1 AND receive_count >= ?2",
+                        )
+                        .and_then(|mut s| s.execute(params![now_ns, max_count]))
+                        .map_err(err)?,
+                    None => 0,
+                };
+                let rows: Vec<(i64, String, u32)> = conn
+                    .prepare_cached(
+                        "SELECT id, doc, receive_count FROM queue
+                         WHERE queue = ?1 AND visible_at <= ?2 ORDER BY visible_at, id LIMIT ?3",
+                    )
+                    .and_then(|mut s| {
+                        s.query_map(params![queue.as_str(), now_ns, limit], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+                            .collect()
+                    })
+                    .map_err(err)?;
+                let mut received = Vec::with_capacity(rows.len());
+                {
+                    let mut hide = conn
+                        .prepare_cached("UPDATE queue SET visible_at = ?1, receive_count = receive_count + 1 WHERE id = ?2")
+                        .map_err(err)?;
+                    let mut set_aside = conn.prepare_cached("UPDATE queue SET queue = ?1 WHERE id = ?2").map_err(err)?;
+                    for (id, doc, count) in rows {
+                        match serde_json::from_str::<DeliveryTask>(&doc) {
+                            Ok(task) => {
+                                hide.execute(params![hidden_until, id]).map_err(err)?;
+                                let receive_count = count.saturating_add(1);
+                                received.push(Received { receipt: Receipt { queue, id, receive_count }, task, receive_count });
+                            }
+                            Err(e) => {
+                                tracing::error!(message_id = id, error = %e, "queue message does not decode; set aside as corrupt");
+                                set_aside.execute(params![CORRUPT, id]).map_err(err)?;
+                            }
+                        }
+                    }
+                }
+                Ok((received, redriven))
+            })
+            .await?;
+        if redriven > 0 {
+            tracing::warn!(count = redriven, "delivery messages received too often moved to the dead-letter queue");
+            self.inner.dead_ready.notify_waiters();
+        }
+        Ok(received)
+    }
+
+    async fn ack_in(&self, queue: QueueName, receipts: &[Receipt]) -> PortResult<usize> {
+        if let Some(r) = receipts.iter().find(|r| r.queue != queue) {
+            return Err(PortError::permanent(
+                "ack a message",
+                format!("receipt for message {} of the {} queue used on the {} queue", r.id, r.queue.as_str(), queue.as_str()),
+            ));
+        }
+        let keys: Vec<(i64, u32)> = receipts.iter().map(|r| (r.id, r.receive_count)).collect();
+        self.with_conn("ack a message", move |conn| {
+            let err = |e| db_err("ack a message", e);
+            let mut deleted = 0;
+            {
+                let mut stmt = conn
+                    .prepare_cached("DELETE FROM queue WHERE id = ?1 AND queue = ?2 AND receive_count = ?3")
+                    .map_err(err)?;
+                for (id, count) in keys {
+                    deleted += stmt.execute(params![id, queue.as_str(), count]).map_err(err)?;
+                }
+            }
+            Ok(deleted)
+        })
+        .await
+    }
+
+    async fn push(&self, queue: QueueName, tasks: Vec<(String, i64)>) -> PortResult<()> {
+        if tasks.is_empty() {
+            return Ok(());
+        }
+        let now = nanos(self.now());
+        self.with_conn("enqueue", move |conn| {
+            let err = |e| db_err("enqueue", e);
+            {
+                let mut stmt = conn
+                    .prepare_cached("INSERT INTO queue (queue, doc, visible_at, enqueued_at) VALUES (?1, ?2, ?3, ?4)")
+                    .map_err(err)?;
+                for (doc, visible_at) in tasks {
+                    stmt.execute(params![queue.as_str(), doc, visible_at, now]).map_err(err)?;
+                }
+            }
+            Ok(())
+        })
+        .await?;
+        match queue {
+            QueueName::Delivery => self.inner.delivery_ready.notify_waiters(),
+            QueueName::DeadLetter => self.inner.dead_ready.notify_waiters(),
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DeliveryQueue for LocalBackend {
+    fn max_delay_seconds(&self) -> u32 {
+        self.inner.config.max_delay_seconds
+    }
+
+    async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()> {
+        let max = self.max_delay_seconds();
+        if let Some((task, delay)) = tasks.iter().find(|(_, delay)| *delay > max) {
+            return Err(PortError::permanent(
+                "enqueue",
+                format!("delivery `{}`: a delay of {delay} s is longer than the queue's {max} s", task.delivery_id),
+            ));
+        }
+        let now = self.now();
+        let rows = tasks
+            .iter()
+            .map(|(task, delay)| Ok((to_json("delivery task", task)?, nanos(later(now, chrono::Duration::seconds(i64::from(*delay)))))))
+            .collect::<PortResult<Vec<_>>>()?;
+        self.push(QueueName::Delivery, rows).await
+    }
+
+    async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()> {
+        let now = nanos(self.now());
+        let rows = tasks.iter().map(|task| Ok((to_json("delivery task", task)?, now))).collect::<PortResult<Vec<_>>>()?;
+        self.push(QueueName::DeadLetter, rows).await
+    }
+}

@@ -1,0 +1,61 @@
+//! `SchedulerTable` on SQLite: retries due later than the queue can delay.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use hookwise_core::ports::{PortResult, ScheduledTask, SchedulerTable};
+use rusqlite::{params};
+
+use crate::{db_err, from_json, nanos, to_json, LocalBackend};
+
+#[async_trait]
+impl SchedulerTable for LocalBackend {
+    async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
+        let due = nanos(item.due);
+        let id = item.task.delivery_id.to_string();
+        let (round, attempt) = (item.task.round, item.task.attempt);
+        let doc = to_json("scheduled task", item)?;
+        self.with_conn("schedule a retry", move |conn| {
+            // The same item scheduled twice is one item.
+            conn.prepare_cached("INSERT OR REPLACE INTO scheduled (due, delivery_id, round, attempt, doc) VALUES (?1, ?2, ?3, ?4, ?5)")
+                .and_then(|mut s| s.execute(params![due, id, round, attempt, doc]))
+                .map_err(|e| db_err("schedule a retry", e))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>> {
+        let until = nanos(until);
+        self.with_conn("read due retries", move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT doc FROM scheduled WHERE due <= ?1 ORDER BY due, delivery_id, round, attempt LIMIT ?2",
+                )
+                .map_err(|e| db_err("read due retries", e))?;
+            let docs = stmt
+                .query_map(params![until, limit], |row| row.get::<_, String>(0))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| db_err("read due retries", e))?;
+            docs.iter().map(|d| from_json("scheduled task", d)).collect()
+        })
+        .await
+    }
+
+    async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
+        let keys: Vec<(i64, String, u32, u32)> =
+            items.iter().map(|i| (nanos(i.due), i.task.delivery_id.to_string(), i.task.round, i.task.attempt)).collect();
+        self.with_conn("remove scheduled retries", move |conn| {
+            let err = |e| db_err("remove scheduled retries", e);
+            {
+                let mut stmt = conn
+                    .prepare_cached("DELETE FROM scheduled WHERE due = ?1 AND delivery_id = ?2 AND round = ?3 AND attempt = ?4")
+                    .map_err(err)?;
+                for (due, id, round, attempt) in keys {
+                    stmt.execute(params![due, id, round, attempt]).map_err(err)?;
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,128 @@
+//! The tables: the columns queries filter or sort on, and a JSON `doc` with the whole value.
+//! Times are nanoseconds since the epoch (see [`crate::nanos`]).
+
+use hookwise_core::ports::PortResult;
+use hookwise_core::PortError;
+use rusqlite::Connection;
+
+use crate::{db_err, BUSY_TIMEOUT};
+
+const VERSION: i64 = 1;
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS tenants (
+    id            TEXT PRIMARY KEY,
+    api_key_hash  TEXT NOT NULL UNIQUE,
+    doc           TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS subscriptions (
+    id          TEXT PRIMARY KEY,
+    tenant_id   TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    doc         TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS subscriptions_by_tenant ON subscriptions (tenant_id, created_at, id);
+
+CREATE TABLE IF NOT EXISTS events (
+    id               TEXT PRIMARY KEY,
+    tenant_id        TEXT NOT NULL,
+    idempotency_key  TEXT,
+    doc              TEXT NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS events_by_idempotency_key
+    ON events (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
+
+CREATE TABLE IF NOT EXISTS deliveries (
+    id               TEXT PRIMARY KEY,
+    tenant_id        TEXT NOT NULL,
+    event_id         TEXT NOT NULL,
+    subscription_id  TEXT NOT NULL,
+    status           TEXT NOT NULL,
+    round            INTEGER NOT NULL,
+    attempts         INTEGER NOT NULL,
+    next_attempt_at  INTEGER,
+    created_at       INTEGER NOT NULL,
+    doc              TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS deliveries_by_tenant ON deliveries (tenant_id, created_at, id);
+CREATE INDEX IF NOT EXISTS deliveries_by_status ON deliveries (tenant_id, status, created_at, id);
+CREATE INDEX IF NOT EXISTS deliveries_by_subscription ON deliveries (tenant_id, subscription_id, created_at, id);
+CREATE INDEX IF NOT EXISTS deliveries_by_event ON deliveries (event_id);
+CREATE INDEX IF NOT EXISTS deliveries_overdue ON deliveries (next_attempt_at, id)
+    WHERE status IN ('pending', 'retrying');
+
+CREATE TABLE IF NOT EXISTS attempts (
+    delivery_id  TEXT NOT NULL,
+    round        INTEGER NOT NULL,
+    attempt      INTEGER NOT NULL,
+    doc          TEXT NOT NULL,
+    PRIMARY KEY (delivery_id, round, attempt)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS endpoint_health (
+    subscription_id  TEXT PRIMARY KEY,
+    doc              TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS dead_notices (
+    delivery_id  TEXT NOT NULL,
+    round        INTEGER NOT NULL,
+    claimed_at   INTEGER NOT NULL,
+    PRIMARY KEY (delivery_id, round)
+) WITHOUT ROWID;
+
+-- Both queues: `queue` is 'delivery' or 'dead'. A message is visible when
+-- visible_at <= now; receiving it pushes visible_at out by the visibility timeout.
+CREATE TABLE IF NOT EXISTS queue (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    queue          TEXT NOT NULL,
+    doc            TEXT NOT NULL,
+    visible_at     INTEGER NOT NULL,
+    receive_count  INTEGER NOT NULL DEFAULT 0,
+    enqueued_at    INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS queue_by_visibility ON queue (queue, visible_at, id);
+
+CREATE TABLE IF NOT EXISTS scheduled (
+    due          INTEGER NOT NULL,
+    delivery_id  TEXT NOT NULL,
+    round        INTEGER NOT NULL,
+    attempt      INTEGER NOT NULL,
+    doc          TEXT NOT NULL,
+    PRIMARY KEY (due, delivery_id, round, attempt)
+) WITHOUT ROWID;
+
+CREATE TABLE IF NOT EXISTS outbox (
+    id          INTEGER PRIMARY KEY,
+    message_id  TEXT NOT NULL,
+    sent_at     INTEGER NOT NULL,
+    from_addr   TEXT NOT NULL,
+    to_addr     TEXT NOT NULL,
+    subject     TEXT NOT NULL,
+    body        TEXT NOT NULL,
+    file        TEXT
+);
+"#;
+
+/// Pragmas and tables. WAL with `synchronous = NORMAL` survives a killed process (only a
+/// power cut can lose the last commits) and lets readers in other processes work alongside.
+pub(crate) fn prepare(conn: &Connection) -> PortResult<()> {
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| db_err("set busy_timeout", e))?;
+    // An in-memory database answers `memory`; that is fine.
+    let _mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(|e| db_err("set journal_mode", e))?;
+    conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| db_err("set synchronous", e))?;
+
+    let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0)).map_err(|e| db_err("read user_version", e))?;
+    if version > VERSION {
+        return Err(PortError::permanent(
+            "open the database",
+            format!("its schema version {version} is newer than this build of Hookwise understands ({VERSION})"),
+        ));
+    }
+    conn.execute_batch(SCHEMA).map_err(|e| db_err("create the tables", e))?;
+    conn.pragma_update(None, "user_version", VERSION).map_err(|e| db_err("set user_version", e))?;
+    Ok(())
+}

@@ -1,0 +1,473 @@
+//! `Store` on SQLite.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use hookwise_core::health::EndpointHealth;
+use hookwise_core::model::*;
+use hookwise_core::ports::{Created, DeliveryChange, DeliveryPage, DeliveryQuery, PortResult, Store};
+use hookwise_core::PortError;
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::{db_err, from_json, is_constraint_violation, nanos, to_json, LocalBackend};
+
+/// `limit` 0 asks for the default page; larger asks are cut to the maximum.
+const DEFAULT_PAGE: u32 = 50;
+const MAX_PAGE: u32 = 100;
+
+/// A delivery ready to be written: its JSON and the columns queries use.
+struct DeliveryRow {
+    id: String,
+    tenant_id: String,
+    event_id: String,
+    subscription_id: String,
+    status: &'static str,
+    round: u32,
+    attempts: u32,
+    next_attempt_at: Option<i64>,
+    created_at: i64,
+    doc: String,
+}
+
+impl DeliveryRow {
+    fn of(d: &Delivery) -> PortResult<Self> {
+        Ok(Self {
+            id: d.id.to_string(),
+            tenant_id: d.tenant_id.to_string(),
+            event_id: d.event_id.to_string(),
+            subscription_id: d.subscription_id.to_string(),
+            status: d.status.as_str(),
+            round: d.round,
+            attempts: d.attempts,
+            next_attempt_at: d.next_attempt_at.map(nanos),
+            created_at: nanos(d.created_at),
+            doc: to_json("delivery", d)?,
+        })
+    }
+}
+
+/// The position after the last item of a page: `<created_at nanos>.<delivery id>`.
+fn encode_cursor(d: &Delivery) -> String {
+    format!("{}.{}", nanos(d.created_at), d.id)
+}
+
+fn decode_cursor(cursor: &str) -> PortResult<(i64, String)> {
+    let bad = || PortError::permanent("list deliveries", format!("`{cursor}` is not a cursor this API returned"));
+    let (at, id) = cursor.split_once('.').ok_or_else(bad)?;
+    let at = at.parse::<i64>().map_err(|_| bad())?;
+    DeliveryId::parse(id).map_err(|_| bad())?;
+    Ok((at, id.to_owned()))
+}
+
+fn query_docs<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    what: &'static str,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> PortResult<Vec<T>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(|e| db_err(what, e))?;
+    let docs = stmt
+        .query_map(params, |row| row.get::<_, String>(0))
+        .map_err(|e| db_err(what, e))?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| db_err(what, e))?;
+    docs.iter().map(|doc| from_json(what, doc)).collect()
+}
+
+fn query_doc<T: serde::de::DeserializeOwned>(
+    conn: &Connection,
+    what: &'static str,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> PortResult<Option<T>> {
+    let mut stmt = conn.prepare_cached(sql).map_err(|e| db_err(what, e))?;
+    let doc: Option<String> = stmt.query_row(params, |row| row.get(0)).optional().map_err(|e| db_err(what, e))?;
+    doc.map(|d| from_json(what, &d)).transpose()
+}
+
+#[async_trait]
+impl Store for LocalBackend {
+    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> PortResult<()> {
+        let id = tenant.id.to_string();
+        let hash = api_key_hash.to_owned();
+        let doc = to_json("tenant", tenant)?;
+        self.with_conn("create tenant", move |conn| {
+            match conn.execute("INSERT INTO tenants (id, api_key_hash, doc) VALUES (?1, ?2, ?3)", params![id, hash, doc]) {
+                Ok(_) => Ok(()),
+                Err(e) if is_constraint_violation(&e) => {
+                    Err(PortError::ConditionFailed(format!("tenant `{id}` or its API key already exists")))
+                }
+                Err(e) => Err(db_err("create tenant", e)),
+            }
+        })
+        .await
+    }
+
+    async fn tenant_by_api_key(&self, api_key_hash: &str) -> PortResult<Option<Tenant>> {
+        let hash = api_key_hash.to_owned();
+        self.with_conn("find tenant by API key", move |conn| {
+            query_doc(conn, "tenant", "SELECT doc FROM tenants WHERE api_key_hash = ?1", [hash])
+        })
+        .await
+    }
+
+    async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
+        let id = id.to_string();
+        self.with_conn("get tenant", move |conn| query_doc(conn, "tenant", "SELECT doc FROM tenants WHERE id = ?1", [id])).await
+    }
+
+    async fn put_subscription(&self, sub: &Subscription) -> PortResult<()> {
+        let id = sub.id.to_string();
+        let tenant = sub.tenant_id.to_string();
+        let created_at = nanos(sub.created_at);
+        let doc = to_json("subscription", sub)?;
+        self.with_conn("put subscription", move |conn| {
+            // Replace only within the same tenant: an id never moves between tenants.
+            let changed = conn
+                .prepare_cached(
+                    "INSERT INTO subscriptions (id, tenant_id, created_at, doc) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (id) DO UPDATE SET created_at = excluded.created_at, doc = excluded.doc
+                     WHERE subscriptions.tenant_id = excluded.tenant_id",
+                )
+                .and_then(|mut s| s.execute(params![id, tenant, created_at, doc]))
+                .map_err(|e| db_err("put subscription", e))?;
+            if changed == 0 {
+                return Err(PortError::ConditionFailed(format!("subscription `{id}` belongs to another tenant")));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.with_conn("get subscription", move |conn| {
+            query_doc(conn, "subscription", "SELECT doc FROM subscriptions WHERE id = ?1 AND tenant_id = ?2", [id, tenant])
+        })
+        .await
+    }
+
+    async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
+        let tenant = tenant.to_string();
+        self.with_conn("list subscriptions", move |conn| {
+            query_docs(conn, "subscription", "SELECT doc FROM subscriptions WHERE tenant_id = ?1 ORDER BY created_at, id", [tenant])
+        })
+        .await
+    }
+
+    async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.with_conn("delete subscription", move |conn| {
+            let deleted = conn
+                .execute("DELETE FROM subscriptions WHERE id = ?1 AND tenant_id = ?2", [&id, &tenant])
+                .map_err(|e| db_err("delete subscription", e))?;
+            if deleted > 0 {
+                conn.execute("DELETE FROM endpoint_health WHERE subscription_id = ?1", [&id])
+                    .map_err(|e| db_err("delete subscription", e))?;
+            }
+            Ok(deleted > 0)
+        })
+        .await
+    }
+
+    async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
+        if let Some(d) = deliveries.iter().find(|d| d.event_id != event.id || d.tenant_id != event.tenant_id) {
+            return Err(PortError::permanent(
+                "create event",
+                format!("delivery `{}` does not belong to event `{}` of its tenant", d.id, event.id),
+            ));
+        }
+        let event_id = event.id.to_string();
+        let tenant = event.tenant_id.to_string();
+        let key = event.idempotency_key.clone();
+        let doc = to_json("event", event)?;
+        let rows = deliveries.iter().map(DeliveryRow::of).collect::<PortResult<Vec<_>>>()?;
+        self.with_conn("create event", move |conn| {
+            let err = |e| db_err("create event", e);
+            if let Some(key) = &key {
+                let existing: Option<String> = conn
+                    .prepare_cached("SELECT id FROM events WHERE tenant_id = ?1 AND idempotency_key = ?2")
+                    .and_then(|mut s| s.query_row([&tenant, key], |row| row.get(0)).optional())
+                    .map_err(err)?;
+                if let Some(existing) = existing {
+                    let id = EventId::parse(&existing).map_err(|e| PortError::permanent("decode a stored event id", e))?;
+                    return Ok(Created::Existing(id));
+                }
+            }
+            let inserted = conn
+                .prepare_cached("INSERT INTO events (id, tenant_id, idempotency_key, doc) VALUES (?1, ?2, ?3, ?4)")
+                .and_then(|mut s| s.execute(params![event_id, tenant, key, doc]));
+            match inserted {
+                Ok(_) => {}
+                Err(e) if is_constraint_violation(&e) => {
+                    return Err(PortError::ConditionFailed(format!("event `{event_id}` already exists")))
+                }
+                Err(e) => return Err(err(e)),
+            }
+            {
+                let mut stmt = conn
+                    .prepare_cached(
+                        "INSERT INTO deliveries (id, tenant_id, event_id, subscription_id, status, round, attempts,
+                                                 next_attempt_at, created_at, doc)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                    )
+                    .map_err(err)?;
+                for r in &rows {
+                    let result = stmt.execute(params![
+                        r.id,
+                        r.tenant_id,
+                        r.event_id,
+                        r.subscription_id,
+                        r.status,
+                        r.round,
+                        r.attempts,
+                        r.next_attempt_at,
+                        r.created_at,
+                        r.doc
+                    ]);
+                    match result {
+                        Ok(_) => {}
+                        Err(e) if is_constraint_violation(&e) => {
+                            return Err(PortError::ConditionFailed(format!("delivery `{}` already exists", r.id)))
+                        }
+                        Err(e) => return Err(err(e)),
+                    }
+                }
+            }
+            Ok(Created::New)
+        })
+        .await
+    }
+
+    async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {
+        let (tenant, id) = (tenant.to_string(), id.to_string());
+        self.with_conn("get event", move |conn| {
+            query_doc(conn, "event", "SELECT doc FROM events WHERE id = ?1 AND tenant_id = ?2", [id, tenant])
+        })
+        .await
+    }
+
+    async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>> {
+        let (tenant, event) = (tenant.to_string(), event.to_string());
+        self.with_conn("list an event's deliveries", move |conn| {
+            query_docs(
+                conn,
+                "delivery",
+                "SELECT doc FROM deliveries WHERE event_id = ?1 AND tenant_id = ?2 ORDER BY created_at, id",
+                [event, tenant],
+            )
+        })
+        .await
+    }
+
+    async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>> {
+        let id = id.to_string();
+        self.with_conn("get delivery", move |conn| query_doc(conn, "delivery", "SELECT doc FROM deliveries WHERE id = ?1", [id])).await
+    }
+
+    async fn list_deliveries(&self, tenant: &TenantId, query: &DeliveryQuery) -> PortResult<DeliveryPage> {
+        let limit = match query.limit {
+            0 => DEFAULT_PAGE,
+            n => n.min(MAX_PAGE),
+        };
+        let after = query.cursor.as_deref().map(decode_cursor).transpose()?;
+        let tenant = tenant.to_string();
+        let status = query.status.map(|s| s.as_str());
+        let subscription = query.subscription_id.as_ref().map(|s| s.to_string());
+        self.with_conn("list deliveries", move |conn| {
+            // Only the filters asked for go into the SQL, so each shape can use its index;
+            // `(created_at, id) < (?, ?)` starts the scan right after the cursor.
+            let mut sql = String::from("SELECT doc FROM deliveries WHERE tenant_id = ?");
+            let mut args: Vec<rusqlite::types::Value> = vec![tenant.into()];
+            if let Some(status) = status {
+                sql.push_str(" AND status = ?");
+                args.push(status.to_owned().into());
+            }
+            if let Some(sub) = subscription {
+                sql.push_str(" AND subscription_id = ?");
+                args.push(sub.into());
+            }
+            if let Some((at, id)) = after {
+                sql.push_str(" AND (created_at, id) < (?, ?)");
+                args.push(at.into());
+                args.push(id.into());
+            }
+            sql.push_str(" ORDER BY created_at DESC, id DESC LIMIT ?");
+            args.push(i64::from(limit + 1).into());
+            let mut items: Vec<Delivery> = query_docs(conn, "delivery", &sql, rusqlite::params_from_iter(args))?;
+            let next_cursor = if items.len() > limit as usize {
+                items.truncate(limit as usize);
+                items.last().map(encode_cursor)
+            } else {
+                None
+            };
+            Ok(DeliveryPage { items, next_cursor })
+        })
+        .await
+    }
+
+    async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()> {
+        if let Some(a) = &change.attempt {
+            if a.delivery_id != change.next.id {
+                return Err(PortError::permanent(
+                    "apply delivery change",
+                    format!("attempt of `{}` recorded against delivery `{}`", a.delivery_id, change.next.id),
+                ));
+            }
+        }
+        let row = DeliveryRow::of(&change.next)?;
+        let expected = change.expected;
+        let attempt = match &change.attempt {
+            Some(a) => Some((a.round, a.attempt, to_json("attempt", a)?)),
+            None => None,
+        };
+        self.with_conn("apply delivery change", move |conn| {
+            let err = |e| db_err("apply delivery change", e);
+            let updated = conn
+                .prepare_cached(
+                    "UPDATE deliveries
+                     SET status = ?1, round = ?2, attempts = ?3, next_attempt_at = ?4, doc = ?5
+                     WHERE id = ?6 AND tenant_id = ?7 AND event_id = ?8 AND subscription_id = ?9
+                       AND status = ?10 AND round = ?11 AND attempts = ?12",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        row.status,
+                        row.round,
+                        row.attempts,
+                        row.next_attempt_at,
+                        row.doc,
+                        row.id,
+                        row.tenant_id,
+                        row.event_id,
+                        row.subscription_id,
+                        expected.status.as_str(),
+                        expected.round,
+                        expected.attempts
+                    ])
+                })
+                .map_err(err)?;
+            if updated == 0 {
+                return Err(PortError::ConditionFailed(format!(
+                    "delivery `{}` is no longer {} at round {} after {} attempts",
+                    row.id,
+                    expected.status.as_str(),
+                    expected.round,
+                    expected.attempts
+                )));
+            }
+            if let Some((round, number, doc)) = attempt {
+                let inserted = conn
+                    .prepare_cached("INSERT INTO attempts (delivery_id, round, attempt, doc) VALUES (?1, ?2, ?3, ?4)")
+                    .and_then(|mut s| s.execute(params![row.id, round, number, doc]));
+                match inserted {
+                    Ok(_) => {}
+                    // The error rolls the delivery's update back too.
+                    Err(e) if is_constraint_violation(&e) => {
+                        return Err(PortError::ConditionFailed(format!(
+                            "attempt {number} of round {round} of delivery `{}` is already recorded",
+                            row.id
+                        )))
+                    }
+                    Err(e) => return Err(err(e)),
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>> {
+        let id = delivery.to_string();
+        self.with_conn("list attempts", move |conn| {
+            query_docs(conn, "attempt", "SELECT doc FROM attempts WHERE delivery_id = ?1 ORDER BY round, attempt", [id])
+        })
+        .await
+    }
+
+    async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>> {
+        let before = nanos(due_before);
+        self.with_conn("list overdue deliveries", move |conn| {
+            query_docs(
+                conn,
+                "delivery",
+                "SELECT doc FROM deliveries
+                 WHERE status IN ('pending', 'retrying') AND next_attempt_at < ?1
+                 ORDER BY next_attempt_at, id LIMIT ?2",
+                params![before, limit],
+            )
+        })
+        .await
+    }
+
+    async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {
+        let id = sub.to_string();
+        self.with_conn("read endpoint health", move |conn| {
+            Ok(query_doc(conn, "endpoint health", "SELECT doc FROM endpoint_health WHERE subscription_id = ?1", [id])?
+                .unwrap_or_default())
+        })
+        .await
+    }
+
+    async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
+        let id = sub.to_string();
+        let doc = to_json("endpoint health", health)?;
+        self.with_conn("save endpoint health", move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO endpoint_health (subscription_id, doc) VALUES (?1, ?2)
+                 ON CONFLICT (subscription_id) DO UPDATE SET doc = excluded.doc",
+            )
+            .and_then(|mut s| s.execute([id, doc]))
+            .map_err(|e| db_err("save endpoint health", e))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
+        let id = delivery.to_string();
+        let now = nanos(self.now());
+        self.with_conn("claim dead-delivery notice", move |conn| {
+            let inserted = conn
+                .prepare_cached("INSERT OR IGNORE INTO dead_notices (delivery_id, round, claimed_at) VALUES (?1, ?2, ?3)")
+                .and_then(|mut s| s.execute(params![id, round, now]))
+                .map_err(|e| db_err("claim dead-delivery notice", e))?;
+            Ok(inserted == 1)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_corrupt_row_is_a_permanent_error_not_a_panic() {
+        let backend = LocalBackend::open_in_memory().unwrap();
+        let id = "dlv_01J0000000000000000000000A";
+        backend
+            .with_conn("corrupt a row", move |conn| {
+                conn.execute(
+                    "INSERT INTO deliveries (id, tenant_id, event_id, subscription_id, status, round, attempts, created_at, doc)
+                     VALUES (?1, 'ten_x', 'evt_x', 'sub_x', 'pending', 0, 0, 0, '{not json')",
+                    [id],
+                )
+                .map_err(|e| db_err("corrupt a row", e))
+            })
+            .await
+            .unwrap();
+        let err = backend.get_delivery(&DeliveryId::parse(id).unwrap()).await.unwrap_err();
+        assert!(matches!(err, PortError::Permanent { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_refused() {
+        assert!(decode_cursor("nonsense").is_err());
+        assert!(decode_cursor("12.not_an_id").is_err());
+        assert!(decode_cursor("x.dlv_01J0000000000000000000000A").is_err());
+        assert_eq!(
+            decode_cursor("-5.dlv_01J0000000000000000000000A").unwrap(),
+            (-5, "dlv_01J0000000000000000000000A".to_owned())
+        );
+    }
+}

@@ -1,0 +1,69 @@
+//! The backend contract suite, run against SQLite.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult, SchedulerTable, Store};
+use hookwise_core::testing::contract::ContractBackend;
+use hookwise_core::testing::memory::ManualClock;
+use hookwise_local::{LocalBackend, LocalConfig, QueueName};
+
+/// A fresh in-memory database on a manual clock.
+struct Sqlite {
+    backend: LocalBackend,
+    clock: Arc<ManualClock>,
+}
+
+async fn sqlite() -> Sqlite {
+    let clock = Arc::new(ManualClock::new("2030-06-01T11:00:00Z".parse().expect("a valid time")));
+    let config = LocalConfig { clock: clock.clone(), ..LocalConfig::default() };
+    Sqlite { backend: LocalBackend::open_in_memory_with(config).expect("open"), clock }
+}
+
+impl Sqlite {
+    /// Receive and ack until nothing visible is left.
+    async fn take(&self, queue: QueueName) -> PortResult<Vec<DeliveryTask>> {
+        let mut tasks = Vec::new();
+        loop {
+            let batch = match queue {
+                QueueName::Delivery => self.backend.receive(10, Duration::from_secs(30)).await?,
+                QueueName::DeadLetter => self.backend.receive_dead(10, Duration::from_secs(30)).await?,
+            };
+            if batch.is_empty() {
+                return Ok(tasks);
+            }
+            let receipts: Vec<_> = batch.iter().map(|r| r.receipt.clone()).collect();
+            let acked = match queue {
+                QueueName::Delivery => self.backend.ack_many(&receipts).await?,
+                QueueName::DeadLetter => self.backend.ack_dead_many(&receipts).await?,
+            };
+            assert_eq!(acked, receipts.len());
+            tasks.extend(batch.into_iter().map(|r| r.task));
+        }
+    }
+}
+
+#[async_trait]
+impl ContractBackend for Sqlite {
+    fn store(&self) -> &dyn Store {
+        &self.backend
+    }
+    fn queue(&self) -> &dyn DeliveryQueue {
+        &self.backend
+    }
+    fn scheduler(&self) -> &dyn SchedulerTable {
+        &self.backend
+    }
+    async fn take_visible(&self) -> PortResult<Vec<DeliveryTask>> {
+        self.take(QueueName::Delivery).await
+    }
+    async fn take_dead_letters(&self) -> PortResult<Vec<DeliveryTask>> {
+        self.take(QueueName::DeadLetter).await
+    }
+    async fn advance(&self, by: Duration) {
+        self.clock.advance(chrono::Duration::from_std(by).expect("a short duration"));
+    }
+}
+
+hookwise_core::store_contract_tests!(sqlite());

@@ -1,0 +1,466 @@
+//! What only the embedded backend promises: visibility timeouts, redrive, restarts, the
+//! `.eml` outbox, and sharing one file between handles.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use hookwise_core::model::*;
+use hookwise_core::policy::RetryPolicy;
+use hookwise_core::ports::*;
+use hookwise_core::testing::memory::ManualClock;
+use hookwise_local::{LocalBackend, LocalConfig, QueueName, DB_FILE, OUTBOX_DIR};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+fn start() -> DateTime<Utc> {
+    "2030-06-01T11:00:00Z".parse().expect("a valid time")
+}
+
+fn clocked() -> (Arc<ManualClock>, LocalConfig) {
+    let clock = Arc::new(ManualClock::new(start()));
+    (clock.clone(), LocalConfig { clock, ..LocalConfig::default() })
+}
+
+fn secs(n: i64) -> chrono::Duration {
+    chrono::Duration::seconds(n)
+}
+
+fn task(rng: &mut StdRng) -> DeliveryTask {
+    DeliveryTask { delivery_id: DeliveryId::generate(start(), rng), round: 0, attempt: 1 }
+}
+
+/// A tenant, a subscription, and an event with one delivery, all written.
+async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Event, Delivery) {
+    let now = start();
+    let tenant = Tenant {
+        id: TenantId::generate(now, rng),
+        name: "Acme".into(),
+        owner_email: Email::parse("ops@acme.example").unwrap(),
+        retries_enabled: true,
+        created_at: now,
+    };
+    store.create_tenant(&tenant, "hash-of-key").await.unwrap();
+    let sub = Subscription {
+        id: SubscriptionId::generate(now, rng),
+        tenant_id: tenant.id.clone(),
+        url: EndpointUrl::parse("http://127.0.0.1:9/hook").unwrap(),
+        event_types: vec![EventTypeFilter::all()],
+        secret: Secret::generate(rng),
+        previous_secret: None,
+        previous_secret_expires_at: None,
+        retry_policy: RetryPolicy::standard(),
+        timeout_ms: DEFAULT_TIMEOUT_MS,
+        status: SubscriptionStatus::Active,
+        disabled_reason: None,
+        owner_email: None,
+        description: None,
+        created_at: now,
+        updated_at: now,
+    };
+    store.put_subscription(&sub).await.unwrap();
+    let event = Event {
+        id: EventId::generate(now, rng),
+        tenant_id: tenant.id.clone(),
+        event_type: EventType::parse("order.created").unwrap(),
+        payload: serde_json::json!({"order": 1}),
+        created_at: now,
+        idempotency_key: Some("k-1".into()),
+    };
+    let delivery = Delivery {
+        id: DeliveryId::generate(now, rng),
+        tenant_id: tenant.id.clone(),
+        event_id: event.id.clone(),
+        subscription_id: sub.id.clone(),
+        event_type: event.event_type.clone(),
+        status: DeliveryStatus::Pending,
+        round: 0,
+        attempts: 0,
+        next_attempt_at: Some(now),
+        last_delay_seconds: None,
+        last_status_code: None,
+        last_error: None,
+        created_at: now,
+        updated_at: now,
+    };
+    assert_eq!(store.create_event(&event, std::slice::from_ref(&delivery)).await.unwrap(), Created::New);
+    (tenant, sub, event, delivery)
+}
+
+#[tokio::test]
+async fn a_received_message_is_hidden_until_its_visibility_timeout_then_comes_back() {
+    let mut rng = StdRng::seed_from_u64(1);
+    let (clock, config) = clocked();
+    let backend = LocalBackend::open_in_memory_with(config).unwrap();
+    let t = task(&mut rng);
+    backend.enqueue(&[(t.clone(), 0)]).await.unwrap();
+
+    let first = backend.receive(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert_eq!((first[0].task.clone(), first[0].receive_count), (t.clone(), 1));
+    assert!(backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty(), "hidden while handled");
+    clock.advance(secs(29));
+    assert!(backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty(), "still hidden at 29 s");
+
+    // The handler died: after the timeout the message is back, received a second time.
+    clock.advance(secs(2));
+    let second = backend.receive(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(second.len(), 1);
+    assert_eq!((second[0].task.clone(), second[0].receive_count), (t, 2));
+
+    assert!(!backend.ack(&first[0].receipt).await.unwrap(), "the first handler's receipt is stale");
+    assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap(), 1);
+    assert!(backend.ack(&second[0].receipt).await.unwrap());
+    assert!(!backend.ack(&second[0].receipt).await.unwrap(), "acking twice deletes nothing more");
+    assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap(), 0);
+    clock.advance(secs(60));
+    assert!(backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn receive_takes_at_most_max_messages_oldest_first() {
+    let mut rng = StdRng::seed_from_u64(2);
+    let (clock, config) = clocked();
+    let backend = LocalBackend::open_in_memory_with(config).unwrap();
+    let tasks: Vec<DeliveryTask> = (0..5).map(|_| task(&mut rng)).collect();
+    for t in &tasks {
+        backend.enqueue(&[(t.clone(), 0)]).await.unwrap();
+        clock.advance(secs(1));
+    }
+    let got = backend.receive(3, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(got.iter().map(|r| r.task.clone()).collect::<Vec<_>>(), tasks[..3].to_vec());
+    assert!(backend.receive(0, Duration::from_secs(30)).await.unwrap().is_empty());
+    let rest = backend.receive(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(rest.iter().map(|r| r.task.clone()).collect::<Vec<_>>(), tasks[3..].to_vec());
+}
+
+#[tokio::test]
+async fn a_message_received_too_often_moves_to_the_dead_letter_queue() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let (clock, mut config) = clocked();
+    config.max_receive_count = Some(2);
+    let backend = LocalBackend::open_in_memory_with(config).unwrap();
+    let poison = task(&mut rng);
+    backend.enqueue(&[(poison.clone(), 0)]).await.unwrap();
+
+    for n in 1..=2 {
+        let got = backend.receive(10, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(got.len(), 1, "receive #{n}");
+        clock.advance(secs(11));
+    }
+    assert!(backend.receive(10, Duration::from_secs(10)).await.unwrap().is_empty(), "redriven, not received");
+    let dead = backend.receive_dead(10, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].task, poison);
+    assert!(backend.ack_dead(&dead[0].receipt).await.unwrap());
+    assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap() + backend.queue_len(QueueName::DeadLetter).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn a_receipt_only_acks_on_its_own_queue() {
+    let mut rng = StdRng::seed_from_u64(4);
+    let backend = LocalBackend::open_in_memory().unwrap();
+    backend.dead_letter(&[task(&mut rng)]).await.unwrap();
+    let dead = backend.receive_dead(1, Duration::from_secs(30)).await.unwrap();
+    assert!(backend.ack(&dead[0].receipt).await.is_err());
+    assert!(backend.ack_dead(&dead[0].receipt).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_lowered_max_delay_is_honoured_to_the_second() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let (clock, mut config) = clocked();
+    config.max_delay_seconds = 5;
+    let backend = LocalBackend::open_in_memory_with(config).unwrap();
+    assert_eq!(backend.max_delay_seconds(), 5);
+    let t = task(&mut rng);
+    backend.enqueue(&[(t.clone(), 5)]).await.unwrap();
+    let err = backend.enqueue(&[(task(&mut rng), 0), (task(&mut rng), 6)]).await.unwrap_err();
+    assert!(matches!(err, hookwise_core::PortError::Permanent { .. }), "{err}");
+    assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap(), 1, "a refused batch writes nothing");
+
+    clock.advance(secs(4));
+    assert!(backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty());
+    assert_eq!(backend.next_visible_at(QueueName::Delivery).await.unwrap(), Some(start() + secs(5)));
+    clock.advance(secs(1));
+    let got = backend.receive(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(got.into_iter().map(|r| r.task).collect::<Vec<_>>(), vec![t]);
+}
+
+#[tokio::test]
+async fn reopening_the_data_dir_loses_nothing() {
+    let mut rng = StdRng::seed_from_u64(6);
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, config) = clocked();
+    let first = LocalBackend::open_with(dir.path(), config.clone()).unwrap();
+    let (tenant, sub, event, delivery) = seed(&first, &mut rng).await;
+    let attempt = Attempt {
+        delivery_id: delivery.id.clone(),
+        round: 0,
+        attempt: 1,
+        started_at: start(),
+        duration_ms: 12,
+        status_code: Some(500),
+        error: None,
+        response_excerpt: Some("oops".into()),
+        next_attempt_at: Some(start() + secs(60)),
+    };
+    let retrying = Delivery {
+        status: DeliveryStatus::Retrying,
+        attempts: 1,
+        next_attempt_at: Some(start() + secs(60)),
+        last_delay_seconds: Some(61.25),
+        last_status_code: Some(500),
+        ..delivery.clone()
+    };
+    first
+        .apply_change(&DeliveryChange { expected: Expected::of(&delivery), next: retrying.clone(), attempt: Some(attempt.clone()) })
+        .await
+        .unwrap();
+    let in_flight = task(&mut rng);
+    let delayed = task(&mut rng);
+    first.enqueue(&[(in_flight.clone(), 0), (delayed.clone(), 120)]).await.unwrap();
+    let received = first.receive(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(received.len(), 1, "only the undelayed one is visible");
+    let later = ScheduledTask { task: task(&mut rng), due: start() + secs(3600) };
+    first.schedule(&later).await.unwrap();
+    assert!(first.claim_dead_notice(&delivery.id, 0).await.unwrap());
+    first
+        .send(&OutgoingEmail { to: Email::parse("ops@acme.example").unwrap(), subject: "Dead".into(), text: "gone".into() })
+        .await
+        .unwrap();
+    // The process dies with the message received but not acked.
+    drop(first);
+
+    let again = LocalBackend::open_with(dir.path(), config).unwrap();
+    assert_eq!(again.tenant_by_api_key("hash-of-key").await.unwrap(), Some(tenant.clone()));
+    assert_eq!(again.get_subscription(&tenant.id, &sub.id).await.unwrap(), Some(sub));
+    assert_eq!(again.get_event(&tenant.id, &event.id).await.unwrap(), Some(event.clone()));
+    assert_eq!(again.get_delivery(&delivery.id).await.unwrap(), Some(retrying));
+    assert_eq!(again.attempts(&delivery.id).await.unwrap(), vec![attempt]);
+    assert!(!again.claim_dead_notice(&delivery.id, 0).await.unwrap());
+    assert_eq!(again.due(start() + secs(3600), 10).await.unwrap(), vec![later]);
+    assert_eq!(again.outbox().await.unwrap().len(), 1);
+    let dup = Event { id: EventId::generate(start(), &mut rng), ..event.clone() };
+    assert_eq!(again.create_event(&dup, &[]).await.unwrap(), Created::Existing(event.id));
+
+    assert!(again.receive(10, Duration::from_secs(60)).await.unwrap().is_empty(), "still hidden after the restart");
+    clock.advance(secs(61));
+    let back = again.receive(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(back.iter().map(|r| (r.task.clone(), r.receive_count)).collect::<Vec<_>>(), vec![(in_flight, 2)]);
+    assert!(again.ack(&back[0].receipt).await.unwrap());
+    clock.advance(secs(60));
+    let next = again.receive(10, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(next.into_iter().map(|r| r.task).collect::<Vec<_>>(), vec![delayed]);
+}
+
+#[tokio::test]
+async fn open_creates_the_database_and_the_outbox_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("nested").join(".hookwise");
+    let backend = LocalBackend::open(&data).unwrap();
+    assert!(data.join(DB_FILE).is_file());
+    assert!(data.join(OUTBOX_DIR).is_dir());
+    assert_eq!(backend.data_dir(), Some(data.as_path()));
+    let mode: String = rusqlite::Connection::open(data.join(DB_FILE))
+        .unwrap()
+        .query_row("PRAGMA journal_mode", [], |row| row.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+}
+
+#[tokio::test]
+async fn each_mail_is_an_rfc_5322_eml_file_in_the_outbox() {
+    let (_clock, config) = clocked();
+    let backend = LocalBackend::open_temp_with(config).unwrap();
+    let email = OutgoingEmail {
+        to: Email::parse("owner@acme.example").unwrap(),
+        subject: "Delivery dead: order.created → café\r\nBcc: evil@x.example".into(),
+        text: "Event evt_1 could not be delivered.\nLast error: HTTP 500\n\nReplay: POST /v1/deliveries/dlv_1/replay".into(),
+    };
+    backend.send(&email).await.unwrap();
+
+    let sent = backend.outbox().await.unwrap();
+    assert_eq!(sent.len(), 1);
+    let mail = &sent[0];
+    assert_eq!((mail.to.clone(), mail.subject.clone(), mail.text.clone()), (email.to.clone(), email.subject.clone(), email.text.clone()));
+    assert_eq!(mail.sent_at, start());
+    let path = mail.path.clone().expect("a file");
+    assert_eq!(path.parent(), backend.outbox_dir());
+    assert_eq!(path.extension().and_then(|e| e.to_str()), Some("eml"));
+
+    let eml = std::fs::read_to_string(&path).unwrap();
+    let (head, body) = eml.split_once("\r\n\r\n").expect("a blank line between headers and body");
+    let headers: Vec<(&str, &str)> = head.split("\r\n").map(|l| l.split_once(": ").expect("a header line")).collect();
+    let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
+    assert_eq!(header("From"), Some("Hookwise <hookwise@hookwise.local>"));
+    assert_eq!(header("To"), Some("owner@acme.example"));
+    assert_eq!(header("Date"), Some("Sat, 1 Jun 2030 11:00:00 +0000"));
+    assert_eq!(header("Message-ID"), Some(mail.message_id.as_str()));
+    assert!(mail.message_id.starts_with('<') && mail.message_id.ends_with("@hookwise.local>"));
+    assert_eq!(header("Content-Type"), Some("text/plain; charset=utf-8"));
+    assert_eq!(header("MIME-Version"), Some("1.0"));
+    assert!(header("Bcc").is_none(), "a line break in the subject cannot add a header");
+    let subject = header("Subject").unwrap();
+    assert!(subject.starts_with("=?UTF-8?B?"), "non-ASCII subjects are encoded: {subject}");
+    assert_eq!(
+        body,
+        "Event evt_1 could not be delivered.\r\nLast error: HTTP 500\r\n\r\nReplay: POST /v1/deliveries/dlv_1/replay\r\n"
+    );
+
+    backend
+        .send(&OutgoingEmail { to: email.to.clone(), subject: "Second".into(), text: "two".into() })
+        .await
+        .unwrap();
+    let sent = backend.outbox().await.unwrap();
+    assert_eq!(sent.iter().map(|m| m.subject.as_str()).collect::<Vec<_>>(), vec![email.subject.as_str(), "Second"]);
+    assert_ne!(sent[0].message_id, sent[1].message_id);
+    assert_ne!(sent[0].path, sent[1].path);
+    let files = std::fs::read_dir(backend.outbox_dir().unwrap()).unwrap().count();
+    assert_eq!(files, 2, "no temp files left behind");
+}
+
+#[tokio::test]
+async fn an_in_memory_backend_keeps_mail_as_rows_only() {
+    let backend = LocalBackend::open_in_memory().unwrap();
+    let email = OutgoingEmail { to: Email::parse("a@b.example").unwrap(), subject: "s".into(), text: "t".into() };
+    backend.send(&email).await.unwrap();
+    let sent = backend.outbox().await.unwrap();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].path, None);
+    assert_eq!(sent[0].text, "t");
+}
+
+#[tokio::test]
+async fn a_waiting_worker_wakes_when_a_message_is_enqueued() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let backend = LocalBackend::open_in_memory().unwrap();
+    let waiter = {
+        let backend = backend.clone();
+        tokio::spawn(async move {
+            let began = std::time::Instant::now();
+            backend.wait_for_messages(QueueName::Delivery, Duration::from_secs(30)).await.unwrap();
+            began.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    backend.enqueue(&[(task(&mut rng), 0)]).await.unwrap();
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("woken").unwrap();
+    assert!(waited < Duration::from_secs(5), "waited {waited:?}");
+    assert_eq!(backend.receive(10, Duration::from_secs(30)).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_handles_on_one_file_and_concurrent_writers_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    // As `hookwise tenant create` beside a running `hookwise dev`: two connections, one file.
+    let a = LocalBackend::open(dir.path()).unwrap();
+    let b = LocalBackend::open(dir.path()).unwrap();
+    let mut handles = Vec::new();
+    for (i, backend) in [a.clone(), b.clone(), a.clone(), b.clone()].into_iter().enumerate() {
+        handles.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(100 + i as u64);
+            for _ in 0..50 {
+                backend.enqueue(&[(task(&mut rng), 0)]).await.unwrap();
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(a.queue_len(QueueName::Delivery).await.unwrap(), 200);
+    let mut seen = std::collections::HashSet::new();
+    loop {
+        let batch = b.receive(64, Duration::from_secs(30)).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        for r in &batch {
+            assert!(seen.insert(r.task.clone()), "a message was received twice");
+        }
+        a.ack_many(&batch.iter().map(|r| r.receipt.clone()).collect::<Vec<_>>()).await.unwrap();
+    }
+    assert_eq!(seen.len(), 200);
+    assert_eq!(b.queue_len(QueueName::Delivery).await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_calls_that_fail_undo_only_their_own_writes() {
+    let mut rng = StdRng::seed_from_u64(8);
+    let backend = LocalBackend::open_in_memory().unwrap();
+    let mut deliveries = Vec::new();
+    for _ in 0..40 {
+        deliveries.push(seed_delivery(&backend, &mut rng).await);
+    }
+    // Half the changes expect a state the delivery is not in; all race for the connection,
+    // so many share a transaction with a failing neighbour.
+    let mut calls = Vec::new();
+    for (i, d) in deliveries.iter().enumerate() {
+        let b = backend.clone();
+        let d = d.clone();
+        calls.push(tokio::spawn(async move {
+            let stale = i % 2 == 1;
+            let expected = if stale { Expected { attempts: 7, ..Expected::of(&d) } } else { Expected::of(&d) };
+            let next = Delivery { status: DeliveryStatus::Delivered, attempts: 1, next_attempt_at: None, ..d.clone() };
+            let attempt = Attempt {
+                delivery_id: d.id.clone(),
+                round: 0,
+                attempt: 1,
+                started_at: start(),
+                duration_ms: 1,
+                status_code: Some(200),
+                error: None,
+                response_excerpt: None,
+                next_attempt_at: None,
+            };
+            (stale, b.apply_change(&DeliveryChange { expected, next, attempt: Some(attempt) }).await)
+        }));
+    }
+    for call in calls {
+        let (stale, result) = call.await.unwrap();
+        assert_eq!(stale, matches!(result, Err(hookwise_core::PortError::ConditionFailed(_))), "{result:?}");
+        assert!(stale || result.is_ok());
+    }
+    for (i, d) in deliveries.iter().enumerate() {
+        let now = backend.get_delivery(&d.id).await.unwrap().unwrap();
+        let attempts = backend.attempts(&d.id).await.unwrap();
+        if i % 2 == 1 {
+            assert_eq!((now.status, attempts.len()), (DeliveryStatus::Pending, 0), "a failed change left a trace");
+        } else {
+            assert_eq!((now.status, attempts.len()), (DeliveryStatus::Delivered, 1));
+        }
+    }
+}
+
+/// An event with one pending delivery, for a tenant and subscription of its own.
+async fn seed_delivery(store: &LocalBackend, rng: &mut StdRng) -> Delivery {
+    let now = start();
+    let tenant = TenantId::generate(now, rng);
+    let sub = SubscriptionId::generate(now, rng);
+    let event = Event {
+        id: EventId::generate(now, rng),
+        tenant_id: tenant.clone(),
+        event_type: EventType::parse("order.created").unwrap(),
+        payload: serde_json::json!({}),
+        created_at: now,
+        idempotency_key: None,
+    };
+    let delivery = Delivery {
+        id: DeliveryId::generate(now, rng),
+        tenant_id: tenant.clone(),
+        event_id: event.id.clone(),
+        subscription_id: sub.clone(),
+        event_type: event.event_type.clone(),
+        status: DeliveryStatus::Pending,
+        round: 0,
+        attempts: 0,
+        next_attempt_at: Some(now),
+        last_delay_seconds: None,
+        last_status_code: None,
+        last_error: None,
+        created_at: now,
+        updated_at: now,
+    };
+    store.create_event(&event, std::slice::from_ref(&delivery)).await.unwrap();
+    delivery
+}

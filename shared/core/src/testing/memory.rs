@@ -65,7 +65,9 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).subscriptions.iter().find(|s| &s.id == id && &s.tenant_id == tenant).cloned())
     }
     async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
-        Ok(lock(&self.data).subscriptions.iter().filter(|s| &s.tenant_id == tenant).cloned().collect())
+        let mut subs: Vec<_> = lock(&self.data).subscriptions.iter().filter(|s| &s.tenant_id == tenant).cloned().collect();
+        subs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(subs)
     }
     async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool> {
         let mut d = lock(&self.data);
@@ -192,9 +194,11 @@ impl DeliveryQueue for MemoryQueue {
         self.max_delay
     }
     async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()> {
+        if let Some((_, delay)) = tasks.iter().find(|(_, d)| *d > self.max_delay) {
+            return Err(PortError::permanent("enqueue", format!("a delay of {delay} s exceeds the queue's limit of {} s", self.max_delay)));
+        }
         let now = self.clock.now();
         for (task, delay) in tasks {
-            assert!(*delay <= self.max_delay, "a delay of {delay} s exceeds the queue's limit");
             lock(&self.ready).push((task.clone(), now + Duration::seconds((*delay).into())));
             lock(&self.log).push((task.clone(), *delay));
         }

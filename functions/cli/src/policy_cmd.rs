@@ -42,11 +42,11 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<ExitCode> {
                 println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
                 println!("policy {name}: {} attempts, jitter {} (off below), adaptive {}", policy.max_attempts(), policy.jitter.label(), if policy.adaptive { "on" } else { "off" });
-                println!("{:>7}  {:>14}  {:>18}", "attempt", "delay", "since first");
+                println!("{:>7}  {:>20}  {:>24}", "attempt", "delay", "since first");
                 for (n, d, c) in rows {
-                    println!("{n:>7}  {:>14}  {:>18}", human(d), human(c));
+                    println!("{n:>7}  {:>20}  {:>24}", human(d), human(c));
                 }
-                println!("dead after the last attempt fails: {} ({} s after the first)", human(dead_after), dead_after as u64);
+                println!("dead when attempt {} fails: {} after the first", policy.max_attempts(), human(dead_after));
             }
         }
     }

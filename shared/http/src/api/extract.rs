@@ -272,7 +272,8 @@ mod tests {
     }
 
     #[test]
-    fn given_whole_numbers_written_as_floats_then_they_parse_as_integers_but_the_payload_is_untouched() {
+    fn given_whole_numbers_written_as_floats_then_they_parse_as_integers_but_the_payload_is_untouched(
+    ) {
         let b: Body = parse_json(br#"{"timeout_ms": 5000.0, "delays": [1.0, 2], "offset": -3.0, "payload": {"amount": 1.0}}"#).unwrap();
         assert_eq!((b.timeout_ms, b.delays, b.offset), (5000, vec![1, 2], -3));
         assert_eq!(b.payload, json!({"amount": 1.0}));
@@ -281,7 +282,10 @@ mod tests {
 
     #[test]
     fn given_a_fraction_then_it_is_still_refused_for_an_integer_field() {
-        let err = parse_json::<Body>(br#"{"timeout_ms": 5000.5, "delays": [], "offset": 0, "payload": {}}"#).unwrap_err();
+        let err = parse_json::<Body>(
+            br#"{"timeout_ms": 5000.5, "delays": [], "offset": 0, "payload": {}}"#,
+        )
+        .unwrap_err();
         assert_eq!(err.status, StatusCode::UNPROCESSABLE_ENTITY);
         assert!(err.message.contains("timeout_ms"), "{}", err.message);
     }

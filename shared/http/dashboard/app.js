@@ -1,0 +1,504 @@
+// Hookwise dashboard: plain JavaScript over the public API, no dependencies.
+// The API key lives in sessionStorage only; it is sent as a bearer header, never in a URL.
+"use strict";
+
+(() => {
+  const KEY_STORAGE = "hookwise.apiKey";
+  const PAGE_SIZE = 20;
+  const POLL_MS = 1000;
+
+  const $ = (id) => document.getElementById(id);
+  const state = {
+    key: null,
+    subs: [],
+    cursors: [null], // the cursor of each page seen so far; the last is the current page
+    nextCursor: null,
+    openId: null, // the delivery shown in detail
+    openerId: null, // the button that opened it, to return focus on close
+    poll: null,
+  };
+
+  // ---- API ----
+
+  class ApiFailure extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  // Relative to the page, so a path prefix (an API Gateway stage) is kept.
+  const apiUrl = (path, query) => {
+    const url = new URL(path, document.baseURI);
+    for (const [k, v] of Object.entries(query || {})) {
+      if (v !== null && v !== undefined && v !== "") url.searchParams.set(k, v);
+    }
+    return url;
+  };
+
+  async function api(method, path, { query, body } = {}) {
+    const headers = { Authorization: `Bearer ${state.key}`, Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    let resp;
+    try {
+      resp = await fetch(apiUrl(path, query), {
+        method,
+        headers,
+        body: body === undefined ? undefined : JSON.stringify(body),
+        cache: "no-store",
+        credentials: "omit",
+        referrerPolicy: "no-referrer",
+      });
+    } catch (e) {
+      throw new ApiFailure(0, "network", "");
+    }
+    const text = await resp.text();
+    let json = null;
+    try {
+      json = text ? JSON.parse(text) : null;
+    } catch (e) {
+      json = null;
+    }
+    if (!resp.ok) {
+      const err = (json && json.error) || {};
+      throw new ApiFailure(resp.status, err.code || "", err.message || text.slice(0, 200));
+    }
+    return json;
+  }
+
+  /** An API failure in plain words. */
+  function explain(err) {
+    if (!(err instanceof ApiFailure)) return `Something went wrong in the page: ${err.message || err}`;
+    const detail = err.message ? ` (${err.message})` : "";
+    switch (err.status) {
+      case 0:
+        return "Could not reach the Hookwise API. Check that the server is running and try again.";
+      case 401:
+        return `The API key was not accepted${detail}. Enter it again.`;
+      case 404:
+        return `That was not found: it may have been deleted, or belong to another API key${detail}.`;
+      case 409:
+        return `That cannot be done right now${detail}.`;
+      case 413:
+        return "The request was too large.";
+      case 400:
+      case 422:
+        return `The request was not valid${detail}.`;
+      case 503:
+        return "The service is briefly unavailable. Try again in a moment.";
+      default:
+        return `The API answered with an error (HTTP ${err.status})${detail}.`;
+    }
+  }
+
+  function showError(err) {
+    const box = $("alert");
+    box.textContent = explain(err);
+    box.hidden = false;
+    if (err instanceof ApiFailure && err.status === 401) signOut(false);
+  }
+
+  function clearError() {
+    $("alert").hidden = true;
+    $("alert").textContent = "";
+  }
+
+  function notice(text) {
+    $("notice").textContent = text;
+  }
+
+  // ---- DOM helpers (text only: API data never becomes HTML) ----
+
+  function el(tag, attrs, ...children) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") node.className = v;
+      else if (k === "text") node.textContent = v;
+      else if (k.startsWith("on")) node.addEventListener(k.slice(2), v);
+      else node.setAttribute(k, v === true ? "" : v);
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  const cell = (label, content, cls) => el("td", { "data-label": label, class: cls }, content);
+  const badge = (status) => el("span", { class: `badge ${status}` }, status);
+
+  function time(iso) {
+    if (!iso) return el("span", { class: "muted" }, "—");
+    const d = new Date(iso);
+    return el("time", { datetime: iso, title: iso }, d.toLocaleString());
+  }
+
+  function relative(iso) {
+    if (!iso) return "—";
+    const secs = Math.round((new Date(iso).getTime() - Date.now()) / 1000);
+    const abs = Math.abs(secs);
+    const span = abs < 90 ? `${abs} s` : abs < 5400 ? `${Math.round(abs / 60)} min` : abs < 172800 ? `${Math.round(abs / 3600)} h` : `${Math.round(abs / 86400)} days`;
+    return secs >= 0 ? `in ${span}` : `${span} ago (due)`;
+  }
+
+  function policyLabel(p) {
+    if (typeof p === "string") return p;
+    if (!p || !Array.isArray(p.schedule_seconds)) return "custom";
+    const delays = p.schedule_seconds.length ? p.schedule_seconds.map((s) => `${s}s`).join(", ") : "no retries";
+    let jitter = p.jitter;
+    if (jitter && typeof jitter === "object") jitter = Object.entries(jitter).map(([k, v]) => `${k} ${v}`).join("");
+    return `custom: ${delays}${jitter && jitter !== "none" ? `; jitter ${jitter}` : ""}${p.adaptive ? "; adaptive" : ""}`;
+  }
+
+  function healthLabel(h) {
+    return h === null || h === undefined ? "no attempts yet" : `${Math.round(h * 100)} %`;
+  }
+
+  const subById = (id) => state.subs.find((s) => s.id === id);
+  const subName = (id) => (subById(id) ? subById(id).url : id);
+
+  // ---- Subscriptions ----
+
+  async function loadSubscriptions() {
+    const page = await api("GET", "v1/subscriptions");
+    state.subs = page.data;
+    renderSubscriptions();
+  }
+
+  function isoHoursAgo(hours) {
+    // The value a datetime-local input takes: local time, minutes precision.
+    const d = new Date(Date.now() - hours * 3600 * 1000);
+    const pad = (n) => String(n).padStart(2, "0");
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+  }
+
+  function renderSubscriptions() {
+    const body = $("subs").tBodies[0];
+    body.replaceChildren();
+    for (const s of state.subs) {
+      const sinceId = `since-${s.id}`;
+      const recover = el(
+        "form",
+        { class: "recover", "data-sub": s.id, onsubmit: (e) => { e.preventDefault(); recoverSince(s, $(sinceId)); } },
+        el("label", { for: sinceId }, "Recover since"),
+        el("input", { id: sinceId, type: "datetime-local", value: isoHoursAgo(24), required: true }),
+        el("button", { type: "submit", class: "small", "aria-label": `Recover dead deliveries of ${s.url} since the time given` }, "Recover"),
+      );
+      const c = s.counts || {};
+      body.append(
+        el(
+          "tr",
+          { "data-sub": s.id },
+          cell("Endpoint", el("span", { class: "mono" }, s.url), "url"),
+          cell("Event types", s.event_types.join(", ")),
+          cell("Policy", policyLabel(s.retry_policy)),
+          cell("Status", [badge(s.status), s.disabled_reason ? el("div", { class: "hint" }, s.disabled_reason) : null]),
+          cell("Health", healthLabel(s.health)),
+          cell("Pending", String(c.pending ?? 0), "num"),
+          cell("Retrying", String(c.retrying ?? 0), "num"),
+          cell("Delivered", String(c.delivered ?? 0), "num"),
+          cell("Dead", String(c.dead ?? 0), "num"),
+          cell("Recover", recover),
+        ),
+      );
+    }
+    $("subs-empty").hidden = state.subs.length > 0;
+
+    // The subscription filter lists the same subscriptions.
+    const select = $("filter-sub");
+    const chosen = select.value;
+    select.replaceChildren(el("option", { value: "" }, "Any subscription"));
+    for (const s of state.subs) select.append(el("option", { value: s.id }, s.url));
+    select.value = state.subs.some((s) => s.id === chosen) ? chosen : "";
+  }
+
+  async function recoverSince(sub, input) {
+    clearError();
+    if (!input.value) {
+      showError(new Error("enter the time to recover from"));
+      input.focus();
+      return;
+    }
+    const since = new Date(input.value);
+    if (Number.isNaN(since.getTime())) {
+      showError(new Error(`"${input.value}" is not a date and time`));
+      return;
+    }
+    try {
+      const r = await api("POST", `v1/subscriptions/${encodeURIComponent(sub.id)}/recover`, { body: { since: since.toISOString() } });
+      const n = r.replayed.length;
+      notice(n === 0 ? `No dead deliveries of ${sub.url} since ${since.toLocaleString()}.` : `Replaying ${n} dead ${n === 1 ? "delivery" : "deliveries"} of ${sub.url}.`);
+      await refreshAll();
+      if (n > 0) startPolling();
+    } catch (e) {
+      showError(e);
+    }
+  }
+
+  // ---- Deliveries ----
+
+  async function loadDeliveries() {
+    const cursor = state.cursors[state.cursors.length - 1];
+    const page = await api("GET", "v1/deliveries", {
+      query: { status: $("filter-status").value, subscription_id: $("filter-sub").value, limit: PAGE_SIZE, cursor },
+    });
+    state.nextCursor = page.next_cursor;
+    renderDeliveries(page.data);
+  }
+
+  function renderDeliveries(items) {
+    const body = $("deliveries").tBodies[0];
+    body.replaceChildren();
+    for (const d of items) {
+      const open = el(
+        "button",
+        { type: "button", class: "small secondary", id: `open-${d.id}`, "aria-label": `View delivery of ${d.event_type} (${d.status})`, onclick: () => openDelivery(d.id, `open-${d.id}`) },
+        "View",
+      );
+      body.append(
+        el(
+          "tr",
+          { "data-delivery": d.id, "data-status": d.status, class: d.id === state.openId ? "selected" : null },
+          cell("Event type", el("span", { class: "mono" }, d.event_type)),
+          cell("Created", time(d.created_at)),
+          cell("Status", badge(d.status)),
+          cell("Attempts", String(d.attempt_count), "num"),
+          cell("Next attempt", d.next_attempt_at ? relative(d.next_attempt_at) : "—"),
+          cell("Endpoint", el("span", { class: "mono" }, subName(d.subscription_id)), "url"),
+          cell("Details", open, "nolabel"),
+        ),
+      );
+    }
+    $("deliveries-empty").hidden = items.length > 0;
+    $("prev").disabled = state.cursors.length <= 1;
+    $("next").disabled = !state.nextCursor;
+    $("page-label").textContent = `Page ${state.cursors.length}`;
+  }
+
+  // ---- One delivery ----
+
+  async function openDelivery(id, openerId) {
+    clearError();
+    state.openId = id;
+    state.openerId = openerId || null;
+    try {
+      await renderDetail();
+      $("detail").hidden = false;
+      $("detail-title").focus();
+      for (const tr of $("deliveries").tBodies[0].rows) tr.classList.toggle("selected", tr.dataset.delivery === id);
+      startPolling();
+    } catch (e) {
+      showError(e);
+    }
+  }
+
+  function closeDetail() {
+    stopPolling();
+    state.openId = null;
+    $("detail").hidden = true;
+    for (const tr of $("deliveries").tBodies[0].rows) tr.classList.remove("selected");
+    const opener = state.openerId && $(state.openerId);
+    if (opener) opener.focus();
+  }
+
+  /** Fetch and show the open delivery; returns its status. */
+  async function renderDetail() {
+    const id = state.openId;
+    const d = await api("GET", `v1/deliveries/${encodeURIComponent(id)}`);
+    if (state.openId !== id) return null;
+    $("detail-title").textContent = `Delivery ${d.id}`;
+    const status = $("detail-status");
+    status.textContent = d.status;
+    status.className = `badge ${d.status}`;
+    $("detail-event").replaceChildren(el("span", { class: "mono" }, `${d.event_type} · ${d.event_id}`));
+    $("detail-endpoint").replaceChildren(el("span", { class: "mono" }, subName(d.subscription_id)));
+    $("detail-created").replaceChildren(time(d.created_at));
+    $("detail-round").textContent = d.round === 0 ? "0 (original)" : `${d.round} (replay ${d.round})`;
+    $("detail-next").textContent = d.next_attempt_at ? `${new Date(d.next_attempt_at).toLocaleString()} (${relative(d.next_attempt_at)})` : "—";
+
+    const replay = $("replay");
+    replay.hidden = d.status !== "dead";
+    replay.disabled = false;
+    $("replay-hint").textContent =
+      d.status === "dead" ? "Every attempt failed. Replay makes a fresh attempt #1 now." : d.status === "delivered" ? "Delivered." : "Hookwise is still trying; this page updates by itself.";
+
+    const body = $("attempts").tBodies[0];
+    body.replaceChildren();
+    for (const a of d.attempts) {
+      const result = a.status_code !== null && a.status_code !== undefined ? `HTTP ${a.status_code}` : a.error || "no response";
+      const ok = a.status_code >= 200 && a.status_code < 300;
+      body.append(
+        el(
+          "tr",
+          { "data-attempt": `${a.round}.${a.attempt}` },
+          cell("Round", String(a.round)),
+          cell("Attempt", String(a.attempt), "num"),
+          cell("Started", time(a.started_at)),
+          cell("Duration", `${a.duration_ms} ms`, "num"),
+          cell("Result", el("span", { class: ok ? "badge delivered" : "badge dead" }, result)),
+          cell("Response excerpt", el("code", { class: "excerpt" }, a.response_excerpt || "—")),
+          cell("Next attempt", a.next_attempt_at ? time(a.next_attempt_at) : "—"),
+        ),
+      );
+    }
+    $("attempts-empty").hidden = d.attempts.length > 0;
+
+    // The payload is the event's: read once per event.
+    const payload = $("payload");
+    if (payload.dataset.event !== d.event_id) {
+      payload.textContent = "Loading…";
+      try {
+        const ev = await api("GET", `v1/events/${encodeURIComponent(d.event_id)}`);
+        payload.textContent = JSON.stringify(ev.payload, null, 2);
+        payload.dataset.event = d.event_id;
+      } catch (e) {
+        payload.textContent = explain(e);
+      }
+    }
+    return d.status;
+  }
+
+  async function replayOpen() {
+    clearError();
+    const id = state.openId;
+    const button = $("replay");
+    button.disabled = true;
+    try {
+      const d = await api("POST", `v1/deliveries/${encodeURIComponent(id)}/replay`);
+      notice(`Replay started: the delivery is ${d.status} again, with a fresh attempt #1.`);
+      await renderDetail();
+      await refreshLists();
+      startPolling();
+    } catch (e) {
+      button.disabled = false;
+      showError(e);
+    }
+  }
+
+  // While something is in flight, follow it without a reload.
+  function startPolling() {
+    stopPolling();
+    let last = null;
+    state.poll = setInterval(async () => {
+      try {
+        const status = state.openId ? await renderDetail() : null;
+        await refreshLists();
+        if (status !== last && status) {
+          if (last !== null) notice(`The delivery is now ${status}.`);
+          last = status;
+        }
+        const busy = state.subs.some((s) => s.counts && (s.counts.pending > 0 || s.counts.retrying > 0));
+        if (!busy && (status === null || status === "delivered" || status === "dead")) stopPolling();
+      } catch (e) {
+        stopPolling();
+        showError(e);
+      }
+    }, POLL_MS);
+  }
+
+  function stopPolling() {
+    if (state.poll) clearInterval(state.poll);
+    state.poll = null;
+  }
+
+  async function refreshLists() {
+    await loadSubscriptions();
+    await loadDeliveries();
+  }
+
+  async function refreshAll() {
+    try {
+      await refreshLists();
+    } catch (e) {
+      showError(e);
+    }
+  }
+
+  // ---- Sign in and out ----
+
+  async function signIn(key) {
+    state.key = key;
+    clearError();
+    try {
+      await loadSubscriptions();
+    } catch (e) {
+      state.key = null;
+      showError(e);
+      return false;
+    }
+    sessionStorage.setItem(KEY_STORAGE, key);
+    $("login").hidden = true;
+    $("app").hidden = false;
+    $("forget").hidden = false;
+    state.cursors = [null];
+    await refreshAll();
+    notice("Signed in. The key is kept for this tab only.");
+    $("subs-title").setAttribute("tabindex", "-1");
+    $("subs-title").focus();
+    if (state.subs.some((s) => s.counts && (s.counts.pending > 0 || s.counts.retrying > 0))) startPolling();
+    return true;
+  }
+
+  function signOut(announce = true) {
+    stopPolling();
+    sessionStorage.removeItem(KEY_STORAGE);
+    state.key = null;
+    state.openId = null;
+    $("app").hidden = true;
+    $("detail").hidden = true;
+    $("forget").hidden = true;
+    $("login").hidden = false;
+    $("api-key").value = "";
+    if (announce) notice("The API key is forgotten.");
+    $("api-key").focus();
+  }
+
+  // ---- Wiring ----
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("login-form").addEventListener("submit", (e) => {
+      e.preventDefault();
+      const key = $("api-key").value.trim();
+      if (!key) {
+        showError(new Error("enter your API key first"));
+        $("api-key").focus();
+        return;
+      }
+      signIn(key);
+    });
+    $("forget").addEventListener("click", () => signOut(true));
+    $("refresh").addEventListener("click", async () => {
+      clearError();
+      await refreshAll();
+      notice("Refreshed.");
+    });
+    const refilter = async () => {
+      state.cursors = [null];
+      clearError();
+      await refreshAll();
+    };
+    $("filter-status").addEventListener("change", refilter);
+    $("filter-sub").addEventListener("change", refilter);
+    $("filters").addEventListener("submit", (e) => e.preventDefault());
+    $("next").addEventListener("click", async () => {
+      if (!state.nextCursor) return;
+      state.cursors.push(state.nextCursor);
+      await refreshAll();
+    });
+    $("prev").addEventListener("click", async () => {
+      if (state.cursors.length > 1) state.cursors.pop();
+      await refreshAll();
+    });
+    $("replay").addEventListener("click", replayOpen);
+    $("close-detail").addEventListener("click", closeDetail);
+    document.addEventListener("keydown", (e) => {
+      if (e.key === "Escape" && !$("detail").hidden) closeDetail();
+    });
+
+    const saved = sessionStorage.getItem(KEY_STORAGE);
+    if (saved) signIn(saved);
+    else $("api-key").focus();
+  });
+})();

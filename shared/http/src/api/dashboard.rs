@@ -1,0 +1,50 @@
+//! What the Router serves besides JSON: the OpenAPI document and the dashboard. Both are
+//! built into the binary, so they work wherever the API runs and fetch nothing from outside.
+
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::http::HeaderName;
+use axum::response::IntoResponse;
+
+/// The checked-in OpenAPI 3.1 document of the whole API.
+pub const OPENAPI_JSON: &str = include_str!("../../openapi.json");
+
+const INDEX_HTML: &str = include_str!("../../dashboard/index.html");
+const APP_JS: &str = include_str!("../../dashboard/app.js");
+const APP_CSS: &str = include_str!("../../dashboard/app.css");
+
+/// Scripts, styles and API calls from this origin only; no inline script, no framing.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+                   img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+
+type Asset = ([(HeaderName, &'static str); 5], &'static str);
+
+fn asset(content_type: &'static str, body: &'static str) -> Asset {
+    (
+        [
+            (CONTENT_TYPE, content_type),
+            // Assets change with the binary; revalidating is cheap and avoids a stale page.
+            (CACHE_CONTROL, "no-cache"),
+            (HeaderName::from_static("content-security-policy"), CSP),
+            (HeaderName::from_static("x-content-type-options"), "nosniff"),
+            // The page never puts the key in a URL, and sends no referrer anywhere either.
+            (HeaderName::from_static("referrer-policy"), "no-referrer"),
+        ],
+        body,
+    )
+}
+
+pub async fn openapi() -> impl IntoResponse {
+    asset("application/json", OPENAPI_JSON)
+}
+
+pub async fn page() -> impl IntoResponse {
+    asset("text/html; charset=utf-8", INDEX_HTML)
+}
+
+pub async fn script() -> impl IntoResponse {
+    asset("text/javascript; charset=utf-8", APP_JS)
+}
+
+pub async fn stylesheet() -> impl IntoResponse {
+    asset("text/css; charset=utf-8", APP_CSS)
+}

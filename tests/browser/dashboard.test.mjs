@@ -1,0 +1,268 @@
+// The dashboard in a real browser: headless Debian Chromium driven by playwright-core,
+// against the real `hookwise dev` process and a receiving endpoint this test controls.
+//
+//   HOOKWISE_BIN   the hookwise binary (default: ../../target/debug/hookwise)
+//   CHROMIUM       the browser (default: /usr/bin/chromium)
+//   ARTIFACTS_DIR  where the screenshots go (default: ../artifacts)
+
+import { test, before, after } from "node:test";
+import assert from "node:assert/strict";
+import { spawn } from "node:child_process";
+import { createServer } from "node:http";
+import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join, resolve } from "node:path";
+import { createInterface } from "node:readline";
+import { fileURLToPath } from "node:url";
+import { chromium } from "playwright-core";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const BIN = process.env.HOOKWISE_BIN || resolve(here, "../../target/debug/hookwise");
+const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
+const ARTIFACTS = process.env.ARTIFACTS_DIR || resolve(here, "../artifacts");
+const WAIT_MS = 45_000;
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+/** An endpoint that answers 500 until `recover()`, then 200; it records every request. */
+async function startReceiver() {
+  const r = { failing: true, requests: [] };
+  r.server = createServer((req, res) => {
+    let body = "";
+    req.on("data", (c) => (body += c));
+    req.on("end", () => {
+      r.requests.push({ headers: req.headers, body, answered: r.failing ? 500 : 200 });
+      if (r.failing) {
+        res.writeHead(500, { "content-type": "text/plain" }).end("endpoint down for maintenance");
+      } else {
+        res.writeHead(200, { "content-type": "text/plain" }).end("thanks");
+      }
+    });
+  });
+  await new Promise((ok) => r.server.listen(0, "127.0.0.1", ok));
+  r.url = (path) => `http://127.0.0.1:${r.server.address().port}${path}`;
+  r.recover = () => (r.failing = false);
+  return r;
+}
+
+/** `hookwise dev` on a free port and a fresh data dir; resolves with its URL and key. */
+async function startDev(dataDir) {
+  const child = spawn(
+    BIN,
+    ["dev", "--listen", "127.0.0.1:0", "--data-dir", dataDir, "--scheduler-interval", "1", "--visibility-timeout", "3"],
+    { env: { ...process.env, HOOKWISE_LOG: "warn" }, stdio: ["ignore", "pipe", "inherit"] },
+  );
+  const lines = createInterface({ input: child.stdout });
+  const found = await new Promise((ok, fail) => {
+    const got = {};
+    const timer = setTimeout(() => fail(new Error("hookwise dev did not print its address and key within 30 s")), 30_000);
+    child.on("exit", (code) => fail(new Error(`hookwise dev exited early (${code})`)));
+    lines.on("line", (line) => {
+      const url = line.split("listening on ")[1];
+      if (url) got.base = url.trim();
+      if (line.startsWith("API key:")) got.key = line.slice("API key:".length).trim();
+      if (got.base && got.key) {
+        clearTimeout(timer);
+        ok(got);
+      }
+    });
+  });
+  lines.on("line", () => {}); // keep draining stdout
+  return { child, ...found };
+}
+
+function client(base, key) {
+  return async (method, path, body) => {
+    const resp = await fetch(`${base}${path}`, {
+      method,
+      headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/json" },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    });
+    const text = await resp.text();
+    return { status: resp.status, body: text ? JSON.parse(text) : null };
+  };
+}
+
+async function waitFor(what, check, within = WAIT_MS) {
+  const start = Date.now();
+  for (;;) {
+    const value = await check();
+    if (value) return value;
+    if (Date.now() - start > within) throw new Error(`timed out after ${within} ms waiting for ${what}`);
+    await sleep(200);
+  }
+}
+
+let receiver, dev, api, browserContext, dataDir, profileDir;
+const ctx = {};
+
+before(async () => {
+  mkdirSync(ARTIFACTS, { recursive: true });
+  dataDir = mkdtempSync(join(tmpdir(), "hookwise-browser-data-"));
+  profileDir = mkdtempSync(join(tmpdir(), "hookwise-browser-profile-"));
+  receiver = await startReceiver();
+  dev = await startDev(dataDir);
+  api = client(dev.base, dev.key);
+
+  // Given a subscription to an endpoint that fails until told otherwise, with a short schedule...
+  const sub = await api("POST", "/v1/subscriptions", {
+    url: receiver.url("/hooks/billing"),
+    event_types: ["invoice.*"],
+    retry_policy: { schedule_seconds: [1, 1] },
+    description: "Billing service",
+  });
+  assert.equal(sub.status, 201, JSON.stringify(sub.body));
+  ctx.sub = sub.body;
+  // ...and two events, both of which go dead after three failed attempts.
+  const paid = await api("POST", "/v1/events", { type: "invoice.paid", payload: { invoice: "inv_1001", amount: 4200, currency: "EUR" } });
+  const overdue = await api("POST", "/v1/events", { type: "invoice.overdue", payload: { invoice: "inv_1002", days: 3 } });
+  assert.equal(paid.status, 202);
+  assert.equal(overdue.status, 202);
+  ctx.paid = paid.body.deliveries[0].id;
+  ctx.overdue = overdue.body.deliveries[0].id;
+  for (const id of [ctx.paid, ctx.overdue]) {
+    await waitFor(`delivery ${id} to go dead`, async () => (await api("GET", `/v1/deliveries/${id}`)).body.status === "dead");
+  }
+
+  browserContext = await chromium.launchPersistentContext(profileDir, {
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
+    viewport: { width: 1280, height: 900 },
+    deviceScaleFactor: 1,
+  });
+});
+
+after(async () => {
+  await browserContext?.close();
+  dev?.child.kill("SIGTERM");
+  receiver?.server.close();
+  for (const dir of [dataDir, profileDir]) if (dir) rmSync(dir, { recursive: true, force: true });
+});
+
+test("a dead delivery is found in the dashboard, its attempts shown, and Replay delivers it without a reload", async () => {
+  const page = browserContext.pages()[0] || (await browserContext.newPage());
+  const requested = [];
+  page.on("request", (r) => requested.push(r.url()));
+  const pageErrors = [];
+  page.on("pageerror", (e) => pageErrors.push(e.message));
+
+  await page.goto(`${dev.base}/dashboard`);
+
+  // A wrong key is refused in plain words; the form is used with the keyboard only.
+  await page.locator("#api-key").waitFor();
+  assert.equal(await page.evaluate(() => document.activeElement.id), "api-key", "the key field has focus");
+  await page.keyboard.type("hwk_this-is-not-a-key");
+  await page.keyboard.press("Enter");
+  const alert = page.locator("#alert");
+  await alert.waitFor({ state: "visible" });
+  assert.match(await alert.innerText(), /The API key was not accepted/);
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("hookwise.apiKey")), null, "a refused key is not kept");
+
+  await page.locator("#api-key").fill("");
+  await page.locator("#api-key").focus();
+  await page.keyboard.type(dev.key);
+  await page.keyboard.press("Enter");
+  await page.locator("#app").waitFor({ state: "visible" });
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("hookwise.apiKey")), dev.key, "the key is in sessionStorage");
+  assert.equal(await page.evaluate(() => localStorage.length), 0, "and nowhere else");
+  assert.ok(!page.url().includes(dev.key), "the key is never in the URL");
+
+  // The subscription: URL, event types, policy, status, health, counts.
+  const subRow = page.locator(`#subs tr[data-sub="${ctx.sub.id}"]`);
+  await subRow.waitFor();
+  const subText = await subRow.innerText();
+  for (const want of [receiver.url("/hooks/billing"), "invoice.*", "custom: 1s, 1s", "active", "0 %"]) {
+    assert.ok(subText.includes(want), `the subscription row shows ${want}: ${subText}`);
+  }
+  assert.equal(await subRow.locator('td[data-label="Dead"]').innerText(), "2");
+  assert.equal(await subRow.locator('td[data-label="Delivered"]').innerText(), "0");
+
+  // Every control has a label.
+  const unlabelled = await page.evaluate(() =>
+    [...document.querySelectorAll("input, select, button")]
+      .filter((e) => e.offsetParent !== null)
+      .filter((e) => !(e.labels && e.labels.length) && !e.getAttribute("aria-label") && !e.textContent.trim())
+      .map((e) => e.outerHTML),
+  );
+  assert.deepEqual(unlabelled, []);
+
+  // Find the dead delivery: filter by status, then open it.
+  await page.selectOption("#filter-status", "dead");
+  const deadRows = page.locator('#deliveries tbody tr[data-status="dead"]');
+  await waitFor("two dead rows", async () => (await deadRows.count()) === 2);
+  assert.equal(await page.locator("#deliveries tbody tr").count(), 2, "only dead deliveries are listed");
+  const row = page.locator(`#deliveries tr[data-delivery="${ctx.paid}"]`);
+  assert.match(await row.innerText(), /invoice\.paid/);
+  assert.equal(await row.locator('td[data-label="Attempts"]').innerText(), "3");
+  // Newest first: the overdue event was sent last.
+  assert.equal(await deadRows.first().getAttribute("data-delivery"), ctx.overdue);
+  await row.getByRole("button", { name: /View delivery of invoice\.paid/ }).click();
+
+  // Its attempts: three, each HTTP 500 with the endpoint's response; and its payload.
+  const detail = page.locator("#detail");
+  await detail.waitFor({ state: "visible" });
+  assert.equal(await page.evaluate(() => document.activeElement.id), "detail-title", "focus moves to the delivery");
+  assert.equal(await page.locator("#detail-status").innerText(), "dead");
+  const attempts = page.locator("#attempts tbody tr");
+  assert.equal(await attempts.count(), 3);
+  for (let i = 0; i < 3; i++) {
+    const text = await attempts.nth(i).innerText();
+    assert.match(text, /HTTP 500/);
+    assert.match(text, /endpoint down for maintenance/);
+  }
+  await page.locator("#payload").filter({ hasText: "inv_1001" }).waitFor();
+  assert.deepEqual(JSON.parse(await page.locator("#payload").innerText()), { invoice: "inv_1001", amount: 4200, currency: "EUR" });
+
+  // The endpoint recovers; Replay; the page shows it delivered without a reload.
+  receiver.recover();
+  await page.evaluate(() => (window.__sameDocument = true));
+  const replay = page.getByRole("button", { name: "Replay", exact: true });
+  assert.ok(await replay.isVisible(), "a dead delivery has a Replay button");
+  await replay.click();
+  await page.locator("#detail-status", { hasText: "delivered" }).waitFor({ timeout: WAIT_MS });
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, "no reload happened");
+  assert.equal(await attempts.count(), 4);
+  assert.match(await attempts.nth(3).innerText(), /HTTP 200/);
+  assert.ok(!(await replay.isVisible()), "no Replay button on a delivered delivery");
+  const delivered = (await api("GET", `/v1/deliveries/${ctx.paid}`)).body;
+  assert.equal(delivered.status, "delivered");
+  assert.equal(receiver.requests.filter((r) => r.answered === 200).length, 1);
+  await page.screenshot({ path: join(ARTIFACTS, "dashboard.png"), fullPage: true });
+
+  // "Recover since..." replays the other dead delivery of the subscription.
+  await page.selectOption("#filter-status", "");
+  await subRow.getByRole("button", { name: /Recover dead deliveries/ }).click();
+  await page.locator("#notice", { hasText: "Replaying 1 dead delivery" }).waitFor();
+  await waitFor("the recovered delivery to be delivered", async () => (await subRow.locator('td[data-label="Dead"]').innerText()) === "0", WAIT_MS);
+  await waitFor("the subscription to count two delivered", async () => (await subRow.locator('td[data-label="Delivered"]').innerText()) === "2", WAIT_MS);
+  assert.equal((await api("GET", `/v1/deliveries/${ctx.overdue}`)).body.status, "delivered");
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, "still no reload");
+
+  // Nothing was fetched from anywhere but the server itself.
+  const elsewhere = requested.filter((u) => !u.startsWith(dev.base));
+  assert.deepEqual(elsewhere, [], "every request goes to the Hookwise server");
+  assert.ok(requested.some((u) => u.endsWith("/dashboard/app.js")));
+  assert.deepEqual(pageErrors, []);
+});
+
+test("at a phone's width the dashboard fits the screen and the key survives a reload in the same tab", async () => {
+  const page = browserContext.pages()[0];
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.reload();
+  await page.locator("#app").waitFor({ state: "visible" });
+  await page.locator(`#deliveries tr[data-delivery="${ctx.paid}"]`).waitFor();
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 0, `the page is ${overflow}px wider than the screen`);
+  // Rows become labelled cards: the column name shows beside each value.
+  const label = await page.locator(`#deliveries tr[data-delivery="${ctx.paid}"] td[data-label="Status"]`).evaluate(
+    (td) => getComputedStyle(td, "::before").content,
+  );
+  assert.equal(label, '"Status"');
+  await page.screenshot({ path: join(ARTIFACTS, "dashboard-phone.png"), fullPage: true });
+
+  // Forgetting the key clears it from the tab.
+  await page.getByRole("button", { name: "Forget API key" }).click();
+  await page.locator("#login").waitFor({ state: "visible" });
+  assert.equal(await page.evaluate(() => sessionStorage.getItem("hookwise.apiKey")), null);
+});

@@ -19,6 +19,9 @@ scripts/lint-template.sh
 step "Rust tests, with moto and DynamoDB Local running for the AWS adapters"
 scripts/aws-test-services.sh run -- cargo test --workspace --locked
 
+step "Dashboard in headless Chromium, and the API against its OpenAPI document (schemathesis)"
+HOOKWISE_BIN="$PWD/target/debug/hookwise" scripts/ui-tests.sh
+
 step "Retry-storm gate on the deployed policy"
 target/debug/hookwise storm --config infra/storm/standard.yaml
 

@@ -88,6 +88,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     println!("Hookwise dev: listening on http://{addr}");
     println!("data dir:     {}", args.data_dir.display());
     println!("API key:      {api_key}");
+    println!("dashboard:    http://{addr}/dashboard");
     println!("try:          curl -H 'Authorization: Bearer {api_key}' http://{addr}/v1/subscriptions");
     if !args.deny_loopback {
         eprintln!("warning: deliveries to loopback (127.0.0.0/8, ::1) are allowed in dev; --deny-loopback refuses them");

@@ -52,8 +52,12 @@ impl EndpointUrl {
         if !matches!(url.scheme(), "http" | "https") {
             return Err(bad("the scheme must be http or https"));
         }
-        if url.host_str().is_none_or(str::is_empty) {
-            return Err(bad("it has no host"));
+        match url.host() {
+            None => return Err(bad("it has no host")),
+            Some(url::Host::Domain(d)) if d.is_empty() || !valid_hostname(d) => {
+                return Err(bad("the host must be a DNS name or an IP address"))
+            }
+            Some(_) => {}
         }
         if url.fragment().is_some() {
             return Err(bad("a fragment (#...) is never sent, so it is not allowed"));
@@ -64,6 +68,13 @@ impl EndpointUrl {
     pub fn to_url(&self) -> url::Url {
         url::Url::parse(&self.0).expect("validated on parse")
     }
+}
+
+/// Letters, digits, `-` and `_` in dot-separated labels (what DNS can resolve).
+fn valid_hostname(host: &str) -> bool {
+    host.trim_end_matches('.').split('.').all(|label| {
+        !label.is_empty() && label.len() <= 63 && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    })
 }
 
 /// An event type such as `invoice.paid`: dot-separated segments of letters, digits, `_`, `-`.
@@ -195,7 +206,7 @@ mod tests {
     fn urls_must_be_absolute_http_with_a_host() {
         assert!(EndpointUrl::parse("https://example.com/hooks").is_ok());
         assert!(EndpointUrl::parse("http://127.0.0.1:9000/x").is_ok());
-        for bad in ["example.com", "ftp://example.com", "not a url", "https://", "https://a.com/#frag", ""] {
+        for bad in ["example.com", "ftp://example.com", "not a url", "https://", "https://a.com/#frag", "", "http://a*b/", "http://a..b/"] {
             let err = EndpointUrl::parse(bad).unwrap_err();
             assert_eq!(err.code, "invalid_url", "{bad}");
         }

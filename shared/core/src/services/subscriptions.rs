@@ -64,7 +64,7 @@ fn check_timeout(ms: u32) -> Result<u32, ValidationError> {
 }
 
 fn check_description(d: &str) -> Result<(), ValidationError> {
-    if d.len() > MAX_DESCRIPTION_LEN {
+    if d.chars().count() > MAX_DESCRIPTION_LEN {
         return Err(ValidationError::new("invalid_description", format!("description is longer than {MAX_DESCRIPTION_LEN} characters")));
     }
     Ok(())

@@ -13,6 +13,9 @@ hash -r
 step "Build (once, for every test below)"
 cargo build --workspace --all-targets --locked
 
+# Wherever cargo puts it (CARGO_TARGET_DIR may point elsewhere).
+HOOKWISE="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/hookwise"
+
 step "Template lint: cfn-lint and sam validate --lint"
 scripts/lint-template.sh
 
@@ -20,9 +23,9 @@ step "Rust tests, with moto and DynamoDB Local running for the AWS adapters"
 scripts/aws-test-services.sh run -- cargo test --workspace --locked
 
 step "Dashboard in headless Chromium, and the API against its OpenAPI document (schemathesis)"
-HOOKWISE_BIN="$PWD/target/debug/hookwise" scripts/ui-tests.sh
+HOOKWISE_BIN="$HOOKWISE" scripts/ui-tests.sh
 
 step "Retry-storm gate on the deployed policy"
-target/debug/hookwise storm --config infra/storm/standard.yaml
+"$HOOKWISE" storm --config infra/storm/standard.yaml
 
 step "All tests passed"

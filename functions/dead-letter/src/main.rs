@@ -1,0 +1,17 @@
+//! `hookwise-dead-letter`: the dead-letter queue's SQS batches, via [`hookwise_dead_letter::handle`].
+
+use std::sync::Arc;
+
+use aws_lambda_events::sqs::SqsEvent;
+use lambda_runtime::{run, service_fn, tracing, Error, LambdaEvent};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    tracing::init_default_subscriber();
+    let services = Arc::new(hookwise_dead_letter::services_from_env().await?);
+    run(service_fn(move |event: LambdaEvent<SqsEvent>| {
+        let services = services.clone();
+        async move { Ok::<_, Error>(hookwise_dead_letter::handle(&services, event.payload).await) }
+    }))
+    .await
+}

@@ -1,0 +1,55 @@
+//! The ingest function: the public API — the very [`hookwise_http::router`] that
+//! `hookwise dev` serves with axum — given to `lambda_http::run` behind API Gateway's HTTP
+//! API (payload format 2.0).
+
+use std::sync::Arc;
+
+use axum::Router;
+use hookwise_aws::{AwsAdapters, AwsClients, AwsConfig};
+use hookwise_core::ports::SystemClock;
+use hookwise_core::services::{Config, Services};
+use hookwise_http::{router, ApiState, HttpSender, SenderConfig};
+use rand::SeedableRng;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The API on the services.
+pub fn app(services: Arc<Services>) -> Router {
+    router(ApiState::new(services))
+}
+
+/// The services on the AWS adapters, built once per container. The API never POSTs to an
+/// endpoint (deliveries are queued), but the ports carry a sender.
+pub async fn services_from_env() -> Result<Services, BoxError> {
+    let config = AwsConfig::from_env()?;
+    let clients = AwsClients::from_env().await;
+    let sender = HttpSender::new(SenderConfig::default())?;
+    let ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));
+    Ok(Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hookwise_core::testing::memory::{Harness, ScriptedSender};
+    use lambda_http::tower::ServiceExt;
+
+    #[tokio::test]
+    async fn given_the_sample_http_api_event_with_a_real_key_then_the_router_accepts_the_event() {
+        let h = Harness::new(ScriptedSender::always(200));
+        let (tenant, key) = h.tenant("owner@example.com").await;
+        let sub = serde_json::json!({"url": "https://hooks.example.com/in", "event_types": ["invoice.*"]});
+        h.services.create_subscription(&tenant, serde_json::from_value(sub).unwrap()).await.unwrap();
+        let services = Arc::new(h.services);
+
+        // API Gateway's payload 2.0, as lambda_http parses it on Lambda.
+        let sample = include_str!("../../../infra/events/ingest-http-api.json").replace("hwk_example_key_replace_me_000000", &key);
+        let request = lambda_http::request::from_str(&sample).expect("an HTTP API v2 event");
+        let response = app(services).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), 202);
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["deliveries"].as_array().map(Vec::len), Some(1), "{json}");
+        assert_eq!(h.queue.take_visible().len(), 1, "the delivery is queued");
+    }
+}

@@ -1,0 +1,79 @@
+//! The scheduler function: each EventBridge tick runs [`Services::run_scheduler`] — retries
+//! due within 15 minutes move from the scheduler table to SQS with their residual delay,
+//! then deliveries left pending past their due time are re-queued.
+//!
+//! The event's content is not used (an EventBridge Scheduler or rule event, or `{}` from a
+//! manual invoke all mean "tick"). A failed tick is an error for Lambda to record; the next
+//! tick takes up where it stopped (the scheduler table keeps the minutes it has not emptied).
+
+use std::sync::Arc;
+
+use hookwise_aws::{AwsAdapters, AwsClients, AwsConfig};
+use hookwise_core::ports::SystemClock;
+use hookwise_core::services::{Config, Services};
+use hookwise_http::{HttpSender, SenderConfig};
+use rand::SeedableRng;
+use serde_json::{json, Value};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The services on the AWS adapters, built once per container (the sender is never used).
+pub async fn services_from_env() -> Result<Services, BoxError> {
+    let config = AwsConfig::from_env()?;
+    let clients = AwsClients::from_env().await;
+    let sender = HttpSender::new(SenderConfig::default())?;
+    let ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));
+    Ok(Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng()))
+}
+
+/// One tick; answers what it moved, e.g. `{"moved": 3, "requeued": 0}`.
+pub async fn handle(services: &Services, event: &Value) -> Result<Value, hookwise_core::Error> {
+    let report = services.run_scheduler().await.inspect_err(|err| {
+        let tick = event.get("id").and_then(|v| v.as_str()).unwrap_or("-");
+        tracing::error!(error = %err, retryable = err.is_retryable(), tick, "scheduler tick failed");
+    })?;
+    Ok(json!({"moved": report.moved, "requeued": report.requeued}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Duration;
+    use hookwise_core::model::*;
+    use hookwise_core::policy::{Jitter, RetryPolicy};
+    use hookwise_core::ports::Clock;
+    use hookwise_core::services::{NewEvent, NewSubscription};
+    use hookwise_core::testing::memory::{Harness, ScriptedSender};
+
+    #[tokio::test]
+    async fn given_a_retry_beyond_the_queue_delay_then_a_tick_after_it_is_near_moves_it_to_the_queue() {
+        // The queue holds 60 s at most, so a 300 s retry waits in the scheduler table.
+        let h = Harness::with_config(ScriptedSender::always(500), Config::default(), 60);
+        let (tenant, _) = h.tenant("owner@example.com").await;
+        let sub = NewSubscription {
+            url: EndpointUrl::parse("https://hooks.example.com/in").unwrap(),
+            event_types: vec![EventTypeFilter::parse("*").unwrap()],
+            owner_email: None,
+            retry_policy: Some(RetryPolicy::custom(vec![300], Jitter::None, false).unwrap()),
+            timeout_ms: None,
+            description: None,
+        };
+        h.services.create_subscription(&tenant, sub).await.unwrap();
+        let event = NewEvent { event_type: EventType::parse("a.b").unwrap(), payload: json!({}) };
+        h.services.ingest(&tenant, event, None).await.unwrap();
+        let first = h.queue.take_visible();
+        h.services.deliver_batch(&first).await.into_iter().for_each(|r| {
+            r.unwrap();
+        });
+        assert_eq!(h.scheduler.items.lock().unwrap().len(), 1, "the retry is in the scheduler table");
+
+        let tick = serde_json::from_str(include_str!("../../../infra/events/scheduler-scheduled.json")).unwrap();
+        h.clock.set(h.clock.now() + Duration::seconds(1));
+        // 15 minutes' horizon: already within it, so moved with the residual delay.
+        assert_eq!(handle(&h.services, &tick).await.unwrap(), json!({"moved": 1, "requeued": 0}));
+        assert!(h.scheduler.items.lock().unwrap().is_empty());
+        let (task, delay) = h.queue.log.lock().unwrap().last().cloned().unwrap();
+        assert_eq!((task.attempt, delay), (2, 60), "the residual delay, capped at the queue's limit");
+        assert_eq!(handle(&h.services, &json!({})).await.unwrap(), json!({"moved": 0, "requeued": 0}));
+    }
+}

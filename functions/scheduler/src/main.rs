@@ -1,0 +1,17 @@
+//! `hookwise-scheduler`: one tick per EventBridge schedule event, via [`hookwise_scheduler::handle`].
+
+use std::sync::Arc;
+
+use lambda_runtime::{run, service_fn, tracing, Error, LambdaEvent};
+use serde_json::Value;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    tracing::init_default_subscriber();
+    let services = Arc::new(hookwise_scheduler::services_from_env().await?);
+    run(service_fn(move |event: LambdaEvent<Value>| {
+        let services = services.clone();
+        async move { hookwise_scheduler::handle(&services, &event.payload).await.map_err(Error::from) }
+    }))
+    .await
+}

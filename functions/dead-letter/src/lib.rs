@@ -40,7 +40,11 @@ pub async fn services_from_env() -> Result<Services, BoxError> {
     let sender = HttpSender::new(SenderConfig::default())?;
     let ports = AwsAdapters::new(&clients, &aws).ports(Arc::new(sender), Arc::new(SystemClock));
     let config = config(std::env::var(env::PUBLIC_API_URL).ok());
-    Ok(Services::new(ports, config, rand::rngs::StdRng::from_os_rng()))
+    Ok(Services::new(
+        ports,
+        config,
+        rand::rngs::StdRng::from_os_rng(),
+    ))
 }
 
 pub async fn handle(services: &Services, event: SqsEvent) -> SqsBatchResponse {
@@ -56,7 +60,13 @@ pub async fn handle(services: &Services, event: SqsEvent) -> SqsBatchResponse {
                 tasks.push(task);
             }
             Err(err) => {
-                let body: String = m.body.as_deref().unwrap_or_default().chars().take(200).collect();
+                let body: String = m
+                    .body
+                    .as_deref()
+                    .unwrap_or_default()
+                    .chars()
+                    .take(200)
+                    .collect();
                 tracing::error!(message_id = %id, error = %err, body, "dead-letter message is not a delivery task; dropping it");
             }
         }
@@ -65,7 +75,11 @@ pub async fn handle(services: &Services, event: SqsEvent) -> SqsBatchResponse {
     match services.handle_dead_letters(&tasks).await {
         Ok(report) => {
             if report.emails > 0 {
-                tracing::info!(notified = report.notified, emails = report.emails, "owners told of dead deliveries");
+                tracing::info!(
+                    notified = report.notified,
+                    emails = report.emails,
+                    "owners told of dead deliveries"
+                );
             }
         }
         Err(err) => {
@@ -110,7 +124,8 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn given_a_message_sqs_redrove_for_a_pending_delivery_then_it_is_marked_dead_and_the_owner_told_once() {
+    async fn given_a_message_sqs_redrove_for_a_pending_delivery_then_it_is_marked_dead_and_the_owner_told_once(
+    ) {
         let h = Harness::new(ScriptedSender::always(200));
         let (tenant, _) = h.tenant("owner@example.com").await;
         let sub = NewSubscription {
@@ -122,15 +137,31 @@ mod tests {
             description: None,
         };
         h.services.create_subscription(&tenant, sub).await.unwrap();
-        let event = NewEvent { event_type: EventType::parse("invoice.paid").unwrap(), payload: serde_json::json!({}) };
+        let event = NewEvent {
+            event_type: EventType::parse("invoice.paid").unwrap(),
+            payload: serde_json::json!({}),
+        };
         h.services.ingest(&tenant, event, None).await.unwrap();
         let task = h.queue.take_visible().remove(0);
 
         // The poison message, twice (SQS is at least once), and a body that is no task.
         let body = encode_task(&task);
-        let out = handle(&h.services, sqs_event(&[("a", body.clone(), true), ("b", body, true), ("c", "garbage".into(), false)])).await;
+        let out = handle(
+            &h.services,
+            sqs_event(&[
+                ("a", body.clone(), true),
+                ("b", body, true),
+                ("c", "garbage".into(), false),
+            ]),
+        )
+        .await;
         assert!(out.batch_item_failures.is_empty(), "{out:?}");
-        let d = h.store.get_delivery(&task.delivery_id).await.unwrap().unwrap();
+        let d = h
+            .store
+            .get_delivery(&task.delivery_id)
+            .await
+            .unwrap()
+            .unwrap();
         assert_eq!(d.status, DeliveryStatus::Dead);
         let sent = h.mailer.sent.lock().unwrap();
         assert_eq!(sent.len(), 1, "one email for one dead delivery");
@@ -140,8 +171,17 @@ mod tests {
 
     #[test]
     fn the_public_api_url_reaches_the_emails_config_when_set() {
-        assert_eq!(config(Some("https://api.example.com".into())).public_api_url, "https://api.example.com");
-        assert_eq!(config(Some(" ".into())).public_api_url, Config::default().public_api_url);
-        assert_eq!(config(None).public_api_url, Config::default().public_api_url);
+        assert_eq!(
+            config(Some("https://api.example.com".into())).public_api_url,
+            "https://api.example.com"
+        );
+        assert_eq!(
+            config(Some(" ".into())).public_api_url,
+            Config::default().public_api_url
+        );
+        assert_eq!(
+            config(None).public_api_url,
+            Config::default().public_api_url
+        );
     }
 }

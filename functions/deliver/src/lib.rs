@@ -34,7 +34,11 @@ pub fn allowed_cidrs(value: Option<&str>) -> Result<Vec<IpNet>, BoxError> {
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
-        .map(|s| s.parse::<IpNet>().map_err(|e| format!("{}: `{s}` is not a CIDR: {e}", env::ALLOWED_TARGET_CIDRS).into()))
+        .map(|s| {
+            s.parse::<IpNet>().map_err(|e| {
+                format!("{}: `{s}` is not a CIDR: {e}", env::ALLOWED_TARGET_CIDRS).into()
+            })
+        })
         .collect()
 }
 
@@ -43,9 +47,16 @@ pub async fn services_from_env() -> Result<Services, BoxError> {
     let config = AwsConfig::from_env()?;
     let clients = AwsClients::from_env().await;
     let allow = allowed_cidrs(std::env::var(env::ALLOWED_TARGET_CIDRS).ok().as_deref())?;
-    let sender = HttpSender::new(SenderConfig { allow_cidrs: allow, ..SenderConfig::default() })?;
+    let sender = HttpSender::new(SenderConfig {
+        allow_cidrs: allow,
+        ..SenderConfig::default()
+    })?;
     let ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));
-    Ok(Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng()))
+    Ok(Services::new(
+        ports,
+        Config::default(),
+        rand::rngs::StdRng::from_os_rng(),
+    ))
 }
 
 fn message_id(m: &SqsMessage) -> String {
@@ -85,7 +96,9 @@ fn failed(result: &hookwise_core::Result<DeliverOutcome>) -> Option<String> {
     match result {
         Ok(_) => None,
         Err(err) if err.is_retryable() => Some(format!("retryable: {err}")),
-        Err(err) => Some(format!("permanent, redriven to the dead-letter queue after maxReceiveCount: {err}")),
+        Err(err) => Some(format!(
+            "permanent, redriven to the dead-letter queue after maxReceiveCount: {err}"
+        )),
     }
 }
 

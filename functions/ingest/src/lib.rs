@@ -25,7 +25,11 @@ pub async fn services_from_env() -> Result<Services, BoxError> {
     let clients = AwsClients::from_env().await;
     let sender = HttpSender::new(SenderConfig::default())?;
     let ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));
-    Ok(Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng()))
+    Ok(Services::new(
+        ports,
+        Config::default(),
+        rand::rngs::StdRng::from_os_rng(),
+    ))
 }
 
 #[cfg(test)]
@@ -39,17 +43,27 @@ mod tests {
         let h = Harness::new(ScriptedSender::always(200));
         let (tenant, key) = h.tenant("owner@example.com").await;
         let sub = serde_json::json!({"url": "https://hooks.example.com/in", "event_types": ["invoice.*"]});
-        h.services.create_subscription(&tenant, serde_json::from_value(sub).unwrap()).await.unwrap();
+        h.services
+            .create_subscription(&tenant, serde_json::from_value(sub).unwrap())
+            .await
+            .unwrap();
         let services = Arc::new(h.services);
 
         // API Gateway's payload 2.0, as lambda_http parses it on Lambda.
-        let sample = include_str!("../../../infra/events/ingest-http-api.json").replace("hwk_example_key_replace_me_000000", &key);
+        let sample = include_str!("../../../infra/events/ingest-http-api.json")
+            .replace("hwk_example_key_replace_me_000000", &key);
         let request = lambda_http::request::from_str(&sample).expect("an HTTP API v2 event");
         let response = app(services).oneshot(request).await.unwrap();
         assert_eq!(response.status(), 202);
-        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
+            .await
+            .unwrap();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(json["deliveries"].as_array().map(Vec::len), Some(1), "{json}");
+        assert_eq!(
+            json["deliveries"].as_array().map(Vec::len),
+            Some(1),
+            "{json}"
+        );
         assert_eq!(h.queue.take_visible().len(), 1, "the delivery is queued");
     }
 }

@@ -23,7 +23,11 @@ pub async fn services_from_env() -> Result<Services, BoxError> {
     let clients = AwsClients::from_env().await;
     let sender = HttpSender::new(SenderConfig::default())?;
     let ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));
-    Ok(Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng()))
+    Ok(Services::new(
+        ports,
+        Config::default(),
+        rand::rngs::StdRng::from_os_rng(),
+    ))
 }
 
 /// One tick; answers what it moved, e.g. `{"moved": 3, "requeued": 0}`.
@@ -46,7 +50,8 @@ mod tests {
     use hookwise_core::testing::memory::{Harness, ScriptedSender};
 
     #[tokio::test]
-    async fn given_a_retry_beyond_the_queue_delay_then_a_tick_after_it_is_near_moves_it_to_the_queue() {
+    async fn given_a_retry_beyond_the_queue_delay_then_a_tick_after_it_is_near_moves_it_to_the_queue(
+    ) {
         // The queue holds 60 s at most, so a 300 s retry waits in the scheduler table.
         let h = Harness::with_config(ScriptedSender::always(500), Config::default(), 60);
         let (tenant, _) = h.tenant("owner@example.com").await;
@@ -59,21 +64,45 @@ mod tests {
             description: None,
         };
         h.services.create_subscription(&tenant, sub).await.unwrap();
-        let event = NewEvent { event_type: EventType::parse("a.b").unwrap(), payload: json!({}) };
+        let event = NewEvent {
+            event_type: EventType::parse("a.b").unwrap(),
+            payload: json!({}),
+        };
         h.services.ingest(&tenant, event, None).await.unwrap();
         let first = h.queue.take_visible();
-        h.services.deliver_batch(&first).await.into_iter().for_each(|r| {
-            r.unwrap();
-        });
-        assert_eq!(h.scheduler.items.lock().unwrap().len(), 1, "the retry is in the scheduler table");
+        h.services
+            .deliver_batch(&first)
+            .await
+            .into_iter()
+            .for_each(|r| {
+                r.unwrap();
+            });
+        assert_eq!(
+            h.scheduler.items.lock().unwrap().len(),
+            1,
+            "the retry is in the scheduler table"
+        );
 
-        let tick = serde_json::from_str(include_str!("../../../infra/events/scheduler-scheduled.json")).unwrap();
+        let tick = serde_json::from_str(include_str!(
+            "../../../infra/events/scheduler-scheduled.json"
+        ))
+        .unwrap();
         h.clock.set(h.clock.now() + Duration::seconds(1));
         // 15 minutes' horizon: already within it, so moved with the residual delay.
-        assert_eq!(handle(&h.services, &tick).await.unwrap(), json!({"moved": 1, "requeued": 0}));
+        assert_eq!(
+            handle(&h.services, &tick).await.unwrap(),
+            json!({"moved": 1, "requeued": 0})
+        );
         assert!(h.scheduler.items.lock().unwrap().is_empty());
         let (task, delay) = h.queue.log.lock().unwrap().last().cloned().unwrap();
-        assert_eq!((task.attempt, delay), (2, 60), "the residual delay, capped at the queue's limit");
-        assert_eq!(handle(&h.services, &json!({})).await.unwrap(), json!({"moved": 0, "requeued": 0}));
+        assert_eq!(
+            (task.attempt, delay),
+            (2, 60),
+            "the residual delay, capped at the queue's limit"
+        );
+        assert_eq!(
+            handle(&h.services, &json!({})).await.unwrap(),
+            json!({"moved": 0, "requeued": 0})
+        );
     }
 }

@@ -11,7 +11,11 @@ async fn main() -> Result<(), Error> {
     let services = Arc::new(hookwise_scheduler::services_from_env().await?);
     run(service_fn(move |event: LambdaEvent<Value>| {
         let services = services.clone();
-        async move { hookwise_scheduler::handle(&services, &event.payload).await.map_err(Error::from) }
+        async move {
+            hookwise_scheduler::handle(&services, &event.payload)
+                .await
+                .map_err(Error::from)
+        }
     }))
     .await
 }

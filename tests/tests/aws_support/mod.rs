@@ -1,0 +1,569 @@
+//! For the AWS end-to-end test: moto / DynamoDB Local endpoints from the environment, the
+//! resources made from template.yaml, the four function binaries hosted by
+//! `cargo lambda watch`, and a small stand-in for Lambda's SQS event source mapping.
+//!
+//! `cargo lambda watch --only-lambda-apis` serves the Lambda invoke API and the runtime API;
+//! the test starts the compiled function binaries itself, each pointed at its own runtime
+//! API path (`/.rt/<function>`), exactly as `cargo lambda watch` does when it starts them
+//! through `cargo run` — minus that second cargo build with another feature set.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
+use hookwise_aws::bootstrap::{provision, Provisioned, TemplateResources};
+use hookwise_aws::{env, AwsClients, RequestCounter};
+use serde_json::{json, Value};
+
+pub const MOTO_URL: &str = "HOOKWISE_TEST_MOTO_URL";
+pub const DYNAMODB_LOCAL_URL: &str = "HOOKWISE_TEST_DYNAMODB_LOCAL_URL";
+/// Set by scripts/aws-test-services.sh: whatever is missing is then a failure, not a skip.
+pub const REQUIRE: &str = "HOOKWISE_TEST_REQUIRE_AWS";
+pub const SENDER: &str = "hookwise@example.com";
+pub const FUNCTIONS: [&str; 4] = [
+    "hookwise-ingest",
+    "hookwise-deliver",
+    "hookwise-scheduler",
+    "hookwise-dead-letter",
+];
+
+fn required() -> bool {
+    std::env::var(REQUIRE).is_ok_and(|v| v == "1")
+}
+
+/// Skip (returning `None`) or, under the test script, fail.
+fn missing(what: &str) -> Option<String> {
+    if required() {
+        panic!("{what}, but {REQUIRE}=1: scripts/aws-e2e.sh should have provided it");
+    }
+    eprintln!("SKIPPED: {what}; run scripts/aws-e2e.sh to run the AWS end-to-end tests");
+    None
+}
+
+pub fn endpoint(var: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ => missing(&format!("{var} is not set")),
+    }
+}
+
+/// `cargo lambda` answers, or the test is skipped (or fails under the script).
+pub fn cargo_lambda() -> Option<()> {
+    let ok = Command::new(env!("CARGO"))
+        .args(["lambda", "--version"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Some(())
+    } else {
+        missing("`cargo lambda` is not installed (pip install cargo-lambda)").map(|_| ())
+    }
+}
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .to_owned()
+}
+
+pub fn template() -> TemplateResources {
+    let path = workspace_root().join("template.yaml");
+    let yaml = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    TemplateResources::parse(&yaml).expect("template.yaml parses")
+}
+
+pub fn unique_prefix(label: &str) -> String {
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "hwe2e-{label}-{}-{:x}-{}",
+        std::process::id(),
+        nanos % 0xffff_ffff,
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Tables on DynamoDB Local, queues and SES on moto, all made from template.yaml.
+pub struct AwsEnv {
+    pub moto_url: String,
+    pub dynamodb_url: String,
+    pub clients: AwsClients,
+    pub provisioned: Provisioned,
+}
+
+impl AwsEnv {
+    pub async fn new(label: &str, counter: Option<&RequestCounter>) -> Option<Self> {
+        let moto_url = endpoint(MOTO_URL)?;
+        let dynamodb_url = endpoint(DYNAMODB_LOCAL_URL)?;
+        let moto = AwsClients::for_endpoint(&moto_url, counter).await;
+        let ddb = AwsClients::for_endpoint(&dynamodb_url, counter).await;
+        let clients = AwsClients {
+            dynamodb: ddb.dynamodb,
+            ..moto
+        };
+        let provisioned = provision(&clients, &template(), &unique_prefix(label))
+            .await
+            .expect("tables and queues from template.yaml");
+        // SES v2 sends only from a verified identity (moto checks too).
+        clients
+            .sesv2
+            .create_email_identity()
+            .email_identity(SENDER)
+            .send()
+            .await
+            .expect("verify the sender on moto");
+        Some(Self {
+            moto_url,
+            dynamodb_url,
+            clients,
+            provisioned,
+        })
+    }
+
+    /// What template.yaml's Globals give every function, pointed at these resources.
+    pub fn function_env(&self, max_delay: u32) -> Vec<(String, String)> {
+        let p = &self.provisioned;
+        [
+            (env::TABLE, p.table.clone()),
+            (env::SCHEDULER_TABLE, p.scheduler_table.clone()),
+            (env::DELIVERY_QUEUE_URL, p.delivery_queue_url.clone()),
+            (env::DEAD_LETTER_QUEUE_URL, p.dead_letter_queue_url.clone()),
+            (env::SENDER_EMAIL, SENDER.to_owned()),
+            (env::QUEUE_MAX_DELAY_SECONDS, max_delay.to_string()),
+            (env::ALLOWED_TARGET_CIDRS, "127.0.0.0/8".to_owned()),
+            (env::PUBLIC_API_URL, "http://127.0.0.1:1".to_owned()),
+            // The SDK's standard variables: DynamoDB Local for the tables, moto for the rest.
+            ("AWS_ENDPOINT_URL", self.moto_url.clone()),
+            ("AWS_ENDPOINT_URL_DYNAMODB", self.dynamodb_url.clone()),
+            ("AWS_ACCESS_KEY_ID", "testing".to_owned()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".to_owned()),
+            ("AWS_REGION", "us-east-1".to_owned()),
+            ("AWS_LAMBDA_LOG_FORMAT", "JSON".to_owned()),
+            ("RUST_LOG", "warn".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+}
+
+/// The four function binaries, built once per test run (debug, like `cargo lambda watch`).
+pub fn function_bins() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Ok(dir) = std::env::var("HOOKWISE_LAMBDA_BIN_DIR") {
+            return PathBuf::from(dir);
+        }
+        let root = workspace_root();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--quiet", "--bins"]).current_dir(&root);
+        for f in FUNCTIONS {
+            cmd.args(["-p", f]);
+        }
+        assert!(
+            cmd.status().expect("cargo runs").success(),
+            "building the function binaries failed"
+        );
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
+        target.join("debug")
+    })
+    .clone()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `cargo lambda watch` and the four functions attached to it.
+pub struct LambdaHost {
+    watch: Child,
+    functions: Vec<Child>,
+    pub base: String,
+    http: reqwest::Client,
+}
+
+impl LambdaHost {
+    pub async fn start(fn_env: &[(String, String)]) -> Self {
+        let bins = function_bins();
+        let port = free_port();
+        let watch = Command::new(env!("CARGO"))
+            .args([
+                "lambda",
+                "watch",
+                "--only-lambda-apis",
+                "--invoke-address",
+                "127.0.0.1",
+                "--invoke-port",
+                &port.to_string(),
+            ])
+            .current_dir(workspace_root())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cargo lambda watch starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let mut host = Self {
+            watch,
+            functions: Vec::new(),
+            base,
+            http: reqwest::Client::new(),
+        };
+        let start = Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "cargo lambda watch did not listen on {port}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for name in FUNCTIONS {
+            let child = Command::new(bins.join(name))
+                .envs(fn_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .env(
+                    "AWS_LAMBDA_RUNTIME_API",
+                    format!("http://127.0.0.1:{port}/.rt/{name}"),
+                )
+                .env("AWS_LAMBDA_FUNCTION_NAME", name)
+                .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
+                .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
+                .stdout(Stdio::inherit())
+                .stderr(Stdio::inherit())
+                .spawn()
+                .unwrap_or_else(|e| panic!("{name} starts: {e}"));
+            host.functions.push(child);
+        }
+        host
+    }
+
+    /// The function's answer; panics if the function returned an error.
+    pub async fn invoke(&self, function: &str, payload: &Value) -> Value {
+        let (ok, out) = self.try_invoke(function, payload).await;
+        assert!(ok, "{function} failed: {out}");
+        out
+    }
+
+    /// (succeeded, answer or error document).
+    pub async fn try_invoke(&self, function: &str, payload: &Value) -> (bool, Value) {
+        let resp = self
+            .http
+            .post(format!(
+                "{}/2015-03-31/functions/{function}/invocations",
+                self.base
+            ))
+            .json(payload)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("invoking {function}: {e}"));
+        let ok = resp.status().is_success() && resp.headers().get("x-amz-function-error").is_none();
+        let text = resp.text().await.expect("a body");
+        let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        (ok && value.get("errorType").is_none(), value)
+    }
+}
+
+impl Drop for LambdaHost {
+    fn drop(&mut self) {
+        for c in self
+            .functions
+            .iter_mut()
+            .chain(std::iter::once(&mut self.watch))
+        {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// An API Gateway HTTP API (payload format 2.0) event, as the template's HttpApi sends it.
+pub fn http_api_event(method: &str, path: &str, api_key: &str, body: Option<&Value>) -> Value {
+    json!({
+        "version": "2.0",
+        "routeKey": "ANY /{proxy+}",
+        "rawPath": path,
+        "rawQueryString": "",
+        "headers": {"authorization": format!("Bearer {api_key}"), "content-type": "application/json", "host": "api.example.com"},
+        "requestContext": {
+            "accountId": "123456789012", "apiId": "e2e", "domainName": "api.example.com", "domainPrefix": "api",
+            "http": {"method": method, "path": path, "protocol": "HTTP/1.1", "sourceIp": "127.0.0.1", "userAgent": "e2e"},
+            "requestId": "e2e", "routeKey": "ANY /{proxy+}", "stage": "$default", "time": "30/Nov/2026:05:07:00 +0000", "timeEpoch": 0
+        },
+        "body": body.map(|b| b.to_string()),
+        "isBase64Encoded": false
+    })
+}
+
+/// What the event-source emulator did, for assertions.
+#[derive(Default, Debug)]
+pub struct SourceLog {
+    /// Every message body handed to a function, by queue ("delivery" / "dead-letter").
+    pub bodies: Vec<(String, String)>,
+    /// Message ids the function reported in `batchItemFailures`.
+    pub failures: Vec<String>,
+    /// Every answer of the scheduler.
+    pub scheduler: Vec<Value>,
+}
+
+/// Lambda's SQS event source mapping and EventBridge schedule, in miniature: poll each queue,
+/// invoke its function with a real SQS event, delete what the batch response did not
+/// report; invoke the scheduler every second.
+pub struct EventSources {
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    pub log: Arc<Mutex<SourceLog>>,
+}
+
+impl EventSources {
+    pub fn start(
+        host: Arc<LambdaHost>,
+        sqs: aws_sdk_sqs::Client,
+        provisioned: &Provisioned,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let log = Arc::new(Mutex::new(SourceLog::default()));
+        let mut tasks = Vec::new();
+        for (label, url, function) in [
+            (
+                "delivery",
+                provisioned.delivery_queue_url.clone(),
+                "hookwise-deliver",
+            ),
+            (
+                "dead-letter",
+                provisioned.dead_letter_queue_url.clone(),
+                "hookwise-dead-letter",
+            ),
+        ] {
+            let (host, sqs, stop, log) = (host.clone(), sqs.clone(), stop.clone(), log.clone());
+            tasks.push(tokio::spawn(async move {
+                while !stop.load(Ordering::SeqCst) {
+                    if let Err(e) = poll_once(&host, &sqs, &url, label, function, &log).await {
+                        eprintln!("event source {label}: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }));
+        }
+        let tick: Value = serde_json::from_str(
+            &std::fs::read_to_string(
+                workspace_root().join("infra/events/scheduler-scheduled.json"),
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        let (h, s, l) = (host.clone(), stop.clone(), log.clone());
+        tasks.push(tokio::spawn(async move {
+            while !s.load(Ordering::SeqCst) {
+                let (ok, out) = h.try_invoke("hookwise-scheduler", &tick).await;
+                if ok {
+                    l.lock().unwrap().scheduler.push(out);
+                } else {
+                    eprintln!("scheduler tick failed: {out}");
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }));
+        Self { stop, tasks, log }
+    }
+
+    pub async fn stop(self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+
+    /// Scheduled retries the scheduler moved from its table to the queue, in all.
+    pub fn moved_by_scheduler(&self) -> u64 {
+        self.log
+            .lock()
+            .unwrap()
+            .scheduler
+            .iter()
+            .filter_map(|r| r["moved"].as_u64())
+            .sum()
+    }
+
+    pub fn bodies(&self, queue: &str) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap()
+            .bodies
+            .iter()
+            .filter(|(q, _)| q == queue)
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+}
+
+async fn poll_once(
+    host: &LambdaHost,
+    sqs: &aws_sdk_sqs::Client,
+    url: &str,
+    label: &str,
+    function: &str,
+    log: &Mutex<SourceLog>,
+) -> Result<(), String> {
+    let out = sqs
+        .receive_message()
+        .queue_url(url)
+        .max_number_of_messages(10)
+        .wait_time_seconds(1)
+        .message_system_attribute_names(MessageSystemAttributeName::All)
+        .send()
+        .await
+        .map_err(|e| format!("receive: {e:?}"))?;
+    let messages = out.messages.unwrap_or_default();
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let arn = format!(
+        "arn:aws:sqs:us-east-1:123456789012:{}",
+        url.rsplit('/').next().unwrap_or_default()
+    );
+    let records: Vec<Value> = messages
+        .iter()
+        .map(|m| {
+            let attributes: serde_json::Map<String, Value> = m
+                .attributes()
+                .map(|a| {
+                    a.iter()
+                        .map(|(k, v)| (k.as_str().to_owned(), Value::String(v.clone())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            json!({
+                "messageId": m.message_id(), "receiptHandle": m.receipt_handle(), "body": m.body(),
+                "attributes": attributes, "messageAttributes": {}, "md5OfBody": m.md5_of_body(),
+                "eventSource": "aws:sqs", "eventSourceARN": arn, "awsRegion": "us-east-1"
+            })
+        })
+        .collect();
+    {
+        let mut l = log.lock().unwrap();
+        l.bodies.extend(
+            messages
+                .iter()
+                .map(|m| (label.to_owned(), m.body().unwrap_or_default().to_owned())),
+        );
+    }
+    let (ok, response) = host
+        .try_invoke(function, &json!({ "Records": records }))
+        .await;
+    if !ok {
+        // As Lambda does: a failed invocation leaves the whole batch to come back.
+        return Err(format!("{function} failed: {response}"));
+    }
+    let failed: Vec<String> = response["batchItemFailures"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f["itemIdentifier"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    log.lock().unwrap().failures.extend(failed.iter().cloned());
+    let done: Vec<DeleteMessageBatchRequestEntry> = messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| !failed.iter().any(|f| Some(f.as_str()) == m.message_id()))
+        .map(|(i, m)| {
+            DeleteMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                .build()
+                .unwrap()
+        })
+        .collect();
+    if !done.is_empty() {
+        sqs.delete_message_batch()
+            .queue_url(url)
+            .set_entries(Some(done))
+            .send()
+            .await
+            .map_err(|e| format!("delete: {e:?}"))?;
+    }
+    Ok(())
+}
+
+/// The API through the ingest function, one API Gateway HTTP API event per call.
+pub struct Gateway {
+    pub host: Arc<LambdaHost>,
+    pub key: String,
+}
+
+impl Gateway {
+    /// (status, JSON body) of `method path`.
+    pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let out = self
+            .host
+            .invoke(
+                "hookwise-ingest",
+                &http_api_event(method, path, &self.key, body.as_ref()),
+            )
+            .await;
+        let status = out["statusCode"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("an HTTP API response: {out}")) as u16;
+        let text = match (out["body"].as_str(), out["isBase64Encoded"].as_bool()) {
+            (Some(b), Some(true)) => panic!("unexpected base64 body for {path}: {b}"),
+            (Some(b), _) => b.to_owned(),
+            (None, _) => String::new(),
+        };
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Value {
+        let (status, out) = self.call("POST", path, Some(body)).await;
+        assert!((200..300).contains(&status), "POST {path}: {status} {out}");
+        out
+    }
+
+    pub async fn delivery(&self, id: &str) -> Value {
+        let (status, d) = self
+            .call("GET", &format!("/v1/deliveries/{id}"), None)
+            .await;
+        assert_eq!(status, 200, "{d}");
+        d
+    }
+
+    pub async fn wait_status(&self, id: &str, want: &str, within: Duration) -> Value {
+        let start = Instant::now();
+        loop {
+            let d = self.delivery(id).await;
+            if d["status"] == want {
+                return d;
+            }
+            assert!(
+                start.elapsed() < within,
+                "delivery {id} is still {} after {within:?}, wanted {want}: {d}",
+                d["status"]
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}

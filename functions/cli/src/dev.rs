@@ -54,9 +54,24 @@ pub struct DevArgs {
     /// Deliveries handled at once.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
+    #[command(flatten)]
+    aws: crate::dev_aws::AwsFlags,
 }
 
 pub async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
+    if args.aws.aws {
+        let common = crate::dev_aws::Common {
+            listen: args.listen,
+            api_key: args.api_key.clone(),
+            owner_email: args.owner_email.clone(),
+            allow_target_cidr: args.allow_target_cidr.clone(),
+            deny_loopback: args.deny_loopback,
+            scheduler_interval: args.scheduler_interval,
+            max_queue_delay: args.max_queue_delay,
+            concurrency: args.concurrency,
+        };
+        return crate::dev_aws::run(common, args.aws).await;
+    }
     let owner = Email::parse(&args.owner_email).context("--owner-email")?;
     let mut allow = args.allow_target_cidr.clone();
     if !args.deny_loopback {

@@ -20,8 +20,6 @@ use hookwise_core::Error;
 use hookwise_http::{router, ApiState, HttpSender, SenderConfig};
 use ipnet::IpNet;
 use rand::SeedableRng;
-use std::future::Future;
-use std::pin::Pin;
 use tokio::sync::watch;
 
 /// The flags `hookwise dev` takes for AWS APIs (flattened into its own arguments).
@@ -65,22 +63,11 @@ pub struct Common {
 /// Dead-delivery emails on stderr: for endpoints without SES v2.
 struct LogMailer;
 
-// The shape `#[async_trait]` gives the trait's method (this crate does not depend on it).
+#[async_trait::async_trait]
 impl Mailer for LogMailer {
-    fn send<'a, 'b, 'f>(
-        &'a self,
-        email: &'b OutgoingEmail,
-    ) -> Pin<Box<dyn Future<Output = PortResult<()>> + Send + 'f>>
-    where
-        'a: 'f,
-        'b: 'f,
-        Self: 'f,
-    {
-        eprintln!(
-            "---- email to {} ----\nSubject: {}\n\n{}\n---- end of email ----",
-            email.to, email.subject, email.text
-        );
-        Box::pin(std::future::ready(Ok(())))
+    async fn send(&self, email: &OutgoingEmail) -> PortResult<()> {
+        eprintln!("---- email to {} ----\nSubject: {}\n\n{}\n---- end of email ----", email.to, email.subject, email.text);
+        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 //! `hookwise`: the command line. Each subcommand lives in its own module.
 
 mod dev;
+mod dev_aws;
 mod policy_cmd;
 mod storm_chart;
 mod storm_cmd;

@@ -23,14 +23,23 @@ pub enum TenantCommand {
         name: String,
         #[arg(long)]
         owner_email: String,
+        /// Create it in the deployed stack's DynamoDB table instead (HOOKWISE_TABLE and the
+        /// other variables the template sets, AWS credentials and region from the usual chain).
+        #[arg(long)]
+        aws: bool,
     },
 }
 
 pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        TenantCommand::Create { data_dir, name, owner_email } => {
+        TenantCommand::Create { data_dir, name, owner_email, aws } => {
             let owner = Email::parse(&owner_email).context("--owner-email")?;
-            let services = local_services(&data_dir)?;
+            let services = if aws {
+                let sender = Arc::new(HttpSender::new(SenderConfig::default())?);
+                hookwise_aws::services_from_env(sender).await.map_err(|e| anyhow::anyhow!("the AWS stack: {e}"))?
+            } else {
+                local_services(&data_dir)?
+            };
             let (tenant, key) = services.create_tenant(&name, owner).await?;
             println!("{}", serde_json::json!({"id": tenant.id, "api_key": key}));
         }

@@ -15,36 +15,17 @@
 use std::sync::Arc;
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use hookwise_aws::{decode_task, env, AwsAdapters, AwsClients, AwsConfig};
-use hookwise_core::ports::SystemClock;
-use hookwise_core::services::{Config, Services};
+use hookwise_aws::decode_task;
+use hookwise_core::services::Services;
 use hookwise_http::{HttpSender, SenderConfig};
-use rand::SeedableRng;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-/// The services' settings: where the emails' replay instructions point.
-pub fn config(public_api_url: Option<String>) -> Config {
-    let mut config = Config::default();
-    if let Some(url) = public_api_url.filter(|u| !u.trim().is_empty()) {
-        config.public_api_url = url;
-    }
-    config
-}
 
 /// The services on the AWS adapters, built once per container. The sender is never used
 /// here (nothing is POSTed), but the ports carry one.
 pub async fn services_from_env() -> Result<Services, BoxError> {
-    let aws = AwsConfig::from_env()?;
-    let clients = AwsClients::from_env().await;
-    let sender = HttpSender::new(SenderConfig::default())?;
-    let ports = AwsAdapters::new(&clients, &aws).ports(Arc::new(sender), Arc::new(SystemClock));
-    let config = config(std::env::var(env::PUBLIC_API_URL).ok());
-    Ok(Services::new(
-        ports,
-        config,
-        rand::rngs::StdRng::from_os_rng(),
-    ))
+    hookwise_aws::services_from_env(Arc::new(HttpSender::new(SenderConfig::default())?)).await
 }
 
 pub async fn handle(services: &Services, event: SqsEvent) -> SqsBatchResponse {
@@ -167,21 +148,5 @@ mod tests {
         assert_eq!(sent.len(), 1, "one email for one dead delivery");
         assert_eq!(sent[0].to.to_string(), "owner@example.com");
         assert!(sent[0].text.contains(&task.delivery_id.to_string()));
-    }
-
-    #[test]
-    fn the_public_api_url_reaches_the_emails_config_when_set() {
-        assert_eq!(
-            config(Some("https://api.example.com".into())).public_api_url,
-            "https://api.example.com"
-        );
-        assert_eq!(
-            config(Some(" ".into())).public_api_url,
-            Config::default().public_api_url
-        );
-        assert_eq!(
-            config(None).public_api_url,
-            Config::default().public_api_url
-        );
     }
 }

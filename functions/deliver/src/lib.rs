@@ -18,12 +18,11 @@
 use std::sync::Arc;
 
 use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent, SqsMessage};
-use hookwise_aws::{decode_task, env, AwsAdapters, AwsClients, AwsConfig};
-use hookwise_core::ports::{DeliveryTask, SystemClock};
-use hookwise_core::services::{Config, DeliverOutcome, Services};
+use hookwise_aws::{decode_task, env};
+use hookwise_core::ports::DeliveryTask;
+use hookwise_core::services::{DeliverOutcome, Services};
 use hookwise_http::{HttpSender, SenderConfig};
 use ipnet::IpNet;
-use rand::SeedableRng;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -44,19 +43,9 @@ pub fn allowed_cidrs(value: Option<&str>) -> Result<Vec<IpNet>, BoxError> {
 
 /// The services on the AWS adapters and the real HTTP sender, built once per container.
 pub async fn services_from_env() -> Result<Services, BoxError> {
-    let config = AwsConfig::from_env()?;
-    let clients = AwsClients::from_env().await;
     let allow = allowed_cidrs(std::env::var(env::ALLOWED_TARGET_CIDRS).ok().as_deref())?;
-    let sender = HttpSender::new(SenderConfig {
-        allow_cidrs: allow,
-        ..SenderConfig::default()
-    })?;
-    let ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));
-    Ok(Services::new(
-        ports,
-        Config::default(),
-        rand::rngs::StdRng::from_os_rng(),
-    ))
+    let sender = HttpSender::new(SenderConfig { allow_cidrs: allow, ..SenderConfig::default() })?;
+    hookwise_aws::services_from_env(Arc::new(sender)).await
 }
 
 fn message_id(m: &SqsMessage) -> String {

@@ -5,11 +5,8 @@
 use std::sync::Arc;
 
 use axum::Router;
-use hookwise_aws::{AwsAdapters, AwsClients, AwsConfig};
-use hookwise_core::ports::SystemClock;
-use hookwise_core::services::{Config, Services};
+use hookwise_core::services::Services;
 use hookwise_http::{router, ApiState, HttpSender, SenderConfig};
-use rand::SeedableRng;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -21,15 +18,7 @@ pub fn app(services: Arc<Services>) -> Router {
 /// The services on the AWS adapters, built once per container. The API never POSTs to an
 /// endpoint (deliveries are queued), but the ports carry a sender.
 pub async fn services_from_env() -> Result<Services, BoxError> {
-    let config = AwsConfig::from_env()?;
-    let clients = AwsClients::from_env().await;
-    let sender = HttpSender::new(SenderConfig::default())?;
-    let ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));
-    Ok(Services::new(
-        ports,
-        Config::default(),
-        rand::rngs::StdRng::from_os_rng(),
-    ))
+    hookwise_aws::services_from_env(Arc::new(HttpSender::new(SenderConfig::default())?)).await
 }
 
 #[cfg(test)]

@@ -8,26 +8,15 @@
 
 use std::sync::Arc;
 
-use hookwise_aws::{AwsAdapters, AwsClients, AwsConfig};
-use hookwise_core::ports::SystemClock;
-use hookwise_core::services::{Config, Services};
+use hookwise_core::services::Services;
 use hookwise_http::{HttpSender, SenderConfig};
-use rand::SeedableRng;
 use serde_json::{json, Value};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The services on the AWS adapters, built once per container (the sender is never used).
 pub async fn services_from_env() -> Result<Services, BoxError> {
-    let config = AwsConfig::from_env()?;
-    let clients = AwsClients::from_env().await;
-    let sender = HttpSender::new(SenderConfig::default())?;
-    let ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));
-    Ok(Services::new(
-        ports,
-        Config::default(),
-        rand::rngs::StdRng::from_os_rng(),
-    ))
+    hookwise_aws::services_from_env(Arc::new(HttpSender::new(SenderConfig::default())?)).await
 }
 
 /// One tick; answers what it moved, e.g. `{"moved": 3, "requeued": 0}`.
@@ -53,7 +42,7 @@ mod tests {
     async fn given_a_retry_beyond_the_queue_delay_then_a_tick_after_it_is_near_moves_it_to_the_queue(
     ) {
         // The queue holds 60 s at most, so a 300 s retry waits in the scheduler table.
-        let h = Harness::with_config(ScriptedSender::always(500), Config::default(), 60);
+        let h = Harness::with_config(ScriptedSender::always(500), hookwise_core::services::Config::default(), 60);
         let (tenant, _) = h.tenant("owner@example.com").await;
         let sub = NewSubscription {
             url: EndpointUrl::parse("https://hooks.example.com/in").unwrap(),

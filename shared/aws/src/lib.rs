@@ -19,6 +19,7 @@ mod item;
 pub mod mailer;
 pub mod queue;
 pub mod scheduler;
+pub mod services;
 pub mod store;
 
 use std::sync::Arc;
@@ -31,6 +32,7 @@ pub use counter::{RequestCounter, RequestCounts};
 pub use mailer::SesMailer;
 pub use queue::{decode_task, encode_task, SqsQueue};
 pub use scheduler::DynamoScheduler;
+pub use services::services_from_env;
 pub use store::DynamoStore;
 
 /// The four AWS adapters, built once and shared.

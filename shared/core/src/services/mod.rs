@@ -14,6 +14,8 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 
+use crate::policy::RetryPolicy;
+
 use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store};
 
 pub use dead_letter::DeadLetterReport;
@@ -46,6 +48,8 @@ pub struct Config {
     pub digest_threshold: usize,
     /// Where the API is reached, for the replay instructions in emails.
     pub public_api_url: String,
+    /// The policy of a subscription created without one.
+    pub default_retry_policy: RetryPolicy,
 }
 
 impl Default for Config {
@@ -56,6 +60,7 @@ impl Default for Config {
             deliver_concurrency: 32,
             digest_threshold: 3,
             public_api_url: "http://127.0.0.1:8080".into(),
+            default_retry_policy: RetryPolicy::standard(),
         }
     }
 }

@@ -112,7 +112,7 @@ impl Services {
             secret,
             previous_secret: None,
             previous_secret_expires_at: None,
-            retry_policy: new.retry_policy.unwrap_or_default(),
+            retry_policy: new.retry_policy.unwrap_or_else(|| self.config.default_retry_policy.clone()),
             timeout_ms,
             status: SubscriptionStatus::Active,
             disabled_reason: None,

@@ -158,7 +158,7 @@ async fn default_tenant(services: &Services, data_dir: &Path, given: Option<&str
     Ok(key)
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -240,7 +240,7 @@ async fn dead_letter_worker(services: Arc<Services>, backend: LocalBackend, visi
     }
 }
 
-async fn scheduler(services: Arc<Services>, tick: Duration, mut stop: watch::Receiver<bool>) {
+pub(crate) async fn scheduler(services: Arc<Services>, tick: Duration, mut stop: watch::Receiver<bool>) {
     let mut interval = tokio::time::interval(tick);
     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -268,7 +268,7 @@ async fn idle(backend: &LocalBackend, queue: QueueName, stop: &mut watch::Receiv
 }
 
 /// Resolves once shutdown is asked for.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
+pub(crate) async fn stopped(stop: &mut watch::Receiver<bool>) {
     while !*stop.borrow_and_update() {
         if stop.changed().await.is_err() {
             return;

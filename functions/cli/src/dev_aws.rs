@@ -22,6 +22,9 @@ use ipnet::IpNet;
 use rand::SeedableRng;
 use tokio::sync::watch;
 
+// The runner's skeleton is shared with the SQLite mode.
+use crate::dev::{scheduler, shutdown_signal, stopped};
+
 /// The flags `hookwise dev` takes for AWS APIs (flattened into its own arguments).
 #[derive(clap::Args, Debug, Clone)]
 pub struct AwsFlags {
@@ -196,7 +199,7 @@ pub async fn run(args: Common, aws: AwsFlags) -> anyhow::Result<ExitCode> {
         .with_graceful_shutdown(async move { stopped(&mut api_stop).await });
     let api = tokio::spawn(async move { api.await });
 
-    let _ = tokio::signal::ctrl_c().await;
+    shutdown_signal().await;
     eprintln!("shutting down: finishing the batches in hand");
     let _ = stop_tx.send(true);
     api.await??;
@@ -280,28 +283,6 @@ async fn poll_queue(
             {
                 tracing::warn!(error = %e, "delete failed; the message will be redelivered (and found stale)");
             }
-        }
-    }
-}
-
-async fn scheduler(services: Arc<Services>, tick: Duration, mut stop: watch::Receiver<bool>) {
-    let mut interval = tokio::time::interval(tick);
-    interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = interval.tick() => {}
-            _ = stopped(&mut stop) => return,
-        }
-        if let Err(err) = services.run_scheduler().await {
-            tracing::warn!(error = %err, "scheduler tick failed; trying again next tick");
-        }
-    }
-}
-
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    while !*stop.borrow_and_update() {
-        if stop.changed().await.is_err() {
-            return;
         }
     }
 }

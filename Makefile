@@ -3,7 +3,7 @@
 
 # Run Hookwise locally: API, worker, scheduler and dead-letter handler on an embedded store.
 dev:
-	cargo run --release -p hookwise-cli -- dev
+	cargo run -p hookwise-cli -- dev $(ARGS)
 
 # The whole test suite, installing and starting whatever it needs (CI runs this).
 test:

@@ -12,3 +12,8 @@ test:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+
+# Benchmarks (not tests): figures and ratios measured side by side in one run.
+bench:
+	scripts/bench-storm.sh
+	scripts/bench-delivery.sh

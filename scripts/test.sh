@@ -15,6 +15,10 @@ cargo build --workspace --all-targets --locked
 
 # Wherever cargo puts it (CARGO_TARGET_DIR may point elsewhere).
 HOOKWISE="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/hookwise"
+# The end-to-end tests run these binaries rather than building `-p hookwise-cli` on their own
+# (a build of one package resolves features differently and would compile the AWS SDK again).
+export HOOKWISE_BIN="$HOOKWISE"
+export HOOKWISE_LAMBDA_BIN_DIR="$(dirname "$HOOKWISE")"
 
 step "Template lint: cfn-lint and sam validate --lint"
 scripts/lint-template.sh
@@ -23,7 +27,7 @@ step "Rust tests, with moto and DynamoDB Local running for the AWS adapters"
 scripts/aws-test-services.sh run -- cargo test --workspace --locked
 
 step "Dashboard in headless Chromium, and the API against its OpenAPI document (schemathesis)"
-HOOKWISE_BIN="$HOOKWISE" scripts/ui-tests.sh
+scripts/ui-tests.sh
 
 step "Retry-storm gate on the deployed policy"
 "$HOOKWISE" storm --config infra/storm/standard.yaml

@@ -182,22 +182,7 @@ impl Fixture {
 
     /// A fresh pending delivery of `event` to `sub`, due at once.
     fn delivery(&mut self, event: &Event, sub: &SubscriptionId) -> Delivery {
-        Delivery {
-            id: DeliveryId::generate(event.created_at, &mut self.rng),
-            tenant_id: event.tenant_id.clone(),
-            event_id: event.id.clone(),
-            subscription_id: sub.clone(),
-            event_type: event.event_type.clone(),
-            status: DeliveryStatus::Pending,
-            round: 0,
-            attempts: 0,
-            next_attempt_at: Some(event.created_at),
-            last_delay_seconds: None,
-            last_status_code: None,
-            last_error: None,
-            created_at: event.created_at,
-            updated_at: event.created_at,
-        }
+        Delivery::new(DeliveryId::generate(event.created_at, &mut self.rng), event, sub.clone())
     }
 
     /// An event written with one delivery per subscription id.

@@ -339,6 +339,10 @@ async fn given_first_attempt_successes_then_the_aws_requests_per_delivered_event
     for (op, count) in &total.requests {
         println!("    {op:<40} {:.2}", *count as f64 / n);
     }
+    println!("  capacity units per event, by store call:");
+    for (call, units) in &total.units_by_call {
+        println!("    {call:<40} {:.2}", units / n);
+    }
     // Lambda: one ingest invocation of ~30 ms and one deliver invocation of ~300 ms per
     // event at 256 MB (the unbatched worst case), plus the HTTP API request.
     let lambda = 2.0 * LAMBDA_REQUEST_PER_M + 1e6 * (0.25 * 0.03 + 0.25 * 0.3) * LAMBDA_GB_SECOND;

@@ -21,6 +21,8 @@ pub struct RequestCounts {
     /// DynamoDB read and write capacity units consumed (what on-demand bills as request units).
     pub read_units: f64,
     pub write_units: f64,
+    /// Capacity units by store call, e.g. `"write: apply change"`: where the units go.
+    pub units_by_call: BTreeMap<String, f64>,
 }
 
 impl RequestCounts {
@@ -67,7 +69,7 @@ impl RequestCounter {
         *self.lock().requests.entry(format!("{service}.{operation}")).or_default() += 1;
     }
 
-    pub(crate) fn record_capacity<'a>(&self, write: bool, consumed: impl IntoIterator<Item = &'a ConsumedCapacity>) {
+    pub(crate) fn record_capacity<'a>(&self, what: &str, write: bool, consumed: impl IntoIterator<Item = &'a ConsumedCapacity>) {
         let units: f64 = consumed.into_iter().filter_map(ConsumedCapacity::capacity_units).sum();
         let mut c = self.lock();
         if write {
@@ -75,6 +77,7 @@ impl RequestCounter {
         } else {
             c.read_units += units;
         }
+        *c.units_by_call.entry(format!("{}: {what}", if write { "write" } else { "read" })).or_default() += units;
     }
 }
 
@@ -107,12 +110,13 @@ mod tests {
         c.record_request("DynamoDB", "GetItem");
         c.record_request("DynamoDB", "GetItem");
         c.record_request("SQS", "SendMessageBatch");
-        c.record_capacity(true, &[ConsumedCapacity::builder().capacity_units(2.0).build()]);
+        c.record_capacity("put", true, &[ConsumedCapacity::builder().capacity_units(2.0).build()]);
         let s = c.snapshot();
         assert_eq!(s.service_total("dynamodb"), 2);
         assert_eq!(s.service_total("sqs"), 1);
         assert_eq!(s.total(), 3);
         assert_eq!(s.write_units, 2.0);
+        assert_eq!(s.units_by_call["write: put"], 2.0);
         c.reset();
         assert_eq!(c.snapshot(), RequestCounts::default());
     }

@@ -3,8 +3,10 @@
 
 use std::collections::HashMap;
 
+use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
 use chrono::{DateTime, Utc};
+use hookwise_core::health::{EndpointHealth, HealthSample};
 use hookwise_core::PortError;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -100,6 +102,40 @@ pub(crate) fn get_n<T: std::str::FromStr>(item: &Item, name: &str) -> Result<T, 
     }
 }
 
+/// Endpoint health as one binary attribute, 13 bytes a sample (seconds as `i64`, nanoseconds
+/// as `u32`, both big-endian, then 1 for success or 0): a full window of 50 samples stays
+/// under the 1 KB of one write unit (as a list of maps it took three), and it is rewritten
+/// after every attempt.
+pub(crate) fn health_to_attr(health: &EndpointHealth) -> AttributeValue {
+    let mut bytes = Vec::with_capacity(health.samples.len() * HEALTH_SAMPLE_BYTES);
+    for h in &health.samples {
+        bytes.extend_from_slice(&h.at.timestamp().to_be_bytes());
+        bytes.extend_from_slice(&h.at.timestamp_subsec_nanos().to_be_bytes());
+        bytes.push(u8::from(h.success));
+    }
+    AttributeValue::B(Blob::new(bytes))
+}
+
+const HEALTH_SAMPLE_BYTES: usize = 13;
+
+pub(crate) fn health_from_attr(item: &Item, name: &str) -> Result<EndpointHealth, PortError> {
+    let Some(AttributeValue::B(blob)) = item.get(name) else { return Err(corrupt(name, "missing or not binary")) };
+    let bytes = blob.as_ref();
+    if bytes.len() % HEALTH_SAMPLE_BYTES != 0 {
+        return Err(corrupt(name, format!("{} bytes is not a whole number of samples", bytes.len())));
+    }
+    let sample = |c: &[u8]| -> Option<HealthSample> {
+        let secs = i64::from_be_bytes(c[0..8].try_into().ok()?);
+        let nanos = u32::from_be_bytes(c[8..12].try_into().ok()?);
+        Some(HealthSample { at: DateTime::from_timestamp(secs, nanos)?, success: c[12] != 0 })
+    };
+    let samples = bytes
+        .chunks_exact(HEALTH_SAMPLE_BYTES)
+        .map(|c| sample(c).ok_or_else(|| corrupt(name, "a sample's time is out of range")))
+        .collect::<Result<_, _>>()?;
+    Ok(EndpointHealth { samples })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +165,25 @@ mod tests {
         let mut item = to_item(&Sample { a: 1, b: Some("y".into()), c: 60.0, d: vec![], e: 0 });
         item.insert("c".into(), AttributeValue::N("60".into()));
         assert_eq!(from_item::<Sample>(&item).unwrap().c, 60.0);
+    }
+
+    #[test]
+    fn a_full_health_window_round_trips_in_under_one_write_unit() {
+        let start: DateTime<Utc> = "2030-06-01T12:00:00.123456789Z".parse().unwrap();
+        let mut health = EndpointHealth::default();
+        for i in 0..hookwise_core::health::HEALTH_WINDOW {
+            health.record(HealthSample { at: start + chrono::Duration::seconds(i as i64 * 37), success: i % 3 != 0 });
+        }
+        let item = Item::from([("samples".to_owned(), health_to_attr(&health))]);
+        let AttributeValue::B(bytes) = &item["samples"] else { panic!("binary") };
+        assert!(bytes.as_ref().len() < 1000, "{} bytes", bytes.as_ref().len());
+        assert_eq!(health_from_attr(&item, "samples").unwrap(), health);
+
+        let empty = Item::from([("samples".to_owned(), health_to_attr(&EndpointHealth::default()))]);
+        assert_eq!(health_from_attr(&empty, "samples").unwrap(), EndpointHealth::default());
+        let torn = Item::from([("samples".to_owned(), AttributeValue::B(Blob::new(vec![0; 12])))]);
+        assert!(health_from_attr(&torn, "samples").is_err());
+        assert!(health_from_attr(&Item::new(), "samples").is_err());
     }
 
     #[test]

@@ -21,9 +21,14 @@
 //! | index              | partition key                       | sort key                  |
 //! |--------------------|-------------------------------------|---------------------------|
 //! | `by-tenant`        | `gsi_tenant` = tenant               | `gsi_created` = `{created_at}#{id}` |
-//! | `by-tenant-status` | `gsi_tenant_status` = `{tenant}#{status}` | `gsi_created`       |
+//! | `by-tenant-status` | `gsi_tenant_status` = `{tenant}#{status}` | `gsi_created`, only while retrying or dead |
 //! | `by-subscription`  | `gsi_subscription` = `{tenant}#{sub}` | `gsi_created`           |
 //! | `overdue`          | `gsi_due_shard` = `DUE#{0..7}`      | `gsi_due` = `{next_attempt_at}#{id}`, only while pending or retrying |
+//!
+//! Two indexes are sparse so that an event delivered on its first attempt writes as few
+//! index entries as it can (each costs a write unit, twice inside a transaction):
+//! `by-tenant-status` holds only the statuses worth finding among many delivered ones
+//! (retrying, dead); pending and delivered are listed from `by-tenant`, checked item by item.
 //!
 //! `expires_at` (epoch seconds) is the TTL of events, markers, deliveries, attempts and
 //! notices: their last change plus the configured retention.
@@ -50,7 +55,7 @@ use sha2::{Digest, Sha256};
 use crate::config::AwsConfig;
 use crate::counter::RequestCounter;
 use crate::error::{classify, classify_transaction, TxFailure};
-use crate::item::{corrupt, from_item, from_json, get_s, n, s, sortable_time, to_item, to_json, Item};
+use crate::item::{corrupt, from_item, from_json, get_s, health_from_attr, health_to_attr, n, s, sortable_time, to_item, to_json, Item};
 
 pub const PK: &str = "pk";
 pub const SK: &str = "sk";
@@ -68,6 +73,15 @@ const GSI_SUBSCRIPTION: &str = "gsi_subscription";
 const GSI_CREATED: &str = "gsi_created";
 const GSI_DUE_SHARD: &str = "gsi_due_shard";
 const GSI_DUE: &str = "gsi_due";
+
+/// Index pages one listing call reads at most when it checks statuses item by item; past
+/// that it returns a short page and a cursor, so a rare status among many costs bounded work.
+const MAX_SCANNED_PAGES: usize = 10;
+
+/// The statuses the sparse `by-tenant-status` index holds.
+fn in_status_index(status: DeliveryStatus) -> bool {
+    matches!(status, DeliveryStatus::Retrying | DeliveryStatus::Dead)
+}
 
 /// DynamoDB's limits: items per transaction and keys per `BatchGetItem`.
 const MAX_TRANSACTION_ITEMS: usize = 100;
@@ -161,9 +175,9 @@ impl DynamoStore {
         self.counter.as_ref().map(|_| ReturnConsumedCapacity::Total)
     }
 
-    fn charge<'a>(&self, write: bool, consumed: impl IntoIterator<Item = &'a aws_sdk_dynamodb::types::ConsumedCapacity>) {
+    fn charge<'a>(&self, what: &str, write: bool, consumed: impl IntoIterator<Item = &'a aws_sdk_dynamodb::types::ConsumedCapacity>) {
         if let Some(c) = &self.counter {
-            c.record_capacity(write, consumed);
+            c.record_capacity(what, write, consumed);
         }
     }
 
@@ -177,7 +191,9 @@ impl DynamoStore {
         let mut item = with_key(to_item(d), &delivery_key(&d.id), "delivery");
         let created = format!("{}#{}", sortable_time(d.created_at), d.id);
         item.insert(GSI_TENANT.into(), s(d.tenant_id.as_str()));
-        item.insert(GSI_TENANT_STATUS.into(), s(format!("{}#{}", d.tenant_id, d.status.as_str())));
+        if in_status_index(d.status) {
+            item.insert(GSI_TENANT_STATUS.into(), s(format!("{}#{}", d.tenant_id, d.status.as_str())));
+        }
         item.insert(GSI_SUBSCRIPTION.into(), s(format!("{}#{}", d.tenant_id, d.subscription_id)));
         item.insert(GSI_CREATED.into(), s(created));
         if let (DeliveryStatus::Pending | DeliveryStatus::Retrying, Some(due)) = (d.status, d.next_attempt_at) {
@@ -235,7 +251,7 @@ impl DynamoStore {
             .send()
             .await
             .map_err(|e| classify(what, e))?;
-        self.charge(false, out.consumed_capacity());
+        self.charge(what, false, out.consumed_capacity());
         Ok(out.item)
     }
 
@@ -249,7 +265,7 @@ impl DynamoStore {
             .send()
             .await
             .map_err(|e| classify(what, e))?;
-        self.charge(true, out.consumed_capacity());
+        self.charge(what, true, out.consumed_capacity());
         Ok(())
     }
 
@@ -263,7 +279,7 @@ impl DynamoStore {
             .send()
             .await
             .map_err(|e| classify_transaction(what, e))?;
-        self.charge(true, out.consumed_capacity());
+        self.charge(what, true, out.consumed_capacity());
         Ok(())
     }
 
@@ -283,7 +299,7 @@ impl DynamoStore {
                 .send()
                 .await
                 .map_err(|e| classify(what, e))?;
-            self.charge(false, out.consumed_capacity());
+            self.charge(what, false, out.consumed_capacity());
             items.extend(out.items.unwrap_or_default());
             match out.last_evaluated_key {
                 Some(k) if !k.is_empty() => start = Some(k),
@@ -326,7 +342,7 @@ impl DynamoStore {
                 .send()
                 .await
                 .map_err(|e| classify(what, e))?;
-            self.charge(false, out.consumed_capacity());
+            self.charge(what, false, out.consumed_capacity());
             if let Some(mut responses) = out.responses {
                 items.extend(responses.remove(&self.table).unwrap_or_default());
             }
@@ -362,7 +378,9 @@ impl DynamoStore {
         let checked = status.is_some();
         let mut cursor = query.cursor.clone();
         let mut found: Vec<(String, Delivery)> = Vec::new();
+        let mut scanned_pages = 0;
         loop {
+            scanned_pages += 1;
             let want = if checked { MAX_PAGE } else { limit + 1 - found.len() };
             let mut q = self
                 .client
@@ -382,7 +400,7 @@ impl DynamoStore {
                 None => q.key_condition_expression("#k = :k"),
             };
             let out = q.send().await.map_err(|e| classify("list deliveries", e))?;
-            self.charge(false, out.consumed_capacity());
+            self.charge("list deliveries", false, out.consumed_capacity());
             let keys: Vec<(String, Key)> = out
                 .items()
                 .iter()
@@ -399,6 +417,10 @@ impl DynamoStore {
             }
             let next = out.last_evaluated_key.as_ref().and_then(|k| k.get(GSI_CREATED)).and_then(|v| v.as_s().ok()).cloned();
             match next {
+                Some(c) if found.len() <= limit && scanned_pages >= MAX_SCANNED_PAGES => {
+                    // Enough read for one call: a short page, and the client goes on from here.
+                    return Ok(DeliveryPage { items: found.into_iter().map(|(_, d)| d).collect(), next_cursor: Some(c) });
+                }
                 Some(c) if found.len() <= limit => cursor = Some(c),
                 _ => break,
             }
@@ -424,7 +446,7 @@ impl DynamoStore {
             .send()
             .await
             .map_err(|e| classify("overdue deliveries", e))?;
-        self.charge(false, out.consumed_capacity());
+        self.charge("overdue deliveries", false, out.consumed_capacity());
         out.items()
             .iter()
             .map(|it| Ok((get_s(it, GSI_DUE)?.to_owned(), (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()))))
@@ -518,7 +540,7 @@ impl Store for DynamoStore {
             .send()
             .await
             .map_err(|e| classify("delete subscription", e))?;
-        self.charge(true, out.consumed_capacity());
+        self.charge("delete subscription", true, out.consumed_capacity());
         Ok(out.attributes.is_some_and(|a| !a.is_empty()))
     }
 
@@ -605,6 +627,9 @@ impl Store for DynamoStore {
                 let key = format!("{tenant}#{sub}");
                 self.list_from_index(tenant, INDEX_BY_SUBSCRIPTION, GSI_SUBSCRIPTION, key, status, query).await
             }
+            (None, Some(status)) if !in_status_index(status) => {
+                self.list_from_index(tenant, INDEX_BY_TENANT, GSI_TENANT, tenant.to_string(), Some(status), query).await
+            }
             (None, Some(status)) => {
                 let key = format!("{tenant}#{}", status.as_str());
                 let page = self.list_from_index(tenant, INDEX_BY_TENANT_STATUS, GSI_TENANT_STATUS, key, None, query).await?;
@@ -646,7 +671,7 @@ impl Store for DynamoStore {
                 .await;
             return match result {
                 Ok(out) => {
-                    self.charge(true, out.consumed_capacity());
+                    self.charge("apply change", true, out.consumed_capacity());
                     Ok(())
                 }
                 Err(err) => {
@@ -723,11 +748,18 @@ impl Store for DynamoStore {
     }
 
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {
-        Ok(self.get(&health_key(sub), "endpoint health").await?.as_ref().map(from_item).transpose()?.unwrap_or_default())
+        let Some(item) = self.get(&health_key(sub), "endpoint health").await? else { return Ok(EndpointHealth::default()) };
+        // Health is advisory: an item that does not decode (an older format) starts afresh
+        // rather than holding up deliveries.
+        Ok(health_from_attr(&item, "samples").unwrap_or_else(|err| {
+            tracing::warn!(error = %err, subscription = %sub, "endpoint health does not decode; starting afresh");
+            EndpointHealth::default()
+        }))
     }
 
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
-        self.put_item(with_key(to_item(health), &health_key(sub), "endpoint_health"), "save endpoint health").await
+        let item = HashMap::from([("samples".to_owned(), health_to_attr(health))]);
+        self.put_item(with_key(item, &health_key(sub), "endpoint_health"), "save endpoint health").await
     }
 
     async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
@@ -747,7 +779,7 @@ impl Store for DynamoStore {
             .await;
         match result {
             Ok(out) => {
-                self.charge(true, out.consumed_capacity());
+                self.charge("claim dead notice", true, out.consumed_capacity());
                 Ok(true)
             }
             Err(err) => match err.as_service_error() {

@@ -163,6 +163,24 @@ async fn given_a_retry_beyond_the_queue_delay_limit_then_it_waits_in_the_schedul
 }
 
 #[tokio::test]
+async fn given_a_queue_delay_limit_below_the_horizon_then_a_retry_is_moved_no_earlier_than_the_queue_can_hold_it() {
+    // A lowered limit (tests, `--max-queue-delay`): a 10-minute retry on a 2-minute queue.
+    let h = Harness::with_config(ScriptedSender::new(|_, n| status_outcome(if n < 1 { 500 } else { 200 })), Config::default(), 120);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![600]))).await.unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    assert_eq!(h.scheduler.items.lock().unwrap().len(), 1, "ten minutes is past the queue's two");
+
+    h.clock.advance(Duration::minutes(7));
+    assert_eq!(h.services.run_scheduler().await.unwrap().moved, 0, "three minutes to go is more than the queue holds");
+    h.clock.advance(Duration::minutes(1) + Duration::seconds(30));
+    assert_eq!(h.services.run_scheduler().await.unwrap().moved, 1);
+    let (task, delay) = h.queue.log.lock().unwrap().last().cloned().unwrap();
+    assert_eq!((task.attempt, delay), (2, 90), "queued with the whole residual delay, so it comes on time");
+}
+
+#[tokio::test]
 async fn given_a_duplicated_message_then_no_second_attempt_is_made_or_recorded() {
     let h = Harness::new(ScriptedSender::always(500));
     let (tenant, _) = h.tenant("owner@example.com").await;

@@ -30,8 +30,12 @@ impl Services {
     }
 
     async fn move_due_retries(&self) -> Result<usize> {
-        let horizon = Duration::from_std(self.config.scheduler_horizon).unwrap_or(Duration::minutes(15));
         let max_delay = self.ports.queue.max_delay_seconds();
+        // Move only what the queue can hold until it is due: a longer residual delay would be
+        // cut to the queue's limit and the retry would come early.
+        let horizon = Duration::from_std(self.config.scheduler_horizon)
+            .unwrap_or(Duration::minutes(15))
+            .min(Duration::seconds(i64::from(max_delay)));
         let mut moved = 0;
         loop {
             let now = self.now();

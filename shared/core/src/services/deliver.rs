@@ -62,16 +62,20 @@ impl Services {
         if !is_due_attempt(&delivery, task) {
             return self.finish_stale(&delivery, task).await;
         }
-        let subscription = store.get_subscription(&delivery.tenant_id, &delivery.subscription_id).await?;
-        let event = store.get_event(&delivery.tenant_id, &delivery.event_id).await?;
+        // Independent reads, made at once (on DynamoDB, four round trips become one's wait).
+        let (subscription, event, tenant, mut health) = futures::try_join!(
+            store.get_subscription(&delivery.tenant_id, &delivery.subscription_id),
+            store.get_event(&delivery.tenant_id, &delivery.event_id),
+            store.get_tenant(&delivery.tenant_id),
+            store.endpoint_health(&delivery.subscription_id),
+        )?;
         let (sub, event) = match (subscription, event) {
             (Some(s), Some(e)) if s.status == SubscriptionStatus::Active => (s, e),
             (Some(_), Some(_)) => return self.abandon(&delivery, task, "the subscription is disabled").await,
             (None, _) => return self.abandon(&delivery, task, "the subscription was deleted").await,
             (_, None) => return self.abandon(&delivery, task, "the event no longer exists").await,
         };
-        let retries_enabled = store.get_tenant(&delivery.tenant_id).await?.is_none_or(|t| t.retries_enabled);
-        let mut health = store.endpoint_health(&sub.id).await?;
+        let retries_enabled = tenant.is_none_or(|t| t.retries_enabled);
 
         let started_at = self.now();
         let outcome = self.ports.sender.send(webhook_request(&sub, &event, started_at)).await;

@@ -27,8 +27,8 @@ pub struct DevArgs {
     /// Address for the API (port 0 picks a free one).
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Where the SQLite file and the email outbox live.
-    #[arg(long, default_value = ".hookwise")]
+    /// Where the SQLite file and the email outbox live (not with --aws).
+    #[arg(long, default_value = ".hookwise", conflicts_with = "aws")]
     data_dir: PathBuf,
     /// The default tenant's API key; else one is generated once and kept in the data dir.
     #[arg(long, env = "HOOKWISE_API_KEY")]
@@ -46,7 +46,8 @@ pub struct DevArgs {
     #[arg(long, default_value_t = 1)]
     scheduler_interval: u64,
     /// Seconds a received message stays hidden before it is redelivered (if its handler died).
-    #[arg(long, default_value_t = 120)]
+    /// With --aws the queue's own visibility timeout applies (template.yaml's).
+    #[arg(long, default_value_t = 120, conflicts_with = "aws")]
     visibility_timeout: u64,
     /// The queue's longest delay; later retries wait in the scheduler table (SQS: 900).
     #[arg(long, default_value_t = 900, hide = true)]
@@ -100,6 +101,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     let services = Arc::new(Services::new(ports, config, rand::rngs::StdRng::from_os_rng()));
     let api_key = default_tenant(&services, &args.data_dir, args.api_key.as_deref(), owner).await?;
 
+    let shutdown = shutdown_signal()?;
     println!("Hookwise dev: listening on http://{addr}");
     println!("data dir:     {}", args.data_dir.display());
     println!("API key:      {api_key}");
@@ -124,7 +126,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     });
     let api = tokio::spawn(async move { api.await });
 
-    shutdown_signal().await;
+    shutdown.await;
     eprintln!("shutting down: finishing the batches in hand");
     let _ = stop_tx.send(true);
     api.await??;
@@ -158,18 +160,26 @@ async fn default_tenant(services: &Services, data_dir: &Path, given: Option<&str
     Ok(key)
 }
 
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Ctrl-C or SIGTERM. The handlers are installed when this is called, not when the future
+/// is first awaited: call it before announcing readiness, or a SIGTERM sent right after the
+/// announcement would kill the process instead of stopping it cleanly.
+pub(crate) fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("a SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt()).context("install the Ctrl-C handler")?;
+        let mut term = signal(SignalKind::terminate()).context("install the SIGTERM handler")?;
+        Ok(async move {
+            tokio::select! {
+                _ = int.recv() => {}
+                _ = term.recv() => {}
+            }
+        })
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 const BATCH: usize = 32;

@@ -89,7 +89,7 @@ pub async fn run(args: Common, aws: AwsFlags) -> anyhow::Result<ExitCode> {
         let resources = TemplateResources::parse(&yaml)?;
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
-            .as_secs();
+            .as_millis();
         let made = provision(&clients, &resources, &format!("{}-{stamp}", aws.aws_prefix))
             .await
             .map_err(|e| anyhow::anyhow!("provision from {}: {e}", aws.template.display()))?;
@@ -158,6 +158,7 @@ pub async fn run(args: Common, aws: AwsFlags) -> anyhow::Result<ExitCode> {
         Err(e) => return Err(e).context("look up the dev tenant"),
     }
 
+    let shutdown = shutdown_signal()?;
     println!("Hookwise dev (AWS APIs): listening on http://{addr}");
     println!(
         "tables:       {} / {}",
@@ -199,13 +200,14 @@ pub async fn run(args: Common, aws: AwsFlags) -> anyhow::Result<ExitCode> {
         .with_graceful_shutdown(async move { stopped(&mut api_stop).await });
     let api = tokio::spawn(async move { api.await });
 
-    shutdown_signal().await;
+    shutdown.await;
     eprintln!("shutting down: finishing the batches in hand");
     let _ = stop_tx.send(true);
     api.await??;
     for role in roles {
         role.await?;
     }
+    eprintln!("stopped");
     Ok(ExitCode::SUCCESS)
 }
 

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use hookwise_core::policy::{Jitter, RetryPolicy};
+use hookwise_core::policy::{Jitter, PolicySpec, RetryPolicy};
 use hookwise_core::storm::{
     comparison_jitters, simulate_with_progress, Capacity, CapacityStep, HealthModel, ShardSeeds, StormConfig, StormReport,
 };
@@ -86,7 +86,8 @@ struct ConfigFile {
 struct PolicySection {
     backoff_base_seconds: Option<u64>,
     max_tier: Option<u32>,
-    policy: Option<PolicyField>,
+    /// A name or a custom schedule, as the API takes it.
+    policy: Option<PolicySpec>,
     jitter: Option<String>,
     adaptive_health: Option<HealthField>,
     consumer_capacity_rps: Option<u64>,
@@ -95,21 +96,6 @@ struct PolicySection {
     first_attempt_rps: Option<u64>,
     #[serde(default)]
     simulation: SimulationSection,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PolicyField {
-    Named(String),
-    Custom(CustomPolicy),
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct CustomPolicy {
-    schedule_seconds: Vec<u64>,
-    #[serde(default)]
-    adaptive: bool,
 }
 
 #[derive(Deserialize)]
@@ -179,11 +165,11 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
                 return Err(bad(&format!("{P}.policy"), "give either a policy or backoff_base_seconds and max_tier, not both"))
             }
-            (Some(PolicyField::Named(name)), None, None) => {
+            (Some(PolicySpec::Named(name)), None, None) => {
                 (RetryPolicy::named(&name).map_err(|e| bad(&format!("{P}.policy"), e.message))?, name)
             }
-            (Some(PolicyField::Custom(c)), None, None) => {
-                let p = RetryPolicy::custom(c.schedule_seconds, Jitter::None, c.adaptive)
+            (Some(PolicySpec::Custom { schedule_seconds, jitter, adaptive }), None, None) => {
+                let p = RetryPolicy::custom(schedule_seconds, jitter, adaptive)
                     .map_err(|e| bad(&format!("{P}.policy.schedule_seconds"), e.message))?;
                 (p, "custom".into())
             }

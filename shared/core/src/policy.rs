@@ -301,21 +301,56 @@ impl RetryPolicy {
 
 /// The form a policy takes in the API, in config files and in storage: a name, or a custom
 /// schedule.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum PolicySpec {
     Named(String),
     Custom {
         schedule_seconds: Vec<u64>,
-        #[serde(default = "default_custom_jitter")]
         jitter: Jitter,
-        #[serde(default)]
         adaptive: bool,
     },
 }
 
+/// The custom form's fields, strictly: a misspelt field is an error that names it.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CustomSpec {
+    schedule_seconds: Vec<u64>,
+    #[serde(default = "default_custom_jitter")]
+    jitter: Jitter,
+    #[serde(default)]
+    adaptive: bool,
+}
+
 fn default_custom_jitter() -> Jitter {
     Jitter::None
+}
+
+/// By the value's shape (a string or a map) rather than serde's untagged trial and error,
+/// whose only error is "did not match any variant": a bad custom policy says which field is
+/// wrong and why, in the API, in config files and on the command line alike.
+impl<'de> Deserialize<'de> for PolicySpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct SpecVisitor;
+        impl<'de> serde::de::Visitor<'de> for SpecVisitor {
+            type Value = PolicySpec;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(
+                    "a policy name (\"standard\", \"ledger\", \"exponential\") or a custom policy \
+                     {\"schedule_seconds\": [...], \"jitter\": ..., \"adaptive\": ...}",
+                )
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<PolicySpec, E> {
+                Ok(PolicySpec::Named(name.to_owned()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<PolicySpec, A::Error> {
+                let c = CustomSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
+                Ok(PolicySpec::Custom { schedule_seconds: c.schedule_seconds, jitter: c.jitter, adaptive: c.adaptive })
+            }
+        }
+        d.deserialize_any(SpecVisitor)
+    }
 }
 
 impl TryFrom<PolicySpec> for RetryPolicy {

@@ -135,3 +135,22 @@ fn policies_parse_from_their_api_form_and_refuse_bad_ones() {
     assert_eq!(Jitter::parse("proportional:0.1").unwrap(), Jitter::Proportional(0.1));
     assert!(Jitter::parse("sideways").is_err());
 }
+
+#[test]
+fn a_policy_spec_is_a_name_or_a_custom_schedule_and_a_bad_one_says_what_is_wrong() {
+    let parse = |v: serde_json::Value| serde_json::from_value::<PolicySpec>(v).map_err(|e| e.to_string());
+    assert_eq!(parse(serde_json::json!("ledger")), Ok(PolicySpec::Named("ledger".into())));
+    assert_eq!(
+        parse(serde_json::json!({"schedule_seconds": [1, 5]})),
+        Ok(PolicySpec::Custom { schedule_seconds: vec![1, 5], jitter: Jitter::None, adaptive: false })
+    );
+    let misspelt = parse(serde_json::json!({"schedule": [1, 5]})).unwrap_err();
+    assert!(misspelt.contains("unknown field `schedule`"), "{misspelt}");
+    let jitter = parse(serde_json::json!({"schedule_seconds": [1], "jitter": "wobbly"})).unwrap_err();
+    assert!(jitter.contains("wobbly"), "{jitter}");
+    let number = parse(serde_json::json!(5)).unwrap_err();
+    assert!(number.contains("a policy name") && number.contains("schedule_seconds"), "{number}");
+    // What is stored reads back as it was written.
+    let custom = PolicySpec::Custom { schedule_seconds: vec![60], jitter: Jitter::Proportional(0.1), adaptive: true };
+    assert_eq!(parse(serde_json::to_value(&custom).unwrap()), Ok(custom));
+}

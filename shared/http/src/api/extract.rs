@@ -9,7 +9,6 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use hookwise_core::model::Tenant;
 use serde::de::DeserializeOwned;
-use serde::Deserialize;
 
 use super::error::ApiError;
 use super::ApiState;
@@ -119,7 +118,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     for (_, field) in fields.iter_mut().filter(|(name, _)| *name != "payload") {
         whole_numbers_as_integers(field);
     }
-    serde_path_to_error::deserialize(&value).map_err(|e| misfit(&value, e))
+    serde_path_to_error::deserialize(&value).map_err(misfit)
 }
 
 /// JSON has one number type: `94.0` is the integer 94 to JSON Schema and to many clients
@@ -145,13 +144,16 @@ fn whole_numbers_as_integers(value: &mut serde_json::Value) {
 
 /// The error for a body that is JSON but not the expected shape, with a code that matches
 /// the core's validation codes where a field has one.
-fn misfit(
-    body: &serde_json::Value,
-    err: serde_path_to_error::Error<serde_json::Error>,
-) -> ApiError {
+fn misfit(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
     let path = err.path().to_string();
     let message = err.inner().to_string();
     let field = path.split(['.', '[']).next().unwrap_or_default();
+    if field == "retry_policy" {
+        if message.starts_with("unknown retry policy") {
+            return ApiError::unprocessable("unknown_retry_policy", message);
+        }
+        return ApiError::unprocessable("invalid_retry_policy", format!("`{path}`: {message}"));
+    }
     if message.starts_with("unknown field") {
         return ApiError::unprocessable("unknown_field", message);
     }
@@ -163,23 +165,11 @@ fn misfit(
         };
         return ApiError::unprocessable("missing_field", format!("{message}{at}"));
     }
-    if field == "retry_policy" {
-        if message.starts_with("unknown retry policy") {
-            return ApiError::unprocessable("unknown_retry_policy", message);
-        }
-        if message.contains("untagged enum") {
-            return ApiError::unprocessable(
-                "invalid_retry_policy",
-                explain_policy(&body["retry_policy"]),
-            );
-        }
-    }
     let code = match field {
         "url" => "invalid_url",
         "type" => "invalid_event_type",
         "event_types" => "invalid_event_type_filter",
         "owner_email" => "invalid_email",
-        "retry_policy" => "invalid_retry_policy",
         "timeout_ms" => "invalid_timeout",
         "description" => "invalid_description",
         "status" => "invalid_status",
@@ -188,34 +178,6 @@ fn misfit(
         _ => "invalid_body",
     };
     ApiError::unprocessable(code, format!("`{path}`: {message}"))
-}
-
-const POLICY_SHAPES: &str = "retry_policy must be \"standard\", \"ledger\", \"exponential\", or {\"schedule_seconds\": [60, 300, ...], \"jitter\": \"none\"|\"full\"|\"equal\"|\"decorrelated\"|{\"proportional\": p}, \"adaptive\": bool}";
-
-/// Why a `retry_policy` fits neither form: serde's untagged enums only say "no variant matched".
-fn explain_policy(value: &serde_json::Value) -> String {
-    #[derive(Deserialize)]
-    #[serde(deny_unknown_fields)]
-    #[allow(dead_code)] // Only parsed for its error message.
-    struct CustomPolicyShape {
-        schedule_seconds: Vec<u64>,
-        #[serde(default)]
-        jitter: Option<hookwise_core::policy::Jitter>,
-        #[serde(default)]
-        adaptive: Option<bool>,
-    }
-    if !value.is_object() {
-        return POLICY_SHAPES.to_owned();
-    }
-    match serde_path_to_error::deserialize::<_, CustomPolicyShape>(value) {
-        Err(e) if e.path().to_string() != "." => format!(
-            "`retry_policy.{}`: {}; {POLICY_SHAPES}",
-            e.path(),
-            e.inner()
-        ),
-        Err(e) => format!("{}; {POLICY_SHAPES}", e.inner()),
-        Ok(_) => POLICY_SHAPES.to_owned(),
-    }
 }
 
 /// A query string; a malformed one is 400.
@@ -263,7 +225,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    #[derive(Debug, Deserialize)]
+    #[derive(Debug, serde::Deserialize)]
     struct Body {
         timeout_ms: u32,
         delays: Vec<u64>,

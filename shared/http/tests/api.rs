@@ -317,6 +317,33 @@ async fn given_a_patch_then_only_the_fields_sent_change() {
 }
 
 #[tokio::test]
+async fn given_null_in_a_patch_then_the_optional_fields_are_removed_and_the_others_kept() {
+    let app = app().await;
+    let created = app
+        .subscribe(
+            &app.a,
+            json!({"url": "https://example.com/h", "description": "billing", "owner_email": "team@example.com", "timeout_ms": 2500}),
+        )
+        .await;
+    let uri = format!("/v1/subscriptions/{}", id(&created));
+    let patched = app
+        .call(
+            "PATCH",
+            &uri,
+            &app.a,
+            Some(json!({"description": null, "owner_email": null, "timeout_ms": null})),
+        )
+        .await;
+    assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
+    let stored = app.call("GET", &uri, &app.a, None).await.body;
+    for field in ["description", "owner_email"] {
+        assert!(stored.get(field).is_none_or(|v| v.is_null()), "{field} removed: {stored}");
+    }
+    assert_eq!(stored["timeout_ms"], 2500, "null leaves a required field as it was");
+    assert_eq!(stored["url"], "https://example.com/h");
+}
+
+#[tokio::test]
 async fn given_a_delete_then_the_subscription_is_gone() {
     let app = app().await;
     let created = app

@@ -32,18 +32,29 @@ fn all_event_types() -> Vec<EventTypeFilter> {
     vec![EventTypeFilter::all()]
 }
 
-/// `PATCH /v1/subscriptions/{id}`: only the fields present change. `status: "active"`
-/// re-enables a subscription Hookwise disabled.
+/// `PATCH /v1/subscriptions/{id}`: only the fields present change; `null` removes the
+/// optional ones (`owner_email`, `description`) and leaves the others as they are.
+/// `status: "active"` re-enables a subscription Hookwise disabled.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SubscriptionPatch {
     pub url: Option<EndpointUrl>,
     pub event_types: Option<Vec<EventTypeFilter>>,
-    pub owner_email: Option<Email>,
+    /// Absent: unchanged; `null`: removed (emails go to the tenant's owner); else replaced.
+    #[serde(default, deserialize_with = "present")]
+    pub owner_email: Option<Option<Email>>,
     pub retry_policy: Option<RetryPolicy>,
     pub timeout_ms: Option<u32>,
-    pub description: Option<String>,
+    /// Absent: unchanged; `null`: removed; else replaced.
+    #[serde(default, deserialize_with = "present")]
+    pub description: Option<Option<String>>,
     pub status: Option<SubscriptionStatus>,
+}
+
+/// A field that is there, `null` or not: with `#[serde(default)]` an absent field stays
+/// `None`, so `Some(None)` is an explicit `null`.
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
 fn check_event_types(types: &[EventTypeFilter]) -> Result<(), ValidationError> {
@@ -143,7 +154,7 @@ impl Services {
             sub.event_types = types;
         }
         if let Some(email) = patch.owner_email {
-            sub.owner_email = Some(email);
+            sub.owner_email = email;
         }
         if let Some(policy) = patch.retry_policy {
             sub.retry_policy = policy;
@@ -152,8 +163,10 @@ impl Services {
             sub.timeout_ms = check_timeout(ms)?;
         }
         if let Some(d) = patch.description {
-            check_description(&d)?;
-            sub.description = Some(d);
+            if let Some(d) = &d {
+                check_description(d)?;
+            }
+            sub.description = d;
         }
         if let Some(status) = patch.status {
             if status == SubscriptionStatus::Active {

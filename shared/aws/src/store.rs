@@ -454,6 +454,15 @@ impl DynamoStore {
     }
 }
 
+/// A cursor is a `gsi_created` value, `{created_at}#{id}`, as this store hands them out;
+/// anything else is refused rather than used as a bound.
+fn check_cursor(cursor: &str) -> PortResult<()> {
+    let valid = cursor
+        .split_once('#')
+        .is_some_and(|(at, id)| DateTime::parse_from_rfc3339(at).is_ok() && DeliveryId::parse(id).is_ok());
+    if valid { Ok(()) } else { Err(PortError::InvalidCursor(cursor.to_owned())) }
+}
+
 /// The same request content gets the same token, so a transaction the SDK retries after it
 /// committed succeeds instead of failing its own conditions; any other content, another one.
 fn request_token(parts: &[&dyn erased::Describe]) -> String {
@@ -622,6 +631,9 @@ impl Store for DynamoStore {
     }
 
     async fn list_deliveries(&self, tenant: &TenantId, query: &DeliveryQuery) -> PortResult<DeliveryPage> {
+        if let Some(c) = &query.cursor {
+            check_cursor(c)?;
+        }
         match (&query.subscription_id, query.status) {
             (Some(sub), status) => {
                 let key = format!("{tenant}#{sub}");

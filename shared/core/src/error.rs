@@ -32,6 +32,9 @@ pub enum PortError {
         #[source]
         source: BoxError,
     },
+    /// A listing cursor the store did not hand out: the caller's mistake, not the store's.
+    #[error("`{0}` is not a cursor this API returned")]
+    InvalidCursor(String),
     /// Misconfiguration, access denied, corrupt data: trying again will not help.
     #[error("{what}: {source}")]
     Permanent {

@@ -927,6 +927,7 @@ async fn given_bad_list_parameters_then_422_says_which() {
         ("limit=101", "invalid_limit"),
         ("status=lost", "invalid_status"),
         ("subscription_id=nope", "invalid_id"),
+        ("cursor=nonsense", "invalid_cursor"),
     ] {
         let r = app
             .call("GET", &format!("/v1/deliveries?{query}"), &app.a, None)

@@ -51,7 +51,7 @@ fn encode_cursor(d: &Delivery) -> String {
 }
 
 fn decode_cursor(cursor: &str) -> PortResult<(i64, String)> {
-    let bad = || PortError::permanent("list deliveries", format!("`{cursor}` is not a cursor this API returned"));
+    let bad = || PortError::InvalidCursor(cursor.to_owned());
     let (at, id) = cursor.split_once('.').ok_or_else(bad)?;
     let at = at.parse::<i64>().map_err(|_| bad())?;
     DeliveryId::parse(id).map_err(|_| bad())?;

@@ -80,6 +80,7 @@ macro_rules! store_contract_tests {
             list_deliveries_pages_newest_first_without_gaps_or_repeats,
             list_deliveries_filters_by_status_and_subscription,
             list_deliveries_clamps_the_page_size,
+            a_cursor_the_store_did_not_hand_out_is_refused,
             overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the_time,
             a_dead_notice_is_claimed_once_per_round,
             endpoint_health_starts_empty_and_round_trips,
@@ -636,6 +637,24 @@ pub async fn list_deliveries_clamps_the_page_size(b: &dyn ContractBackend) {
     assert_eq!(rest.items.len(), 20);
     assert_eq!(rest.next_cursor, None);
     assert_eq!(b.store().list_deliveries(&a.id, &page(1)).await.expect("limit 1").items.len(), 1);
+}
+
+pub async fn a_cursor_the_store_did_not_hand_out_is_refused(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(3);
+    fx.stored_event(b, &a.id, t0(), &subs).await;
+    let page = |cursor: &str| DeliveryQuery { limit: 2, cursor: Some(cursor.to_owned()), ..Default::default() };
+    for garbage in ["nonsense", "12.x", "2030-06-01#x", "%00"] {
+        match b.store().list_deliveries(&a.id, &page(garbage)).await {
+            Err(PortError::InvalidCursor(c)) => assert_eq!(c, garbage),
+            other => panic!("cursor {garbage:?}: {other:?}"),
+        }
+    }
+    // The one it did hand out still works.
+    let first = b.store().list_deliveries(&a.id, &DeliveryQuery { limit: 2, ..Default::default() }).await.expect("page 1");
+    let next = first.next_cursor.expect("a second page");
+    assert_eq!(b.store().list_deliveries(&a.id, &page(&next)).await.expect("page 2").items.len(), 1);
 }
 
 pub async fn overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the_time(b: &dyn ContractBackend) {

@@ -96,6 +96,9 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).deliveries.iter().find(|d| &d.id == id).cloned())
     }
     async fn list_deliveries(&self, tenant: &TenantId, q: &DeliveryQuery) -> PortResult<DeliveryPage> {
+        if let Some(c) = q.cursor.as_ref().filter(|c| DeliveryId::parse(c).is_err()) {
+            return Err(PortError::InvalidCursor(c.clone()));
+        }
         let d = lock(&self.data);
         let mut items: Vec<Delivery> = d
             .deliveries

@@ -86,6 +86,10 @@ impl From<Error> for ApiError {
                     "the resource changed while the request ran; try again",
                 )
             }
+            Error::Port(PortError::InvalidCursor(cursor)) => Self::unprocessable(
+                "invalid_cursor",
+                format!("cursor `{cursor}` is not one this API returned: pass the `next_cursor` of a previous page"),
+            ),
             Error::Port(e @ PortError::Retryable { .. }) => {
                 tracing::warn!(error = %e, "retryable failure behind the API");
                 Self::new(

@@ -273,25 +273,7 @@ pub async fn list_deliveries(
     ApiQuery(params): ApiQuery<DeliveryListParams>,
 ) -> ApiResult<Json<Page<DeliveryView>>> {
     let query = params.into_query()?;
-    let cursor = query.cursor.clone();
-    let page = match s.services.list_deliveries(&tenant, query).await {
-        Ok(page) => page,
-        // A cursor is opaque and only the store can read it; one it cannot read is the
-        // client's mistake (a cursor not returned by this API), not a server error.
-        Err(hookwise_core::Error::Port(e @ hookwise_core::PortError::Permanent { .. }))
-            if cursor.is_some() =>
-        {
-            tracing::info!(error = %e, "a delivery listing with an unreadable cursor");
-            return Err(ApiError::unprocessable(
-                "invalid_cursor",
-                format!(
-                    "cursor `{}` is not one this API returned: pass the `next_cursor` of a previous page",
-                    cursor.unwrap_or_default()
-                ),
-            ));
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let page = s.services.list_deliveries(&tenant, query).await?;
     Ok(Json(Page {
         data: page.items.into_iter().map(DeliveryView::from).collect(),
         next_cursor: page.next_cursor,

@@ -1,5 +1,5 @@
 # The two commands a newcomer needs, and a few more.
-.PHONY: dev test lint bench
+.PHONY: dev test lint bench sam-build
 
 # Run Hookwise locally: API, worker, scheduler and dead-letter handler on an embedded store.
 dev:
@@ -8,6 +8,10 @@ dev:
 # The whole test suite, installing and starting whatever it needs (CI runs this).
 test:
 	scripts/test.sh
+
+# The four Lambda functions for arm64, as `sam deploy` ships them (release, LTO: slow).
+sam-build:
+	scripts/sam-build.sh
 
 lint:
 	cargo fmt --all -- --check

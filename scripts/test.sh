@@ -23,6 +23,9 @@ export HOOKWISE_LAMBDA_BIN_DIR="$(dirname "$HOOKWISE")"
 step "Template lint: cfn-lint and sam validate --lint"
 scripts/lint-template.sh
 
+step "sam build of the four functions for arm64 with cargo-lambda (dev profile)"
+scripts/sam-build.sh --debug
+
 step "Rust tests, with moto and DynamoDB Local running for the AWS adapters"
 scripts/aws-test-services.sh run -- cargo test --workspace --locked
 

@@ -76,8 +76,15 @@ mod tests {
             "../../../infra/events/scheduler-scheduled.json"
         ))
         .unwrap();
+        // 299 s to go: more than the queue can hold, so it stays in the table.
         h.clock.set(h.clock.now() + Duration::seconds(1));
-        // 15 minutes' horizon: already within it, so moved with the residual delay.
+        assert_eq!(
+            handle(&h.services, &tick).await.unwrap(),
+            json!({"moved": 0, "requeued": 0})
+        );
+        assert_eq!(h.scheduler.items.lock().unwrap().len(), 1);
+        // 50 s to go: within the queue's limit, moved with the whole residual delay.
+        h.clock.set(h.clock.now() + Duration::seconds(249));
         assert_eq!(
             handle(&h.services, &tick).await.unwrap(),
             json!({"moved": 1, "requeued": 0})
@@ -86,8 +93,8 @@ mod tests {
         let (task, delay) = h.queue.log.lock().unwrap().last().cloned().unwrap();
         assert_eq!(
             (task.attempt, delay),
-            (2, 60),
-            "the residual delay, capped at the queue's limit"
+            (2, 50),
+            "the residual delay, so the retry comes when it is due"
         );
         assert_eq!(
             handle(&h.services, &json!({})).await.unwrap(),

@@ -119,11 +119,20 @@ pub async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
         tokio::spawn(dead_letter_worker(services.clone(), backend.clone(), visibility, stop.clone())),
         tokio::spawn(scheduler(services.clone(), tick, stop.clone())),
     ];
-    let mut api_stop = stop.clone();
-    let app = router(ApiState::new(services));
-    let api = axum::serve(listener, app).with_graceful_shutdown(async move {
-        stopped(&mut api_stop).await;
-    });
+    serve_until_shutdown(listener, router(ApiState::new(services)), shutdown, stop_tx, roles).await
+}
+
+/// Serve the API while the background roles run, until Ctrl-C or SIGTERM; then tell the
+/// roles (through `stop_tx`) and the API to stop, and wait for the work in hand to finish.
+pub(crate) async fn serve_until_shutdown(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    shutdown: impl std::future::Future<Output = ()>,
+    stop_tx: watch::Sender<bool>,
+    roles: impl IntoIterator<Item = tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<ExitCode> {
+    let mut api_stop = stop_tx.subscribe();
+    let api = axum::serve(listener, app).with_graceful_shutdown(async move { stopped(&mut api_stop).await });
     let api = tokio::spawn(async move { api.await });
 
     shutdown.await;

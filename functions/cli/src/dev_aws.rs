@@ -23,7 +23,7 @@ use rand::SeedableRng;
 use tokio::sync::watch;
 
 // The runner's skeleton is shared with the SQLite mode.
-use crate::dev::{scheduler, shutdown_signal, stopped};
+use crate::dev::{scheduler, serve_until_shutdown, shutdown_signal, stopped};
 
 /// The flags `hookwise dev` takes for AWS APIs (flattened into its own arguments).
 #[derive(clap::Args, Debug, Clone)]
@@ -195,20 +195,7 @@ pub async fn run(args: Common, aws: AwsFlags) -> anyhow::Result<ExitCode> {
             stop.clone(),
         )),
     ];
-    let mut api_stop = stop.clone();
-    let api = axum::serve(listener, router(ApiState::new(services)))
-        .with_graceful_shutdown(async move { stopped(&mut api_stop).await });
-    let api = tokio::spawn(async move { api.await });
-
-    shutdown.await;
-    eprintln!("shutting down: finishing the batches in hand");
-    let _ = stop_tx.send(true);
-    api.await??;
-    for role in roles {
-        role.await?;
-    }
-    eprintln!("stopped");
-    Ok(ExitCode::SUCCESS)
+    serve_until_shutdown(listener, router(ApiState::new(services)), shutdown, stop_tx, roles).await
 }
 
 #[derive(Clone, Copy)]

@@ -182,15 +182,25 @@ impl Api {
 
     /// Poll a delivery until its status is `want`.
     pub async fn wait_status(&self, id: &str, want: &str, within: Duration) -> Value {
-        let start = Instant::now();
-        loop {
-            let d = self.delivery(id).await;
-            if d["status"] == want {
-                return d;
-            }
-            assert!(start.elapsed() < within, "delivery {id} is still {} after {within:?}, wanted {want}: {d}", d["status"]);
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        poll_delivery_status(id, want, within, Duration::from_millis(100), || self.delivery(id)).await
+    }
+}
+
+/// Read a delivery with `read` every `every` until its status is `want`; fail after `within`.
+/// Shared by the API clients, whatever carries their requests.
+pub async fn poll_delivery_status<F, Fut>(id: &str, want: &str, within: Duration, every: Duration, mut read: F) -> Value
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Value>,
+{
+    let start = Instant::now();
+    loop {
+        let d = read().await;
+        if d["status"] == want {
+            return d;
         }
+        assert!(start.elapsed() < within, "delivery {id} is still {} after {within:?}, wanted {want}: {d}", d["status"]);
+        tokio::time::sleep(every).await;
     }
 }
 

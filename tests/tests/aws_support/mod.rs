@@ -552,18 +552,7 @@ impl Gateway {
     }
 
     pub async fn wait_status(&self, id: &str, want: &str, within: Duration) -> Value {
-        let start = Instant::now();
-        loop {
-            let d = self.delivery(id).await;
-            if d["status"] == want {
-                return d;
-            }
-            assert!(
-                start.elapsed() < within,
-                "delivery {id} is still {} after {within:?}, wanted {want}: {d}",
-                d["status"]
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        let every = Duration::from_millis(250);
+        hookwise_tests::poll_delivery_status(id, want, within, every, || self.delivery(id)).await
     }
 }

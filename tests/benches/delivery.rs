@@ -46,7 +46,10 @@ fn env_usize(name: &str, default: usize) -> usize {
 async fn main() {
     let n = env_usize("HOOKWISE_BENCH_EVENTS", 10_000);
     let concurrency = env_usize("HOOKWISE_BENCH_CONCURRENCY", 32);
-    let body = serde_json::to_vec(&json!({"id": "evt_x", "type": "bench.tick", "timestamp": "2026-01-01T00:00:00Z", "data": {"i": 0}})).unwrap();
+    let body = serde_json::to_vec(
+        &json!({"id": "evt_x", "type": "bench.tick", "timestamp": "2026-01-01T00:00:00Z", "data": {"i": 0}}),
+    )
+    .unwrap();
 
     // Baseline: the same receiver, bare POSTs, one pooled client.
     let baseline_rx = Receiver::start(0).await;
@@ -56,7 +59,13 @@ async fn main() {
     run_bounded(n, concurrency, |_| {
         let (client, url, body) = (client.clone(), url.clone(), body.clone());
         async move {
-            let resp = client.post(url.as_str()).header("content-type", "application/json").body(body).send().await.expect("POST");
+            let resp = client
+                .post(url.as_str())
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .expect("POST");
             assert!(resp.status().is_success());
         }
     })
@@ -74,7 +83,9 @@ async fn main() {
     run_bounded(n, concurrency, |i| {
         let api = api.clone();
         async move {
-            let (status, _) = api.post("/v1/events", json!({"type": "bench.tick", "payload": {"i": i}})).await;
+            let (status, _) = api
+                .post("/v1/events", json!({"type": "bench.tick", "payload": {"i": i}}))
+                .await;
             assert_eq!(status, 202);
         }
     })
@@ -85,8 +96,20 @@ async fn main() {
 
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
     println!("events: {n}, concurrency: {concurrency}");
-    println!("bare reqwest POST loop:        {:>9.0} req/s  ({:.2} s)", rate(bare), bare.as_secs_f64());
-    println!("hookwise dev ingest (API):     {:>9.0} ev/s   ({:.2} s)", rate(ingested), ingested.as_secs_f64());
-    println!("hookwise dev end to end:       {:>9.0} deliveries/s ({:.2} s, ingest to last delivery)", rate(delivered), delivered.as_secs_f64());
+    println!(
+        "bare reqwest POST loop:        {:>9.0} req/s  ({:.2} s)",
+        rate(bare),
+        bare.as_secs_f64()
+    );
+    println!(
+        "hookwise dev ingest (API):     {:>9.0} ev/s   ({:.2} s)",
+        rate(ingested),
+        ingested.as_secs_f64()
+    );
+    println!(
+        "hookwise dev end to end:       {:>9.0} deliveries/s ({:.2} s, ingest to last delivery)",
+        rate(delivered),
+        delivered.as_secs_f64()
+    );
     println!("ratio hookwise / bare:         {:>9.3}", rate(delivered) / rate(bare));
 }

@@ -20,14 +20,19 @@ pub fn hookwise_bin() -> PathBuf {
         if let Ok(bin) = std::env::var("HOOKWISE_BIN") {
             return PathBuf::from(bin);
         }
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_owned();
+        let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .parent()
+            .expect("the workspace root")
+            .to_owned();
         let status = Command::new(env!("CARGO"))
             .args(["build", "--quiet", "-p", "hookwise-cli"])
             .current_dir(&root)
             .status()
             .expect("cargo runs");
         assert!(status.success(), "cargo build -p hookwise-cli failed");
-        let target = std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| root.join("target"));
+        let target = std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| root.join("target"));
         target.join("debug").join("hookwise")
     })
     .clone()
@@ -39,7 +44,11 @@ pub struct TempDir(pub PathBuf);
 impl TempDir {
     pub fn new(label: &str) -> Self {
         static SEQ: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!("hookwise-e2e-{label}-{}-{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed)));
+        let dir = std::env::temp_dir().join(format!(
+            "hookwise-e2e-{label}-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
         std::fs::create_dir_all(&dir).expect("temp dir");
         Self(dir)
     }
@@ -69,7 +78,16 @@ impl Dev {
 
     fn spawn(data_dir: &Path, args: Vec<String>) -> Self {
         let mut child = Command::new(hookwise_bin())
-            .args(["dev", "--listen", "127.0.0.1:0", "--scheduler-interval", "1", "--visibility-timeout", "3", "--data-dir"])
+            .args([
+                "dev",
+                "--listen",
+                "127.0.0.1:0",
+                "--scheduler-interval",
+                "1",
+                "--visibility-timeout",
+                "3",
+                "--data-dir",
+            ])
             .arg(data_dir)
             .args(&args)
             .env("HOOKWISE_LOG", "warn")
@@ -80,7 +98,10 @@ impl Dev {
         let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         let (mut base, mut api_key) = (None, None);
         while base.is_none() || api_key.is_none() {
-            let line = lines.next().expect("hookwise dev printed its address and key before exiting").expect("a line");
+            let line = lines
+                .next()
+                .expect("hookwise dev printed its address and key before exiting")
+                .expect("a line");
             if let Some(url) = line.split("listening on ").nth(1) {
                 base = Some(url.trim().to_owned());
             }
@@ -90,7 +111,13 @@ impl Dev {
         }
         // Keep draining stdout so the child never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
-        Self { child, base: base.unwrap(), api_key: api_key.unwrap(), data_dir: data_dir.to_owned(), args }
+        Self {
+            child,
+            base: base.unwrap(),
+            api_key: api_key.unwrap(),
+            data_dir: data_dir.to_owned(),
+            args,
+        }
     }
 
     /// SIGKILL: no chance to finish anything.
@@ -107,15 +134,25 @@ impl Dev {
     }
 
     pub fn api(&self) -> Api {
-        Api { base: self.base.clone(), key: self.api_key.clone(), http: reqwest::Client::new() }
+        Api {
+            base: self.base.clone(),
+            key: self.api_key.clone(),
+            http: reqwest::Client::new(),
+        }
     }
 
     /// The `.eml` files in the outbox.
     pub fn outbox(&self) -> Vec<String> {
         let dir = self.data_dir.join("outbox");
-        let mut files: Vec<_> = std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        let mut files: Vec<_> = std::fs::read_dir(&dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
         files.sort();
-        files.iter().filter(|p| p.extension().is_some_and(|e| e == "eml")).map(|p| std::fs::read_to_string(p).expect("eml")).collect()
+        files
+            .iter()
+            .filter(|p| p.extension().is_some_and(|e| e == "eml"))
+            .map(|p| std::fs::read_to_string(p).expect("eml"))
+            .collect()
     }
 }
 
@@ -136,11 +173,23 @@ pub struct Api {
 
 impl Api {
     pub fn with_key(&self, key: &str) -> Api {
-        Api { key: key.to_owned(), ..self.clone() }
+        Api {
+            key: key.to_owned(),
+            ..self.clone()
+        }
     }
 
-    pub async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>, headers: &[(&str, &str)]) -> (u16, Value) {
-        let mut req = self.http.request(method, format!("{}{}", self.base, path)).bearer_auth(&self.key);
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+        headers: &[(&str, &str)],
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method, format!("{}{}", self.base, path))
+            .bearer_auth(&self.key);
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
@@ -169,7 +218,12 @@ impl Api {
     }
 
     pub async fn send_event(&self, event_type: &str, payload: Value) -> Value {
-        let (status, ev) = self.post("/v1/events", serde_json::json!({"type": event_type, "payload": payload})).await;
+        let (status, ev) = self
+            .post(
+                "/v1/events",
+                serde_json::json!({"type": event_type, "payload": payload}),
+            )
+            .await;
         assert_eq!(status, 202, "{ev}");
         ev
     }
@@ -199,7 +253,11 @@ where
         if d["status"] == want {
             return d;
         }
-        assert!(start.elapsed() < within, "delivery {id} is still {} after {within:?}, wanted {want}: {d}", d["status"]);
+        assert!(
+            start.elapsed() < within,
+            "delivery {id} is still {} after {within:?}, wanted {want}: {d}",
+            d["status"]
+        );
         tokio::time::sleep(every).await;
     }
 }
@@ -239,8 +297,14 @@ impl Receiver {
         let app = axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
             let (g, f, h) = (g.clone(), f.clone(), h.clone());
             async move {
-                let headers = headers.iter().map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned())).collect();
-                g.lock().unwrap().push(Received { headers, body: body.to_vec() });
+                let headers = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+                    .collect();
+                g.lock().unwrap().push(Received {
+                    headers,
+                    body: body.to_vec(),
+                });
                 let n = h.fetch_add(1, Ordering::SeqCst);
                 if n < f.load(Ordering::SeqCst) {
                     (StatusCode::INTERNAL_SERVER_ERROR, "down for maintenance")
@@ -252,7 +316,12 @@ impl Receiver {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        Self { addr, got, fail_first: fail, hits }
+        Self {
+            addr,
+            got,
+            fail_first: fail,
+            hits,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -275,7 +344,11 @@ impl Receiver {
     pub async fn wait_count(&self, n: usize, within: Duration) {
         let start = Instant::now();
         while self.count() < n {
-            assert!(start.elapsed() < within, "received {} requests after {within:?}, wanted {n}", self.count());
+            assert!(
+                start.elapsed() < within,
+                "received {} requests after {within:?}, wanted {n}",
+                self.count()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

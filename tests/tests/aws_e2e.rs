@@ -38,10 +38,7 @@ fn services(env: &AwsEnv, max_delay: u32) -> Services {
         allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
         ..SenderConfig::default()
     };
-    let ports = adapters.ports(
-        Arc::new(HttpSender::new(loopback).unwrap()),
-        Arc::new(SystemClock),
-    );
+    let ports = adapters.ports(Arc::new(HttpSender::new(loopback).unwrap()), Arc::new(SystemClock));
     Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng())
 }
 
@@ -55,8 +52,7 @@ async fn moto_mail(moto_url: &str) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_and_duplicated_deliveries_behave(
-) {
+async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_and_duplicated_deliveries_behave() {
     let Some(()) = aws_support::cargo_lambda() else {
         return;
     };
@@ -81,10 +77,7 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
     let flaky = Receiver::start(2).await;
     api.post("/v1/subscriptions", json!({"url": flaky.url("/flaky"), "event_types": ["order.*"], "retry_policy": {"schedule_seconds": [1, 1, 1]}})).await;
     let event = api
-        .post(
-            "/v1/events",
-            json!({"type": "order.paid", "payload": {"order": 7}}),
-        )
+        .post("/v1/events", json!({"type": "order.paid", "payload": {"order": 7}}))
         .await;
     let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
     let delivered = api.wait_status(&id, "delivered", WAIT).await;
@@ -92,19 +85,11 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
         .as_array()
         .unwrap()
         .iter()
-        .map(|a| {
-            (
-                a["attempt"].as_u64().unwrap(),
-                a["status_code"].as_u64().unwrap(),
-            )
-        })
+        .map(|a| (a["attempt"].as_u64().unwrap(), a["status_code"].as_u64().unwrap()))
         .collect();
     assert_eq!(codes, [(1, 500), (2, 500), (3, 200)]);
     assert_eq!(flaky.count(), 3);
-    assert_eq!(
-        flaky.requests()[2].header("webhook-id"),
-        event["id"].as_str()
-    );
+    assert_eq!(flaky.requests()[2].header("webhook-id"), event["id"].as_str());
 
     // SQS delivers at least once: the message of attempt 3, twice more.
     let body = sources
@@ -133,12 +118,7 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let task: DeliveryTask = decode_task(&body).unwrap();
-    let attempts = local
-        .ports()
-        .store
-        .attempts(&task.delivery_id)
-        .await
-        .expect("attempts");
+    let attempts = local.ports().store.attempts(&task.delivery_id).await.expect("attempts");
     let numbers: Vec<u32> = attempts.iter().map(|a| a.attempt).collect();
     assert_eq!(numbers, [1, 2, 3], "no second record of any attempt number");
     assert_eq!(flaky.count(), 3, "no second POST for a duplicate");
@@ -146,7 +126,11 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
     // Always failing, on [1 s, 5 s]: the 5 s retry is above the queue's 2 s limit, so it
     // waits in the scheduler table until the scheduler moves it; then dead, then email.
     let down = Receiver::start(u32::MAX).await;
-    api.post("/v1/subscriptions", json!({"url": down.url("/down"), "event_types": ["invoice.*"], "retry_policy": {"schedule_seconds": [1, 5]}})).await;
+    api.post(
+        "/v1/subscriptions",
+        json!({"url": down.url("/down"), "event_types": ["invoice.*"], "retry_policy": {"schedule_seconds": [1, 5]}}),
+    )
+    .await;
     let moved_before = sources.moved_by_scheduler();
     let event = api
         .post(
@@ -189,20 +173,11 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
     // Replay: a fresh attempt #1 of round 1, delivered once the endpoint is back.
     down.recover();
     let (status, replayed) = api
-        .call(
-            "POST",
-            &format!("/v1/deliveries/{id}/replay"),
-            Some(json!({})),
-        )
+        .call("POST", &format!("/v1/deliveries/{id}/replay"), Some(json!({})))
         .await;
     assert_eq!(status, 202, "{replayed}");
     let redelivered = api.wait_status(&id, "delivered", WAIT).await;
-    let last = redelivered["attempts"]
-        .as_array()
-        .unwrap()
-        .last()
-        .unwrap()
-        .clone();
+    let last = redelivered["attempts"].as_array().unwrap().last().unwrap().clone();
     assert_eq!(
         (
             last["round"].as_u64(),
@@ -233,8 +208,7 @@ fn per_event(c: &RequestCounts, service: &str, events: f64) -> f64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn given_first_attempt_successes_then_the_aws_requests_per_delivered_event_are_counted_and_priced(
-) {
+async fn given_first_attempt_successes_then_the_aws_requests_per_delivered_event_are_counted_and_priced() {
     let counter = RequestCounter::new();
     let Some(env) = AwsEnv::new("count", Some(&counter)).await else {
         return;
@@ -245,8 +219,7 @@ async fn given_first_attempt_successes_then_the_aws_requests_per_delivered_event
         .await
         .unwrap();
     let receiver = Receiver::start(0).await;
-    let sub =
-        serde_json::from_value(json!({"url": receiver.url("/ok"), "event_types": ["*"]})).unwrap();
+    let sub = serde_json::from_value(json!({"url": receiver.url("/ok"), "event_types": ["*"]})).unwrap();
     services.create_subscription(&tenant, sub).await.unwrap();
 
     const EVENTS: usize = 20;
@@ -267,10 +240,7 @@ async fn given_first_attempt_successes_then_the_aws_requests_per_delivered_event
     let mut delivered = 0;
     let start = Instant::now();
     while delivered < EVENTS {
-        assert!(
-            start.elapsed() < WAIT,
-            "only {delivered} of {EVENTS} delivered"
-        );
+        assert!(start.elapsed() < WAIT, "only {delivered} of {EVENTS} delivered");
         let out = sqs
             .receive_message()
             .queue_url(queue)
@@ -313,21 +283,12 @@ async fn given_first_attempt_successes_then_the_aws_requests_per_delivered_event
         delivered += messages.len();
     }
     let total = counter.snapshot();
-    assert_eq!(
-        receiver.count(),
-        EVENTS,
-        "every event delivered on its first attempt"
-    );
+    assert_eq!(receiver.count(), EVENTS, "every event delivered on its first attempt");
 
     let n = EVENTS as f64;
-    let (ddb_req, sqs_req) = (
-        per_event(&total, "dynamodb", n),
-        per_event(&total, "sqs", n),
-    );
+    let (ddb_req, sqs_req) = (per_event(&total, "dynamodb", n), per_event(&total, "sqs", n));
     let (rru, wru) = (total.read_units / n, total.write_units / n);
-    println!(
-        "AWS requests per delivered event (first-attempt success, {EVENTS} events, batches of 10):"
-    );
+    println!("AWS requests per delivered event (first-attempt success, {EVENTS} events, batches of 10):");
     println!(
         "  ingest:  DynamoDB {:.2} requests, {:.2} RRU, {:.2} WRU; SQS {:.2} requests",
         per_event(&ingest, "dynamodb", n),

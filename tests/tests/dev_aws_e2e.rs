@@ -102,23 +102,42 @@ impl DevAws {
         }
         let (table, scheduler_table) = tables.unwrap();
         let (delivery_queue_url, dead_letter_queue_url) = queues.unwrap();
-        Self { child, base: base.unwrap(), api_key: api_key.unwrap(), prefix, table, scheduler_table, delivery_queue_url, dead_letter_queue_url }
+        Self {
+            child,
+            base: base.unwrap(),
+            api_key: api_key.unwrap(),
+            prefix,
+            table,
+            scheduler_table,
+            delivery_queue_url,
+            dead_letter_queue_url,
+        }
     }
 
     fn api(&self) -> Api {
-        Api { base: self.base.clone(), key: self.api_key.clone(), http: reqwest::Client::new() }
+        Api {
+            base: self.base.clone(),
+            key: self.api_key.clone(),
+            http: reqwest::Client::new(),
+        }
     }
 
     /// SIGTERM, then wait (bounded) for the process to exit.
     fn terminate(&mut self) -> (ExitStatus, Duration) {
         let start = Instant::now();
-        let sent = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().expect("kill runs");
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
         assert!(sent.success(), "kill -TERM {} failed", self.child.id());
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return (status, start.elapsed());
             }
-            assert!(start.elapsed() < SHUTDOWN, "hookwise dev --aws still running {SHUTDOWN:?} after SIGTERM");
+            assert!(
+                start.elapsed() < SHUTDOWN,
+                "hookwise dev --aws still running {SHUTDOWN:?} after SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -126,7 +145,11 @@ impl DevAws {
     /// Stop it with SIGTERM and insist on a clean exit (code 0) in time.
     fn assert_clean_shutdown(&mut self) {
         let (status, took) = self.terminate();
-        assert_eq!(status.code(), Some(0), "hookwise dev --aws exited with {status} after SIGTERM");
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "hookwise dev --aws exited with {status} after SIGTERM"
+        );
         eprintln!("hookwise dev --aws stopped cleanly {took:?} after SIGTERM");
     }
 }
@@ -159,7 +182,9 @@ async fn moto_mail_to(moto_url: &str, to: &str) -> Vec<Value> {
         .expect("moto's data is JSON");
     let mut mails = Vec::new();
     for service in ["ses", "sesv2"] {
-        let Some(models) = data[service].as_object() else { continue };
+        let Some(models) = data[service].as_object() else {
+            continue;
+        };
         for instances in models.values().filter_map(Value::as_array) {
             for m in instances {
                 let addressed = m["destinations"]
@@ -204,7 +229,10 @@ async fn wait_queue_empty(clients: &AwsClients, url: &str, within: Duration) {
         if depth == 0 {
             return;
         }
-        assert!(start.elapsed() < within, "{url} still holds {depth} messages after {within:?}");
+        assert!(
+            start.elapsed() < within,
+            "{url} still holds {depth} messages after {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -212,12 +240,28 @@ async fn wait_queue_empty(clients: &AwsClients, url: &str, within: Duration) {
 /// The scheduler table on moto: the version of its cursor (`#CURSOR`, bumped by every
 /// `schedule`; `None` if nothing was ever scheduled) and the tasks still waiting in it.
 async fn scheduler_table(clients: &AwsClients, table: &str) -> (Option<u64>, usize) {
-    let out = clients.dynamodb.scan().table_name(table).consistent_read(true).send().await.expect("scan the scheduler table");
+    let out = clients
+        .dynamodb
+        .scan()
+        .table_name(table)
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("scan the scheduler table");
     let mut cursor = None;
     let mut tasks = 0;
     for item in out.items() {
-        if item.get("bucket").and_then(|b| b.as_s().ok()).is_some_and(|b| b == "#CURSOR") {
-            cursor = Some(item.get("version").and_then(|v| v.as_n().ok()).and_then(|v| v.parse().ok()).unwrap_or(0));
+        if item
+            .get("bucket")
+            .and_then(|b| b.as_s().ok())
+            .is_some_and(|b| b == "#CURSOR")
+        {
+            cursor = Some(
+                item.get("version")
+                    .and_then(|v| v.as_n().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0),
+            );
         } else {
             tasks += 1;
         }
@@ -226,25 +270,56 @@ async fn scheduler_table(clients: &AwsClients, table: &str) -> (Option<u64>, usi
 }
 
 fn started_at(attempt: &Value) -> chrono::DateTime<chrono::Utc> {
-    attempt["started_at"].as_str().and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("a started_at: {attempt}"))
+    attempt["started_at"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("a started_at: {attempt}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attempt_three_delivers_and_all_are_recorded_in_dynamodb() {
+async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attempt_three_delivers_and_all_are_recorded_in_dynamodb(
+) {
     let Some(moto_url) = moto() else { return };
     let mut dev = DevAws::start(&moto_url, "devflaky", &[]);
     let api = dev.api();
 
     // The resources it printed were made from template.yaml, on moto, under our prefix.
-    for (name, suffix) in [(&dev.table, "-main"), (&dev.scheduler_table, "-scheduler"), (&dev.delivery_queue_url, "-delivery"), (&dev.dead_letter_queue_url, "-dead-letter")] {
+    for (name, suffix) in [
+        (&dev.table, "-main"),
+        (&dev.scheduler_table, "-scheduler"),
+        (&dev.delivery_queue_url, "-delivery"),
+        (&dev.dead_letter_queue_url, "-dead-letter"),
+    ] {
         let last = name.rsplit('/').next().unwrap();
-        assert!(last.starts_with(&format!("{}-", dev.prefix)) && last.ends_with(suffix), "{name}: not {}-...{suffix}", dev.prefix);
+        assert!(
+            last.starts_with(&format!("{}-", dev.prefix)) && last.ends_with(suffix),
+            "{name}: not {}-...{suffix}",
+            dev.prefix
+        );
     }
     let clients = AwsClients::for_endpoint(&moto_url, None).await;
-    let described = clients.dynamodb.describe_table().table_name(&dev.table).send().await.expect("the main table is on moto");
-    let mut indexes: Vec<&str> = described.table().map(|t| t.global_secondary_indexes().iter().filter_map(|i| i.index_name()).collect()).unwrap_or_default();
+    let described = clients
+        .dynamodb
+        .describe_table()
+        .table_name(&dev.table)
+        .send()
+        .await
+        .expect("the main table is on moto");
+    let mut indexes: Vec<&str> = described
+        .table()
+        .map(|t| {
+            t.global_secondary_indexes()
+                .iter()
+                .filter_map(|i| i.index_name())
+                .collect()
+        })
+        .unwrap_or_default();
     indexes.sort_unstable();
-    assert_eq!(indexes, ["by-subscription", "by-tenant", "by-tenant-status", "overdue"], "the template's indexes");
+    assert_eq!(
+        indexes,
+        ["by-subscription", "by-tenant", "by-tenant-status", "overdue"],
+        "the template's indexes"
+    );
     let attrs = clients
         .sqs
         .get_queue_attributes()
@@ -255,20 +330,31 @@ async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attem
         .expect("the delivery queue is on moto")
         .attributes
         .unwrap_or_default();
-    assert_eq!(attrs.get(&QueueAttributeName::VisibilityTimeout).map(String::as_str), Some("180"), "{attrs:?}");
+    assert_eq!(
+        attrs.get(&QueueAttributeName::VisibilityTimeout).map(String::as_str),
+        Some("180"),
+        "{attrs:?}"
+    );
     let redrive = attrs.get(&QueueAttributeName::RedrivePolicy).expect("a redrive policy");
     let dead_letter_name = dev.dead_letter_queue_url.rsplit('/').next().unwrap();
-    assert!(redrive.contains(dead_letter_name), "redrives to the dead-letter queue: {redrive}");
+    assert!(
+        redrive.contains(dead_letter_name),
+        "redrives to the dead-letter queue: {redrive}"
+    );
 
     let receiver = Receiver::start(2).await;
-    api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 1, 1]}})).await;
+    api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 1, 1]}}))
+        .await;
     let event = api.send_event("invoice.paid", json!({"amount": 100})).await;
     let event_id = event["id"].as_str().unwrap();
     let id = event["deliveries"][0]["id"].as_str().unwrap();
 
     let delivery = api.wait_status(id, "delivered", WAIT).await;
     let attempts = delivery["attempts"].as_array().unwrap();
-    let codes: Vec<_> = attempts.iter().map(|a| (a["attempt"].as_u64().unwrap(), a["status_code"].as_u64().unwrap())).collect();
+    let codes: Vec<_> = attempts
+        .iter()
+        .map(|a| (a["attempt"].as_u64().unwrap(), a["status_code"].as_u64().unwrap()))
+        .collect();
     assert_eq!(codes, [(1, 500), (2, 500), (3, 200)], "{delivery}");
     assert_eq!(attempts[0]["response_excerpt"], "down for maintenance");
     assert_eq!(delivery["attempt_count"], 3, "{delivery}");
@@ -276,16 +362,30 @@ async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attem
     assert_eq!(receiver.count(), 3);
     for got in receiver.requests() {
         assert_eq!(got.header("webhook-id"), Some(event_id));
-        assert!(got.header("webhook-signature").is_some_and(|s| s.starts_with("v1,")), "{got:?}");
+        assert!(
+            got.header("webhook-signature").is_some_and(|s| s.starts_with("v1,")),
+            "{got:?}"
+        );
     }
 
     // The data lives in the DynamoDB table on moto (not SQLite), and the delivery list
     // (an index query) shows the delivery too.
-    let scanned = clients.dynamodb.scan().table_name(&dev.table).send().await.expect("scan the main table");
+    let scanned = clients
+        .dynamodb
+        .scan()
+        .table_name(&dev.table)
+        .send()
+        .await
+        .expect("scan the main table");
     assert!(scanned.count() > 0, "the main table on moto is empty");
     let (status, page) = api.get("/v1/deliveries").await;
     assert_eq!(status, 200, "{page}");
-    let listed: Vec<_> = page["data"].as_array().unwrap().iter().map(|d| (d["id"].clone(), d["status"].clone())).collect();
+    let listed: Vec<_> = page["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["id"].clone(), d["status"].clone()))
+        .collect();
     assert_eq!(listed, [(json!(id), json!("delivered"))]);
     let (status, ev) = api.get(&format!("/v1/events/{event_id}")).await;
     assert_eq!((status, ev["payload"].clone()), (200, json!({"amount": 100})), "{ev}");
@@ -303,29 +403,56 @@ async fn given_dev_aws_and_an_always_failing_endpoint_then_it_goes_dead_with_one
     let Some(moto_url) = moto() else { return };
     let owner = format!("{}@owner.example", unique_prefix("o"));
     // The queue delays at most 2 s here: the 4 s retry must wait in the scheduler table.
-    let mut dev = DevAws::start(&moto_url, "devdead", &["--owner-email", &owner, "--max-queue-delay", "2"]);
+    let mut dev = DevAws::start(
+        &moto_url,
+        "devdead",
+        &["--owner-email", &owner, "--max-queue-delay", "2"],
+    );
     let api = dev.api();
     let clients = AwsClients::for_endpoint(&moto_url, None).await;
 
     let receiver = Receiver::start(u32::MAX).await;
-    let sub = api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 4]}})).await;
+    let sub = api
+        .subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 4]}}))
+        .await;
     let event = api.send_event("invoice.failed", json!({"invoice": 9})).await;
     let event_id = event["id"].as_str().unwrap();
     let id = event["deliveries"][0]["id"].as_str().unwrap();
 
     let dead = api.wait_status(id, "dead", WAIT).await;
     let attempts = dead["attempts"].as_array().unwrap();
-    let codes: Vec<_> = attempts.iter().map(|a| (a["round"].as_u64().unwrap(), a["attempt"].as_u64().unwrap(), a["status_code"].as_u64().unwrap())).collect();
+    let codes: Vec<_> = attempts
+        .iter()
+        .map(|a| {
+            (
+                a["round"].as_u64().unwrap(),
+                a["attempt"].as_u64().unwrap(),
+                a["status_code"].as_u64().unwrap(),
+            )
+        })
+        .collect();
     assert_eq!(codes, [(0, 1, 500), (0, 2, 500), (0, 3, 500)], "{dead}");
     assert_eq!(receiver.count(), 3);
     // Retry 1 waited on the queue (1 s); retry 2 (4 s, above the 2 s limit) was written to
     // the scheduler table, and the scheduler moved it on to the queue.
     let gap = |a: usize, b: usize| (started_at(&attempts[b]) - started_at(&attempts[a])).num_milliseconds();
-    assert!(gap(0, 1) >= 900, "retry 1 came after {} ms, not ~1 s: {dead}", gap(0, 1));
+    assert!(
+        gap(0, 1) >= 900,
+        "retry 1 came after {} ms, not ~1 s: {dead}",
+        gap(0, 1)
+    );
     // The scheduler moves it no earlier than the queue can hold it until due: on time.
-    assert!(gap(1, 2) >= 3_500, "retry 2 came after {} ms, not ~4 s: {dead}", gap(1, 2));
+    assert!(
+        gap(1, 2) >= 3_500,
+        "retry 2 came after {} ms, not ~4 s: {dead}",
+        gap(1, 2)
+    );
     let (cursor, waiting) = scheduler_table(&clients, &dev.scheduler_table).await;
-    assert!(cursor.is_some_and(|v| v >= 1), "nothing was ever scheduled in {}", dev.scheduler_table);
+    assert!(
+        cursor.is_some_and(|v| v >= 1),
+        "nothing was ever scheduled in {}",
+        dev.scheduler_table
+    );
     assert_eq!(waiting, 0, "the scheduler moved the retry out of its table");
 
     // The dead-letter handler runs after the delivery is marked dead: one email, in moto's SES.
@@ -335,23 +462,40 @@ async fn given_dev_aws_and_an_always_failing_endpoint_then_it_goes_dead_with_one
         if !mails.is_empty() {
             break mails;
         }
-        assert!(start.elapsed() < WAIT, "no SES email to {owner} in {moto_url}/moto-api/data.json after {WAIT:?}");
+        assert!(
+            start.elapsed() < WAIT,
+            "no SES email to {owner} in {moto_url}/moto-api/data.json after {WAIT:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     // Handled and deleted: the dead-letter message will not come back for a second email.
     wait_queue_empty(&clients, &dev.dead_letter_queue_url, WAIT).await;
     assert_eq!(mails.len(), 1, "exactly one email: {mails:?}");
     let mails = moto_mail_to(&moto_url, &owner).await;
-    assert_eq!(mails.len(), 1, "still one email once the dead letter is handled: {mails:?}");
+    assert_eq!(
+        mails.len(),
+        1,
+        "still one email once the dead letter is handled: {mails:?}"
+    );
     let mail = &mails[0];
     assert_eq!(mail["source"], SENDER, "{mail}");
     let subject = mail["subject"].as_str().unwrap_or_default();
     let url = sub["url"].as_str().unwrap();
-    assert_eq!(subject, format!("[Hookwise] Delivery of invoice.failed to {url} failed"));
+    assert_eq!(
+        subject,
+        format!("[Hookwise] Delivery of invoice.failed to {url} failed")
+    );
     let body = mail["body"].as_str().unwrap_or_default();
     let replay_route = format!("/v1/deliveries/{id}/replay");
     let replay_url = format!("{}{replay_route}", dev.base);
-    for needle in [event_id, "invoice.failed", &format!("Delivery:     {id}"), url, "HTTP 500", replay_url.as_str()] {
+    for needle in [
+        event_id,
+        "invoice.failed",
+        &format!("Delivery:     {id}"),
+        url,
+        "HTTP 500",
+        replay_url.as_str(),
+    ] {
         assert!(body.contains(needle), "the email lacks {needle}:\n{body}");
     }
 
@@ -361,12 +505,28 @@ async fn given_dev_aws_and_an_always_failing_endpoint_then_it_goes_dead_with_one
     assert_eq!(status, 202, "{replayed}");
     let delivered = api.wait_status(id, "delivered", WAIT).await;
     let last = delivered["attempts"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!((last["round"].as_u64(), last["attempt"].as_u64(), last["status_code"].as_u64()), (Some(1), Some(1), Some(200)), "{delivered}");
-    assert_eq!(delivered["attempts"].as_array().unwrap().len(), 4, "the dead round's three and the replay's one: {delivered}");
+    assert_eq!(
+        (
+            last["round"].as_u64(),
+            last["attempt"].as_u64(),
+            last["status_code"].as_u64()
+        ),
+        (Some(1), Some(1), Some(200)),
+        "{delivered}"
+    );
+    assert_eq!(
+        delivered["attempts"].as_array().unwrap().len(),
+        4,
+        "the dead round's three and the replay's one: {delivered}"
+    );
     assert_eq!(receiver.count(), 4);
     assert_eq!(receiver.requests()[3].header("webhook-id"), Some(event_id));
     wait_queue_empty(&clients, &dev.delivery_queue_url, WAIT).await;
-    assert_eq!(moto_mail_to(&moto_url, &owner).await.len(), 1, "no second email after the replay");
+    assert_eq!(
+        moto_mail_to(&moto_url, &owner).await.len(),
+        1,
+        "no second email after the replay"
+    );
 
     dev.assert_clean_shutdown();
 }

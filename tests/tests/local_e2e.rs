@@ -21,13 +21,17 @@ async fn given_an_endpoint_failing_its_first_two_requests_then_attempt_three_del
     let dev = Dev::start(&dir.0, &[]);
     let api = dev.api();
     let receiver = Receiver::start(2).await;
-    api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": fast_policy()})).await;
+    api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": fast_policy()}))
+        .await;
     let event = api.send_event("invoice.paid", json!({"amount": 100})).await;
     let id = event["deliveries"][0]["id"].as_str().unwrap();
 
     let delivery = api.wait_status(id, "delivered", WAIT).await;
     let attempts = delivery["attempts"].as_array().unwrap();
-    let codes: Vec<_> = attempts.iter().map(|a| (a["attempt"].as_u64().unwrap(), a["status_code"].as_u64().unwrap())).collect();
+    let codes: Vec<_> = attempts
+        .iter()
+        .map(|a| (a["attempt"].as_u64().unwrap(), a["status_code"].as_u64().unwrap()))
+        .collect();
     assert_eq!(codes, [(1, 500), (2, 500), (3, 200)]);
     assert_eq!(attempts[0]["response_excerpt"], "down for maintenance");
     assert_eq!(receiver.count(), 3);
@@ -39,7 +43,9 @@ async fn given_an_always_failing_endpoint_then_it_goes_dead_with_one_email_and_r
     let dev = Dev::start(&dir.0, &["--owner-email", "ops@example.com"]);
     let api = dev.api();
     let receiver = Receiver::start(u32::MAX).await;
-    let sub = api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 1]}})).await;
+    let sub = api
+        .subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 1]}}))
+        .await;
     let event = api.send_event("invoice.paid", json!({"amount": 5})).await;
     let event_id = event["id"].as_str().unwrap();
     let id = event["deliveries"][0]["id"].as_str().unwrap();
@@ -55,7 +61,14 @@ async fn given_an_always_failing_endpoint_then_it_goes_dead_with_one_email_and_r
     let mails = dev.outbox();
     assert_eq!(mails.len(), 1, "exactly one email: {mails:?}");
     let mail = &mails[0];
-    for needle in ["To: ops@example.com", event_id, "invoice.paid", sub["url"].as_str().unwrap(), "HTTP 500", &format!("/v1/deliveries/{id}/replay")] {
+    for needle in [
+        "To: ops@example.com",
+        event_id,
+        "invoice.paid",
+        sub["url"].as_str().unwrap(),
+        "HTTP 500",
+        &format!("/v1/deliveries/{id}/replay"),
+    ] {
         assert!(mail.contains(needle), "the email lacks {needle}:\n{mail}");
     }
 
@@ -64,7 +77,14 @@ async fn given_an_always_failing_endpoint_then_it_goes_dead_with_one_email_and_r
     assert_eq!(status, 202, "{replayed}");
     let delivered = api.wait_status(id, "delivered", WAIT).await;
     let last = delivered["attempts"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!((last["round"].as_u64(), last["attempt"].as_u64(), last["status_code"].as_u64()), (Some(1), Some(1), Some(200)));
+    assert_eq!(
+        (
+            last["round"].as_u64(),
+            last["attempt"].as_u64(),
+            last["status_code"].as_u64()
+        ),
+        (Some(1), Some(1), Some(200))
+    );
     assert_eq!(dev.outbox().len(), 1, "no second email");
 }
 
@@ -77,12 +97,31 @@ async fn given_the_same_idempotency_key_twice_then_one_event_and_one_delivery_pe
     api.subscribe(json!({"url": receiver.url("/a")})).await;
     api.subscribe(json!({"url": receiver.url("/b")})).await;
     let body = json!({"type": "order.created", "payload": {"n": 1}});
-    let (s1, first) = api.call(reqwest::Method::POST, "/v1/events", Some(body.clone()), &[("Idempotency-Key", "order-1")]).await;
-    let (s2, second) = api.call(reqwest::Method::POST, "/v1/events", Some(body), &[("Idempotency-Key", "order-1")]).await;
+    let (s1, first) = api
+        .call(
+            reqwest::Method::POST,
+            "/v1/events",
+            Some(body.clone()),
+            &[("Idempotency-Key", "order-1")],
+        )
+        .await;
+    let (s2, second) = api
+        .call(
+            reqwest::Method::POST,
+            "/v1/events",
+            Some(body),
+            &[("Idempotency-Key", "order-1")],
+        )
+        .await;
     assert_eq!((s1, s2), (202, 202));
     assert_eq!(first["id"], second["id"]);
     let ids = |v: &serde_json::Value| {
-        let mut ids: Vec<String> = v["deliveries"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap().to_owned()).collect();
+        let mut ids: Vec<String> = v["deliveries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["id"].as_str().unwrap().to_owned())
+            .collect();
         ids.sort();
         ids
     };
@@ -100,10 +139,16 @@ async fn given_three_subscriptions_with_filters_then_an_event_reaches_only_the_m
     let dir = TempDir::new("fanout");
     let dev = Dev::start(&dir.0, &[]);
     let api = dev.api();
-    let (all, invoices, users) = (Receiver::start(0).await, Receiver::start(0).await, Receiver::start(0).await);
+    let (all, invoices, users) = (
+        Receiver::start(0).await,
+        Receiver::start(0).await,
+        Receiver::start(0).await,
+    );
     api.subscribe(json!({"url": all.url("/"), "event_types": ["*"]})).await;
-    api.subscribe(json!({"url": invoices.url("/"), "event_types": ["invoice.*"]})).await;
-    api.subscribe(json!({"url": users.url("/"), "event_types": ["user.created"]})).await;
+    api.subscribe(json!({"url": invoices.url("/"), "event_types": ["invoice.*"]}))
+        .await;
+    api.subscribe(json!({"url": users.url("/"), "event_types": ["user.created"]}))
+        .await;
 
     let ev = api.send_event("invoice.paid", json!({})).await;
     assert_eq!(ev["deliveries"].as_array().unwrap().len(), 2);
@@ -125,14 +170,23 @@ async fn given_a_received_webhook_then_the_official_standard_webhooks_library_ve
     let api = dev.api();
     let receiver = Receiver::start(0).await;
     let sub = api.subscribe(json!({"url": receiver.url("/hook")})).await;
-    let ev = api.send_event("invoice.paid", json!({"amount": 42, "currency": "EUR"})).await;
+    let ev = api
+        .send_event("invoice.paid", json!({"amount": 42, "currency": "EUR"}))
+        .await;
     receiver.wait_count(1, WAIT).await;
     let got = receiver.requests().remove(0);
     assert_eq!(got.header("webhook-id"), ev["id"].as_str());
     assert_eq!(got.header("idempotency-key"), ev["id"].as_str());
     assert_eq!(got.header("content-type"), Some("application/json"));
     let body = got.json();
-    assert_eq!((body["id"].clone(), body["type"].clone(), body["data"].clone()), (ev["id"].clone(), json!("invoice.paid"), json!({"amount": 42, "currency": "EUR"})));
+    assert_eq!(
+        (body["id"].clone(), body["type"].clone(), body["data"].clone()),
+        (
+            ev["id"].clone(),
+            json!("invoice.paid"),
+            json!({"amount": 42, "currency": "EUR"})
+        )
+    );
 
     let headers: serde_json::Map<String, serde_json::Value> = ["webhook-id", "webhook-timestamp", "webhook-signature"]
         .iter()
@@ -151,11 +205,22 @@ except Exception:
     print("tampered body refused")
 "#;
     let out = Command::new("python3")
-        .args(["-c", script, sub["secret"].as_str().unwrap(), &serde_json::Value::Object(headers).to_string(), std::str::from_utf8(&got.body).unwrap()])
+        .args([
+            "-c",
+            script,
+            sub["secret"].as_str().unwrap(),
+            &serde_json::Value::Object(headers).to_string(),
+            std::str::from_utf8(&got.body).unwrap(),
+        ])
         .output()
         .expect("python3 runs (the test command installs standardwebhooks)");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "verification failed: {}\n{}", stdout, String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "verification failed: {}\n{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(stdout.contains(r#""amount": 42"#), "{stdout}");
     assert!(stdout.contains("tampered body refused"), "{stdout}");
 }
@@ -167,7 +232,8 @@ async fn given_dev_is_killed_mid_run_then_after_a_restart_every_event_is_deliver
     let api = dev.api();
     // Fails for a while, so deliveries are mid-retry when the process dies.
     let receiver = Receiver::start(15).await;
-    api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 1, 2, 2, 2, 2]}})).await;
+    api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 1, 2, 2, 2, 2]}}))
+        .await;
     let mut ids = Vec::new();
     for i in 0..20 {
         let ev = api.send_event("order.created", json!({"i": i})).await;
@@ -180,7 +246,12 @@ async fn given_dev_is_killed_mid_run_then_after_a_restart_every_event_is_deliver
     for id in &ids {
         api.wait_status(id, "delivered", Duration::from_secs(60)).await;
     }
-    let mut received_ids: Vec<String> = receiver.requests().iter().filter(|_| true).map(|r| r.json()["data"]["i"].to_string()).collect();
+    let mut received_ids: Vec<String> = receiver
+        .requests()
+        .iter()
+        .filter(|_| true)
+        .map(|r| r.json()["data"]["i"].to_string())
+        .collect();
     received_ids.sort();
     received_ids.dedup();
     assert_eq!(received_ids.len(), 20, "every event reached the endpoint");
@@ -195,11 +266,19 @@ async fn given_the_ssrf_guard_then_metadata_and_private_addresses_are_refused_an
     let receiver = Receiver::start(0).await;
     let never = json!({"schedule_seconds": []});
     api.subscribe(json!({"url": "http://169.254.169.254/latest/meta-data/", "event_types": ["probe.metadata"], "retry_policy": never})).await;
-    api.subscribe(json!({"url": "http://10.0.0.1/hook", "event_types": ["probe.private"], "retry_policy": never})).await;
-    api.subscribe(json!({"url": "http://127.0.0.2:9/hook", "event_types": ["probe.loopback"], "retry_policy": never})).await;
-    api.subscribe(json!({"url": receiver.url("/ok"), "event_types": ["probe.allowed"], "retry_policy": never})).await;
+    api.subscribe(json!({"url": "http://10.0.0.1/hook", "event_types": ["probe.private"], "retry_policy": never}))
+        .await;
+    api.subscribe(json!({"url": "http://127.0.0.2:9/hook", "event_types": ["probe.loopback"], "retry_policy": never}))
+        .await;
+    api.subscribe(json!({"url": receiver.url("/ok"), "event_types": ["probe.allowed"], "retry_policy": never}))
+        .await;
 
-    for (t, blocked) in [("probe.metadata", true), ("probe.private", true), ("probe.loopback", true), ("probe.allowed", false)] {
+    for (t, blocked) in [
+        ("probe.metadata", true),
+        ("probe.private", true),
+        ("probe.loopback", true),
+        ("probe.allowed", false),
+    ] {
         let ev = api.send_event(t, json!({})).await;
         let id = ev["deliveries"][0]["id"].as_str().unwrap().to_owned();
         let want = if blocked { "dead" } else { "delivered" };
@@ -216,14 +295,24 @@ async fn given_two_tenants_then_the_second_can_neither_read_nor_replay_the_first
     let dev = Dev::start(&dir.0, &[]);
     let alice = dev.api();
     let receiver = Receiver::start(u32::MAX).await;
-    alice.subscribe(json!({"url": receiver.url("/"), "retry_policy": {"schedule_seconds": []}})).await;
+    alice
+        .subscribe(json!({"url": receiver.url("/"), "retry_policy": {"schedule_seconds": []}}))
+        .await;
     let ev = alice.send_event("invoice.paid", json!({})).await;
     let event_id = ev["id"].as_str().unwrap();
     let delivery_id = ev["deliveries"][0]["id"].as_str().unwrap();
     alice.wait_status(delivery_id, "dead", WAIT).await;
 
     let out = Command::new(hookwise_bin())
-        .args(["tenant", "create", "--name", "Bob", "--owner-email", "bob@example.com", "--data-dir"])
+        .args([
+            "tenant",
+            "create",
+            "--name",
+            "Bob",
+            "--owner-email",
+            "bob@example.com",
+            "--data-dir",
+        ])
         .arg(&dir.0)
         .output()
         .unwrap();
@@ -234,8 +323,16 @@ async fn given_two_tenants_then_the_second_can_neither_read_nor_replay_the_first
 
     assert_eq!(bob.get(&format!("/v1/events/{event_id}")).await.0, 404);
     assert_eq!(bob.get(&format!("/v1/deliveries/{delivery_id}")).await.0, 404);
-    assert_eq!(bob.post(&format!("/v1/deliveries/{delivery_id}/replay"), json!({})).await.0, 404);
-    assert_eq!(bob.post(&format!("/v1/events/{event_id}/replay"), json!({})).await.0, 404);
+    assert_eq!(
+        bob.post(&format!("/v1/deliveries/{delivery_id}/replay"), json!({}))
+            .await
+            .0,
+        404
+    );
+    assert_eq!(
+        bob.post(&format!("/v1/events/{event_id}/replay"), json!({})).await.0,
+        404
+    );
     let (_, page) = bob.get("/v1/deliveries").await;
     assert_eq!(page["data"], json!([]));
     assert_eq!(alice.get(&format!("/v1/events/{event_id}")).await.0, 200);
@@ -265,7 +362,11 @@ async fn given_bad_input_then_the_api_answers_4xx_with_a_code_and_a_useful_messa
     let cases = [
         (raw("{not json").await, 400, ""),
         (raw(r#"{"url": 42}"#).await, 422, "url"),
-        (raw(r#"{"url": "https://ok.example.com", "retry_policy": "fastest"}"#).await, 422, "fastest"),
+        (
+            raw(r#"{"url": "https://ok.example.com", "retry_policy": "fastest"}"#).await,
+            422,
+            "fastest",
+        ),
         (raw(r#"{"url": "not a url"}"#).await, 422, "not a valid endpoint URL"),
     ];
     for ((status, body), want_status, needle) in cases {
@@ -276,7 +377,11 @@ async fn given_bad_input_then_the_api_answers_4xx_with_a_code_and_a_useful_messa
         assert!(message.contains(needle), "message should mention {needle:?}: {body}");
     }
     let (status, body) = api.post("/v1/events", json!({"type": "a.b", "payload": "text"})).await;
-    assert_eq!((status, body["error"]["code"].as_str()), (422, Some("invalid_payload")), "{body}");
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("invalid_payload")),
+        "{body}"
+    );
     let (status, _) = api.with_key("hwk_nobody_has_this_key").get("/v1/subscriptions").await;
     assert_eq!(status, 401);
 }

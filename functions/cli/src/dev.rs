@@ -81,11 +81,19 @@ pub async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
 
     let backend = LocalBackend::open_with(
         &args.data_dir,
-        LocalConfig { max_delay_seconds: args.max_queue_delay, ..LocalConfig::default() },
+        LocalConfig {
+            max_delay_seconds: args.max_queue_delay,
+            ..LocalConfig::default()
+        },
     )
     .with_context(|| format!("open the data dir {}", args.data_dir.display()))?;
-    let sender = HttpSender::new(SenderConfig { allow_cidrs: allow, ..SenderConfig::default() })?;
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listen on {}", args.listen))?;
+    let sender = HttpSender::new(SenderConfig {
+        allow_cidrs: allow,
+        ..SenderConfig::default()
+    })?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
 
     let backend_arc = Arc::new(backend.clone());
@@ -97,7 +105,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
         sender: Arc::new(sender),
         clock: Arc::new(SystemClock),
     };
-    let config = Config { deliver_concurrency: args.concurrency, public_api_url: format!("http://{addr}"), ..Config::default() };
+    let config = Config {
+        deliver_concurrency: args.concurrency,
+        public_api_url: format!("http://{addr}"),
+        ..Config::default()
+    };
     let services = Arc::new(Services::new(ports, config, rand::rngs::StdRng::from_os_rng()));
     let api_key = default_tenant(&services, &args.data_dir, args.api_key.as_deref(), owner).await?;
 
@@ -108,15 +120,27 @@ pub async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
     println!("dashboard:    http://{addr}/dashboard");
     println!("try:          curl -H 'Authorization: Bearer {api_key}' http://{addr}/v1/subscriptions");
     if !args.deny_loopback {
-        eprintln!("warning: deliveries to loopback (127.0.0.0/8, ::1) are allowed in dev; --deny-loopback refuses them");
+        eprintln!(
+            "warning: deliveries to loopback (127.0.0.0/8, ::1) are allowed in dev; --deny-loopback refuses them"
+        );
     }
 
     let (stop_tx, stop) = watch::channel(false);
     let visibility = Duration::from_secs(args.visibility_timeout);
     let tick = Duration::from_secs(args.scheduler_interval.max(1));
     let roles = [
-        tokio::spawn(delivery_worker(services.clone(), backend.clone(), visibility, stop.clone())),
-        tokio::spawn(dead_letter_worker(services.clone(), backend.clone(), visibility, stop.clone())),
+        tokio::spawn(delivery_worker(
+            services.clone(),
+            backend.clone(),
+            visibility,
+            stop.clone(),
+        )),
+        tokio::spawn(dead_letter_worker(
+            services.clone(),
+            backend.clone(),
+            visibility,
+            stop.clone(),
+        )),
         tokio::spawn(scheduler(services.clone(), tick, stop.clone())),
     ];
     serve_until_shutdown(listener, router(ApiState::new(services)), shutdown, stop_tx, roles).await
@@ -148,7 +172,12 @@ pub(crate) async fn serve_until_shutdown(
 
 /// The tenant `hookwise dev` serves by default: its key comes from `--api-key`, or the
 /// data dir, or is generated and kept there.
-async fn default_tenant(services: &Services, data_dir: &Path, given: Option<&str>, owner: Email) -> anyhow::Result<String> {
+async fn default_tenant(
+    services: &Services,
+    data_dir: &Path,
+    given: Option<&str>,
+    owner: Email,
+) -> anyhow::Result<String> {
     let key_file = data_dir.join(DEV_KEY_FILE);
     let kept = std::fs::read_to_string(&key_file).ok().map(|k| k.trim().to_owned());
     let key = match (given, &kept) {
@@ -159,7 +188,10 @@ async fn default_tenant(services: &Services, data_dir: &Path, given: Option<&str
     match services.authenticate(&key).await {
         Ok(_) => {}
         Err(Error::Unauthorized) => {
-            services.create_tenant_with_key("dev", owner, &key).await.context("create the dev tenant")?;
+            services
+                .create_tenant_with_key("dev", owner, &key)
+                .await
+                .context("create the dev tenant")?;
         }
         Err(e) => return Err(e).context("look up the dev tenant"),
     }
@@ -196,7 +228,12 @@ const IDLE_WAIT: Duration = Duration::from_millis(500);
 
 /// What the deliver Lambda does with an SQS batch: deliver each message, ack the ones that
 /// were handled, leave the infrastructure failures to come back after the visibility timeout.
-async fn delivery_worker(services: Arc<Services>, backend: LocalBackend, visibility: Duration, mut stop: watch::Receiver<bool>) {
+async fn delivery_worker(
+    services: Arc<Services>,
+    backend: LocalBackend,
+    visibility: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
     while !*stop.borrow() {
         let batch = match backend.receive(BATCH, visibility).await {
             Ok(b) => b,
@@ -229,7 +266,12 @@ async fn delivery_worker(services: Arc<Services>, backend: LocalBackend, visibil
     }
 }
 
-async fn dead_letter_worker(services: Arc<Services>, backend: LocalBackend, visibility: Duration, mut stop: watch::Receiver<bool>) {
+async fn dead_letter_worker(
+    services: Arc<Services>,
+    backend: LocalBackend,
+    visibility: Duration,
+    mut stop: watch::Receiver<bool>,
+) {
     while !*stop.borrow() {
         let batch: Vec<Received> = match backend.receive_dead(BATCH, visibility).await {
             Ok(b) => b,
@@ -247,14 +289,20 @@ async fn dead_letter_worker(services: Arc<Services>, backend: LocalBackend, visi
         match services.handle_dead_letters(&tasks).await {
             Ok(report) => {
                 if report.emails > 0 {
-                    tracing::info!(notified = report.notified, emails = report.emails, "owners told of dead deliveries");
+                    tracing::info!(
+                        notified = report.notified,
+                        emails = report.emails,
+                        "owners told of dead deliveries"
+                    );
                 }
                 let receipts: Vec<_> = batch.iter().map(|r| r.receipt.clone()).collect();
                 if let Err(err) = backend.ack_dead_many(&receipts).await {
                     tracing::error!(error = %err, "ack of dead letters failed");
                 }
             }
-            Err(err) => tracing::warn!(error = %err, "dead-letter batch failed; it comes back after its visibility timeout"),
+            Err(err) => {
+                tracing::warn!(error = %err, "dead-letter batch failed; it comes back after its visibility timeout")
+            }
         }
     }
 }

@@ -69,7 +69,10 @@ struct LogMailer;
 #[async_trait::async_trait]
 impl Mailer for LogMailer {
     async fn send(&self, email: &OutgoingEmail) -> PortResult<()> {
-        eprintln!("---- email to {} ----\nSubject: {}\n\n{}\n---- end of email ----", email.to, email.subject, email.text);
+        eprintln!(
+            "---- email to {} ----\nSubject: {}\n\n{}\n---- end of email ----",
+            email.to, email.subject, email.text
+        );
         Ok(())
     }
 }
@@ -84,8 +87,8 @@ pub async fn run(args: Common, aws: AwsFlags) -> anyhow::Result<ExitCode> {
     // AWS_REGION, credentials.
     let clients = AwsClients::from_env().await;
     let config = if aws.provision {
-        let yaml = std::fs::read_to_string(&aws.template)
-            .with_context(|| format!("read {}", aws.template.display()))?;
+        let yaml =
+            std::fs::read_to_string(&aws.template).with_context(|| format!("read {}", aws.template.display()))?;
         let resources = TemplateResources::parse(&yaml)?;
         let stamp = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)?
@@ -101,7 +104,10 @@ pub async fn run(args: Common, aws: AwsFlags) -> anyhow::Result<ExitCode> {
                 .send()
                 .await
             {
-                eprintln!("warning: could not verify {} with SES v2 ({e}); emails may fail: --log-email prints them instead", aws.sender_email);
+                eprintln!(
+                    "warning: could not verify {} with SES v2 ({e}); emails may fail: --log-email prints them instead",
+                    aws.sender_email
+                );
             }
         }
         println!("provisioned: reuse them with");
@@ -138,15 +144,12 @@ pub async fn run(args: Common, aws: AwsFlags) -> anyhow::Result<ExitCode> {
         public_api_url: format!("http://{addr}"),
         ..Config::default()
     };
-    let services = Arc::new(Services::new(
-        ports,
-        core,
-        rand::rngs::StdRng::from_os_rng(),
-    ));
+    let services = Arc::new(Services::new(ports, core, rand::rngs::StdRng::from_os_rng()));
 
-    let api_key = args.api_key.clone().unwrap_or_else(|| {
-        hookwise_core::auth::generate_api_key(&mut rand::rngs::StdRng::from_os_rng())
-    });
+    let api_key = args
+        .api_key
+        .clone()
+        .unwrap_or_else(|| hookwise_core::auth::generate_api_key(&mut rand::rngs::StdRng::from_os_rng()));
     match services.authenticate(&api_key).await {
         Ok(_) => {}
         Err(Error::Unauthorized) => {
@@ -160,18 +163,13 @@ pub async fn run(args: Common, aws: AwsFlags) -> anyhow::Result<ExitCode> {
 
     let shutdown = shutdown_signal()?;
     println!("Hookwise dev (AWS APIs): listening on http://{addr}");
-    println!(
-        "tables:       {} / {}",
-        config.table, config.scheduler_table
-    );
+    println!("tables:       {} / {}", config.table, config.scheduler_table);
     println!(
         "queues:       {} / {}",
         config.delivery_queue_url, config.dead_letter_queue_url
     );
     println!("API key:      {api_key}");
-    println!(
-        "try:          curl -H 'Authorization: Bearer {api_key}' http://{addr}/v1/subscriptions"
-    );
+    println!("try:          curl -H 'Authorization: Bearer {api_key}' http://{addr}/v1/subscriptions");
 
     let (stop_tx, stop) = watch::channel(false);
     let roles = [
@@ -243,10 +241,7 @@ async fn poll_queue(
         }
         match role {
             Role::Deliver => {
-                for (receipt, result) in receipts
-                    .into_iter()
-                    .zip(services.deliver_batch(&tasks).await)
-                {
+                for (receipt, result) in receipts.into_iter().zip(services.deliver_batch(&tasks).await) {
                     match result {
                         Ok(_) => handled.push(receipt),
                         Err(e) => {

@@ -26,7 +26,12 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<ExitCode> {
         PolicyCommand::List => {
             for name in POLICY_NAMES {
                 let p = RetryPolicy::named(name)?;
-                println!("{name:<12} {} attempts, jitter {}, adaptive {}", p.max_attempts(), p.jitter.label(), if p.adaptive { "on" } else { "off" });
+                println!(
+                    "{name:<12} {} attempts, jitter {}, adaptive {}",
+                    p.max_attempts(),
+                    p.jitter.label(),
+                    if p.adaptive { "on" } else { "off" }
+                );
             }
         }
         PolicyCommand::Show { name, json } => {
@@ -41,12 +46,21 @@ pub fn run(cmd: PolicyCommand) -> anyhow::Result<ExitCode> {
                 let doc = json!({"policy": name, "attempts": attempts, "dead_after_seconds": dead_after as u64});
                 println!("{}", serde_json::to_string_pretty(&doc)?);
             } else {
-                println!("policy {name}: {} attempts, jitter {} (off below), adaptive {}", policy.max_attempts(), policy.jitter.label(), if policy.adaptive { "on" } else { "off" });
+                println!(
+                    "policy {name}: {} attempts, jitter {} (off below), adaptive {}",
+                    policy.max_attempts(),
+                    policy.jitter.label(),
+                    if policy.adaptive { "on" } else { "off" }
+                );
                 println!("{:>7}  {:>20}  {:>24}", "attempt", "delay", "since first");
                 for (n, d, c) in rows {
                     println!("{n:>7}  {:>20}  {:>24}", human(d), human(c));
                 }
-                println!("dead when attempt {} fails: {} after the first", policy.max_attempts(), human(dead_after));
+                println!(
+                    "dead when attempt {} fails: {} after the first",
+                    policy.max_attempts(),
+                    human(dead_after)
+                );
             }
         }
     }
@@ -58,9 +72,17 @@ fn human(seconds: f64) -> String {
     let s = seconds as u64;
     let (d, h, m, sec) = (s / 86_400, s % 86_400 / 3_600, s % 3_600 / 60, s % 60);
     let mut parts = Vec::new();
-    if d > 0 { parts.push(format!("{d}d")); }
-    if h > 0 { parts.push(format!("{h}h")); }
-    if m > 0 { parts.push(format!("{m}m")); }
-    if sec > 0 || parts.is_empty() { parts.push(format!("{sec}s")); }
+    if d > 0 {
+        parts.push(format!("{d}d"));
+    }
+    if h > 0 {
+        parts.push(format!("{h}h"));
+    }
+    if m > 0 {
+        parts.push(format!("{m}m"));
+    }
+    if sec > 0 || parts.is_empty() {
+        parts.push(format!("{sec}s"));
+    }
     format!("{} ({s} s)", parts.join(" "))
 }

@@ -27,7 +27,18 @@ pub fn single(report: &StormReport, threshold: Option<u64>) -> String {
     );
     text(&mut svg, w / 2.0, 22.0, 15.0, "middle", &title);
     let ymax = y_max(std::slice::from_ref(report), threshold);
-    panel(&mut svg, 0.0, 10.0, w, h, report, report.series.offered.len(), ymax, None, threshold);
+    panel(
+        &mut svg,
+        0.0,
+        10.0,
+        w,
+        h,
+        report,
+        report.series.offered.len(),
+        ymax,
+        None,
+        threshold,
+    );
     legend(&mut svg, LEFT, h + 18.0, threshold.is_some());
     svg.push_str("</svg>\n");
     svg
@@ -54,17 +65,39 @@ pub fn compare(reports: &[StormReport], threshold: Option<u64>) -> String {
     let span = reports.iter().map(|r| r.series.offered.len()).max().unwrap_or(2);
     for (i, r) in reports.iter().enumerate() {
         let (x, y) = (PANEL_W * (i % cols) as f64, 34.0 + PANEL_H * (i / cols) as f64);
-        let label = format!("{} jitter: peak {} /s at {} s", r.jitter, r.peak_offered_rps, r.peak_second);
+        let label = format!(
+            "{} jitter: peak {} /s at {} s",
+            r.jitter, r.peak_offered_rps, r.peak_second
+        );
         panel(&mut svg, x, y, PANEL_W, PANEL_H, r, span, ymax, Some(&label), threshold);
     }
     let top = 34.0 + PANEL_H * rows as f64;
     legend(&mut svg, LEFT, top + 14.0, threshold.is_some());
 
-    let cols_x = [LEFT, LEFT + 160.0, LEFT + 260.0, LEFT + 390.0, LEFT + 510.0, LEFT + 620.0, LEFT + 720.0];
-    let heads = ["jitter", "peak /s", "attempts", "delivered", "dead", "drain s", "p99 delivery s"];
+    let cols_x = [
+        LEFT,
+        LEFT + 160.0,
+        LEFT + 260.0,
+        LEFT + 390.0,
+        LEFT + 510.0,
+        LEFT + 620.0,
+        LEFT + 720.0,
+    ];
+    let heads = [
+        "jitter",
+        "peak /s",
+        "attempts",
+        "delivered",
+        "dead",
+        "drain s",
+        "p99 delivery s",
+    ];
     let y0 = top + 44.0;
     for (x, head) in cols_x.iter().zip(heads) {
-        let _ = write!(svg, r#"<text x="{x:.1}" y="{y0:.1}" font-size="12" font-weight="bold">{head}</text>"#);
+        let _ = write!(
+            svg,
+            r#"<text x="{x:.1}" y="{y0:.1}" font-size="12" font-weight="bold">{head}</text>"#
+        );
     }
     for (i, r) in reports.iter().enumerate() {
         let y = y0 + 18.0 * (i + 1) as f64;
@@ -78,7 +111,11 @@ pub fn compare(reports: &[StormReport], threshold: Option<u64>) -> String {
             r.p99_delivery_seconds.map_or("-".into(), |s| s.to_string()),
         ];
         for (x, cell) in cols_x.iter().zip(cells) {
-            let _ = write!(svg, r#"<text x="{x:.1}" y="{y:.1}" font-size="12">{}</text>"#, escape(&cell));
+            let _ = write!(
+                svg,
+                r#"<text x="{x:.1}" y="{y:.1}" font-size="12">{}</text>"#,
+                escape(&cell)
+            );
         }
     }
     svg.push_str("</svg>\n");
@@ -96,13 +133,19 @@ fn escape(s: &str) -> String {
 }
 
 fn text(svg: &mut String, x: f64, y: f64, size: f64, anchor: &str, s: &str) {
-    let _ = writeln!(svg, r#"<text x="{x:.1}" y="{y:.1}" font-size="{size}" text-anchor="{anchor}">{}</text>"#, escape(s));
+    let _ = writeln!(
+        svg,
+        r#"<text x="{x:.1}" y="{y:.1}" font-size="{size}" text-anchor="{anchor}">{}</text>"#,
+        escape(s)
+    );
 }
 
 fn y_max(reports: &[StormReport], threshold: Option<u64>) -> f64 {
     let mut m = threshold.unwrap_or(0);
     for r in reports {
-        m = m.max(r.peak_offered_rps).max(r.series.capacity.iter().copied().max().unwrap_or(0));
+        m = m
+            .max(r.peak_offered_rps)
+            .max(r.series.capacity.iter().copied().max().unwrap_or(0));
     }
     (m.max(1) as f64) * 1.08
 }
@@ -111,7 +154,11 @@ fn y_max(reports: &[StormReport], threshold: Option<u64>) -> f64 {
 fn nice_step(span: f64, n: f64) -> f64 {
     let raw = (span / n).max(1e-9);
     let mag = 10f64.powf(raw.log10().floor());
-    [1.0, 2.0, 5.0, 10.0].into_iter().map(|f| f * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag)
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|f| f * mag)
+        .find(|s| *s >= raw)
+        .unwrap_or(10.0 * mag)
 }
 
 fn human(n: f64) -> String {
@@ -142,18 +189,36 @@ impl TimeAxis {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn panel(svg: &mut String, x0: f64, y0: f64, w: f64, h: f64, r: &StormReport, span: usize, ymax: f64, label: Option<&str>, threshold: Option<u64>) {
+fn panel(
+    svg: &mut String,
+    x0: f64,
+    y0: f64,
+    w: f64,
+    h: f64,
+    r: &StormReport,
+    span: usize,
+    ymax: f64,
+    label: Option<&str>,
+    threshold: Option<u64>,
+) {
     let s = &r.series;
     let (pw, ph) = (w - LEFT - RIGHT, h - TOP - BOTTOM);
     let (left, top) = (x0 + LEFT, y0 + TOP);
     let len = span.max(s.offered.len()).max(2) as f64;
-    let axis = TimeAxis { len, log: len > 2_000.0, width: pw };
+    let axis = TimeAxis {
+        len,
+        log: len > 2_000.0,
+        width: pw,
+    };
     let y = |v: f64| top + ph - v / ymax * ph;
 
     if let Some(label) = label {
         text(svg, left + pw / 2.0, y0 + 22.0, 13.0, "middle", label);
     }
-    let _ = writeln!(svg, r##"<rect x="{left:.1}" y="{top:.1}" width="{pw:.1}" height="{ph:.1}" fill="none" stroke="#999"/>"##);
+    let _ = writeln!(
+        svg,
+        r##"<rect x="{left:.1}" y="{top:.1}" width="{pw:.1}" height="{ph:.1}" fill="none" stroke="#999"/>"##
+    );
 
     // Y grid and labels.
     let step = nice_step(ymax, 5.0);
@@ -172,7 +237,11 @@ fn panel(svg: &mut String, x0: f64, y0: f64, w: f64, h: f64, r: &StormReport, sp
     }
     // X ticks.
     let ticks: Vec<f64> = if axis.log {
-        (0..).map(|k| 10f64.powi(k)).take_while(|t| *t <= len).chain(std::iter::once(0.0)).collect()
+        (0..)
+            .map(|k| 10f64.powi(k))
+            .take_while(|t| *t <= len)
+            .chain(std::iter::once(0.0))
+            .collect()
     } else {
         let step = nice_step(len, 6.0).max(1.0);
         (0..).map(|k| k as f64 * step).take_while(|t| *t <= len).collect()
@@ -236,7 +305,10 @@ fn panel(svg: &mut String, x0: f64, y0: f64, w: f64, h: f64, r: &StormReport, sp
     if let Some(cap) = last {
         let _ = write!(points, "{:.1},{:.1}", left + pw, y(cap as f64));
     }
-    let _ = writeln!(svg, r#"<polyline points="{points}" fill="none" stroke="{CAPACITY}" stroke-width="2" stroke-dasharray="6 3"/>"#);
+    let _ = writeln!(
+        svg,
+        r#"<polyline points="{points}" fill="none" stroke="{CAPACITY}" stroke-width="2" stroke-dasharray="6 3"/>"#
+    );
     if let Some(t) = threshold {
         let yy = y(t as f64);
         let _ = writeln!(
@@ -248,14 +320,26 @@ fn panel(svg: &mut String, x0: f64, y0: f64, w: f64, h: f64, r: &StormReport, sp
 }
 
 fn legend(svg: &mut String, x: f64, y: f64, threshold: bool) {
-    let mut items = vec![(OFFERED, "offered attempts/s"), (SERVED, "served attempts/s"), (CAPACITY, "consumer capacity")];
+    let mut items = vec![
+        (OFFERED, "offered attempts/s"),
+        (SERVED, "served attempts/s"),
+        (CAPACITY, "consumer capacity"),
+    ];
     if threshold {
         items.push((THRESHOLD, "gate threshold"));
     }
     let mut cx = x;
     for (colour, label) in items {
-        let _ = write!(svg, r#"<rect x="{cx:.1}" y="{:.1}" width="12" height="12" fill="{colour}"/>"#, y - 10.0);
-        let _ = write!(svg, r#"<text x="{:.1}" y="{y:.1}" font-size="12">{label}</text>"#, cx + 16.0);
+        let _ = write!(
+            svg,
+            r#"<rect x="{cx:.1}" y="{:.1}" width="12" height="12" fill="{colour}"/>"#,
+            y - 10.0
+        );
+        let _ = write!(
+            svg,
+            r#"<text x="{:.1}" y="{y:.1}" font-size="12">{label}</text>"#,
+            cx + 16.0
+        );
         cx += 170.0;
     }
     svg.push('\n');

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use hookwise_core::policy::{Jitter, PolicySpec, RetryPolicy};
 use hookwise_core::storm::{
-    comparison_jitters, simulate_with_progress, Capacity, CapacityStep, HealthModel, ShardSeeds, StormConfig, StormReport,
+    comparison_jitters, simulate_with_progress, Capacity, CapacityStep, HealthModel, ShardSeeds, StormConfig,
+    StormReport,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget};
 use serde::Deserialize;
@@ -72,7 +73,10 @@ struct ConfigError {
 }
 
 fn bad(field: &str, message: impl Into<String>) -> ConfigError {
-    ConfigError { field: field.into(), message: message.into() }
+    ConfigError {
+        field: field.into(),
+        message: message.into(),
+    }
 }
 
 #[derive(Deserialize, Default)]
@@ -134,7 +138,8 @@ const P: &str = "retry_policy";
 fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
     let file = match &args.config {
         Some(path) => {
-            let text = std::fs::read_to_string(path).map_err(|e| bad("--config", format!("cannot read {}: {e}", path.display())))?;
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| bad("--config", format!("cannot read {}: {e}", path.display())))?;
             serde_yaml::from_str::<ConfigFile>(&text).map_err(|e| {
                 // serde_yaml names the path (`retry_policy.simulation: unknown field ...`).
                 let msg = e.to_string();
@@ -151,7 +156,11 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
 
     let jitter = match args.jitter.as_deref().or(rp.jitter.as_deref()) {
         Some(s) => {
-            let field = if args.jitter.is_some() { "--jitter" } else { "retry_policy.jitter" };
+            let field = if args.jitter.is_some() {
+                "--jitter"
+            } else {
+                "retry_policy.jitter"
+            };
             Some(Jitter::parse(s).map_err(|e| bad(field, e.message))?)
         }
         None => None,
@@ -163,12 +172,24 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
     } else {
         match (rp.policy, rp.backoff_base_seconds, rp.max_tier) {
             (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
-                return Err(bad(&format!("{P}.policy"), "give either a policy or backoff_base_seconds and max_tier, not both"))
+                return Err(bad(
+                    &format!("{P}.policy"),
+                    "give either a policy or backoff_base_seconds and max_tier, not both",
+                ))
             }
-            (Some(PolicySpec::Named(name)), None, None) => {
-                (RetryPolicy::named(&name).map_err(|e| bad(&format!("{P}.policy"), e.message))?, name)
-            }
-            (Some(PolicySpec::Custom { schedule_seconds, jitter, adaptive }), None, None) => {
+            (Some(PolicySpec::Named(name)), None, None) => (
+                RetryPolicy::named(&name).map_err(|e| bad(&format!("{P}.policy"), e.message))?,
+                name,
+            ),
+            (
+                Some(PolicySpec::Custom {
+                    schedule_seconds,
+                    jitter,
+                    adaptive,
+                }),
+                None,
+                None,
+            ) => {
                 let p = RetryPolicy::custom(schedule_seconds, jitter, adaptive)
                     .map_err(|e| bad(&format!("{P}.policy.schedule_seconds"), e.message))?;
                 (p, "custom".into())
@@ -177,11 +198,15 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
                 if b == 0 {
                     return Err(bad(&format!("{P}.backoff_base_seconds"), "must be at least 1"));
                 }
-                let p = StormConfig::seed_policy(b, m, Jitter::None).map_err(|e| bad(&format!("{P}.max_tier"), e.message))?;
+                let p = StormConfig::seed_policy(b, m, Jitter::None)
+                    .map_err(|e| bad(&format!("{P}.max_tier"), e.message))?;
                 (p, format!("b={b} m={m}"))
             }
             (None, None, _) => {
-                return Err(bad(&format!("{P}.backoff_base_seconds"), "missing (or name a policy: retry_policy.policy / --policy)"))
+                return Err(bad(
+                    &format!("{P}.backoff_base_seconds"),
+                    "missing (or name a policy: retry_policy.policy / --policy)",
+                ))
             }
             (None, Some(_), None) => return Err(bad(&format!("{P}.max_tier"), "missing")),
         }
@@ -193,38 +218,75 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
     };
 
     let population = args.population.or(sim.worst_case_failure_population).ok_or_else(|| {
-        bad(&format!("{P}.simulation.worst_case_failure_population"), "missing (or give --population)")
+        bad(
+            &format!("{P}.simulation.worst_case_failure_population"),
+            "missing (or give --population)",
+        )
     })?;
     let base_rps = args
         .capacity
         .or(rp.consumer_capacity_rps)
         .ok_or_else(|| bad(&format!("{P}.consumer_capacity_rps"), "missing (or give --capacity)"))?;
-    let steps: Vec<CapacityStep> = rp.capacity_schedule.iter().map(|s| CapacityStep { from_second: s.from_second, rps: s.rps }).collect();
+    let steps: Vec<CapacityStep> = rp
+        .capacity_schedule
+        .iter()
+        .map(|s| CapacityStep {
+            from_second: s.from_second,
+            rps: s.rps,
+        })
+        .collect();
     if steps.windows(2).any(|w| w[0].from_second >= w[1].from_second) {
-        return Err(bad(&format!("{P}.capacity_schedule"), "steps must be in increasing from_second order"));
+        return Err(bad(
+            &format!("{P}.capacity_schedule"),
+            "steps must be in increasing from_second order",
+        ));
     }
     let first_attempt_rps = args.first_attempt_rps.or(rp.first_attempt_rps).unwrap_or(0);
     let window = sim.window_seconds.unwrap_or(0);
     if first_attempt_rps > 0 && window == 0 {
-        return Err(bad(&format!("{P}.simulation.window_seconds"), "needed with first_attempt_rps: how long the new traffic lasts"));
+        return Err(bad(
+            &format!("{P}.simulation.window_seconds"),
+            "needed with first_attempt_rps: how long the new traffic lasts",
+        ));
     }
     let health = match rp.adaptive_health {
         None => HealthModel::Tracked,
         Some(HealthField::Name(n)) if n == "tracked" => HealthModel::Tracked,
         Some(HealthField::Name(n)) if n == "unknown" => HealthModel::Unknown,
         Some(HealthField::Score(h)) if (0.0..=1.0).contains(&h) => HealthModel::Fixed(h),
-        Some(_) => return Err(bad(&format!("{P}.adaptive_health"), "use tracked, unknown, or a score between 0 and 1")),
+        Some(_) => {
+            return Err(bad(
+                &format!("{P}.adaptive_health"),
+                "use tracked, unknown, or a score between 0 and 1",
+            ))
+        }
     };
     let shards = args.shards.or(sim.shards).unwrap_or(1);
     if shards == 0 || shards > hookwise_core::storm::MAX_SHARDS {
-        let field = if args.shards.is_some() { "--shards".to_string() } else { format!("{P}.simulation.shards") };
-        return Err(bad(&field, format!("must be between 1 and {}", hookwise_core::storm::MAX_SHARDS)));
+        let field = if args.shards.is_some() {
+            "--shards".to_string()
+        } else {
+            format!("{P}.simulation.shards")
+        };
+        return Err(bad(
+            &field,
+            format!("must be between 1 and {}", hookwise_core::storm::MAX_SHARDS),
+        ));
     }
-    let shard_seeds = match args.shard_seeds.as_deref().or(sim.shard_seeds.as_deref()).unwrap_or("independent") {
+    let shard_seeds = match args
+        .shard_seeds
+        .as_deref()
+        .or(sim.shard_seeds.as_deref())
+        .unwrap_or("independent")
+    {
         "independent" => ShardSeeds::Independent,
         "shared" => ShardSeeds::Shared,
         other => {
-            let field = if args.shard_seeds.is_some() { "--shard-seeds".to_string() } else { format!("{P}.simulation.shard_seeds") };
+            let field = if args.shard_seeds.is_some() {
+                "--shard-seeds".to_string()
+            } else {
+                format!("{P}.simulation.shard_seeds")
+            };
             return Err(bad(&field, format!("`{other}`: use shared or independent")));
         }
     };
@@ -242,7 +304,10 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
         health,
     };
     config.validate().map_err(|e| bad(P, e.message))?;
-    Ok(Plan { config, threshold: args.threshold.or(sim.fail_deploy_if_peak_exceeds_rps) })
+    Ok(Plan {
+        config,
+        threshold: args.threshold.or(sim.fail_deploy_if_peak_exceeds_rps),
+    })
 }
 
 pub fn run(args: StormArgs) -> anyhow::Result<ExitCode> {
@@ -257,7 +322,13 @@ pub fn run(args: StormArgs) -> anyhow::Result<ExitCode> {
         let own = plan.config.policy.jitter;
         let mut jitters = vec![own];
         jitters.extend(comparison_jitters(own).into_iter().filter(|j| *j != own));
-        jitters.into_iter().map(|j| StormConfig { policy: plan.config.policy.clone().with_jitter(j), ..plan.config.clone() }).collect()
+        jitters
+            .into_iter()
+            .map(|j| StormConfig {
+                policy: plan.config.policy.clone().with_jitter(j),
+                ..plan.config.clone()
+            })
+            .collect()
     } else {
         vec![plan.config.clone()]
     };
@@ -270,7 +341,9 @@ pub fn run(args: StormArgs) -> anyhow::Result<ExitCode> {
     let gated = &reports[0];
 
     if args.json {
-        let gate = plan.threshold.map(|t| json!({"threshold_rps": t, "passed": gated.peak_offered_rps <= t}));
+        let gate = plan
+            .threshold
+            .map(|t| json!({"threshold_rps": t, "passed": gated.peak_offered_rps <= t}));
         let out = if args.compare {
             json!({"gate": gate, "runs": reports})
         } else {
@@ -306,7 +379,10 @@ pub fn run(args: StormArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(1))
         }
         Some(t) => {
-            eprintln!("storm gate passed: peak offered {} attempts/s ≤ {}", gated.peak_offered_rps, t);
+            eprintln!(
+                "storm gate passed: peak offered {} attempts/s ≤ {}",
+                gated.peak_offered_rps, t
+            );
             Ok(ExitCode::SUCCESS)
         }
         None => Ok(ExitCode::SUCCESS),
@@ -344,13 +420,27 @@ fn print_report(plan: &Plan, r: &StormReport) {
         r.jitter,
         r.population,
         c.capacity.base_rps,
-        if c.capacity.steps.is_empty() { "" } else { " (scheduled)" },
+        if c.capacity.steps.is_empty() {
+            ""
+        } else {
+            " (scheduled)"
+        },
         r.seed,
-        if c.shards > 1 { format!(", {} shards ({:?} seeds)", c.shards, c.shard_seeds).to_lowercase() } else { String::new() },
+        if c.shards > 1 {
+            format!(", {} shards ({:?} seeds)", c.shards, c.shard_seeds).to_lowercase()
+        } else {
+            String::new()
+        },
     );
     let retries = r.total_attempts - r.population;
-    println!("  peak offered      {} attempts/s at t = {} s", r.peak_offered_rps, r.peak_second);
-    println!("  total attempts    {} ({} failed first attempts at t = 0 + {} more)", r.total_attempts, r.population, retries);
+    println!(
+        "  peak offered      {} attempts/s at t = {} s",
+        r.peak_offered_rps, r.peak_second
+    );
+    println!(
+        "  total attempts    {} ({} failed first attempts at t = 0 + {} more)",
+        r.total_attempts, r.population, retries
+    );
     println!("  delivered         {}", r.delivered);
     println!("  dead              {}", r.dead);
     println!("  drain             {} s (last attempt)", r.drain_seconds);
@@ -360,7 +450,10 @@ fn print_report(plan: &Plan, r: &StormReport) {
         r.p99_delivery_seconds.map_or("-".into(), |s| format!("{s} s"))
     );
     if let Some(t) = plan.threshold {
-        println!("  gate              peak ≤ {t} attempts/s: {}", if r.peak_offered_rps <= t { "pass" } else { "FAIL" });
+        println!(
+            "  gate              peak ≤ {t} attempts/s: {}",
+            if r.peak_offered_rps <= t { "pass" } else { "FAIL" }
+        );
     }
     println!();
     print_series(r);
@@ -375,15 +468,24 @@ fn print_series(r: &StormReport) {
         return;
     }
     if busy.len() <= 40 {
-        println!("  {:>9} {:>12} {:>12} {:>12} {:>10}", "second", "offered", "served", "failed", "capacity");
+        println!(
+            "  {:>9} {:>12} {:>12} {:>12} {:>10}",
+            "second", "offered", "served", "failed", "capacity"
+        );
         for t in busy {
-            println!("  {:>9} {:>12} {:>12} {:>12} {:>10}", t, s.offered[t], s.served[t], s.failed[t], s.capacity[t]);
+            println!(
+                "  {:>9} {:>12} {:>12} {:>12} {:>10}",
+                t, s.offered[t], s.served[t], s.failed[t], s.capacity[t]
+            );
         }
         return;
     }
     let len = s.offered.len();
     let step = len.div_ceil(30);
-    println!("  {:>17} {:>12} {:>12} {:>12} {:>12}", "seconds", "peak/s", "offered", "served", "failed");
+    println!(
+        "  {:>17} {:>12} {:>12} {:>12} {:>12}",
+        "seconds", "peak/s", "offered", "served", "failed"
+    );
     for from in (0..len).step_by(step) {
         let to = (from + step).min(len);
         let offered: u64 = s.offered[from..to].iter().sum();
@@ -393,7 +495,14 @@ fn print_series(r: &StormReport) {
         let peak = s.offered[from..to].iter().max().copied().unwrap_or(0);
         let served: u64 = s.served[from..to].iter().sum();
         let failed: u64 = s.failed[from..to].iter().sum();
-        println!("  {:>17} {:>12} {:>12} {:>12} {:>12}", format!("{}-{}", from, to - 1), peak, offered, served, failed);
+        println!(
+            "  {:>17} {:>12} {:>12} {:>12} {:>12}",
+            format!("{}-{}", from, to - 1),
+            peak,
+            offered,
+            served,
+            failed
+        );
     }
 }
 
@@ -408,7 +517,9 @@ fn print_compare(plan: &Plan, reports: &[StormReport]) {
         "jitter", "peak/s", "at", "attempts", "delivered", "dead", "drain s", "p99 s", "gate"
     );
     for r in reports {
-        let gate = plan.threshold.map_or("-", |t| if r.peak_offered_rps <= t { "pass" } else { "FAIL" });
+        let gate = plan
+            .threshold
+            .map_or("-", |t| if r.peak_offered_rps <= t { "pass" } else { "FAIL" });
         println!(
             "  {:<16} {:>10} {:>6} {:>12} {:>12} {:>12} {:>10} {:>10} {:>6}",
             r.jitter,

@@ -32,11 +32,18 @@ pub enum TenantCommand {
 
 pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        TenantCommand::Create { data_dir, name, owner_email, aws } => {
+        TenantCommand::Create {
+            data_dir,
+            name,
+            owner_email,
+            aws,
+        } => {
             let owner = Email::parse(&owner_email).context("--owner-email")?;
             let services = if aws {
                 let sender = Arc::new(HttpSender::new(SenderConfig::default())?);
-                hookwise_aws::services_from_env(sender).await.map_err(|e| anyhow::anyhow!("the AWS stack: {e}"))?
+                hookwise_aws::services_from_env(sender)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("the AWS stack: {e}"))?
             } else {
                 local_services(&data_dir)?
             };
@@ -49,7 +56,8 @@ pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
 
 /// Services on a local data dir, for operator commands that don't deliver anything.
 fn local_services(data_dir: &std::path::Path) -> anyhow::Result<Services> {
-    let backend = Arc::new(LocalBackend::open(data_dir).with_context(|| format!("open the data dir {}", data_dir.display()))?);
+    let backend =
+        Arc::new(LocalBackend::open(data_dir).with_context(|| format!("open the data dir {}", data_dir.display()))?);
     let ports = Ports {
         store: backend.clone(),
         queue: backend.clone(),
@@ -58,5 +66,9 @@ fn local_services(data_dir: &std::path::Path) -> anyhow::Result<Services> {
         sender: Arc::new(HttpSender::new(SenderConfig::default())?),
         clock: Arc::new(SystemClock),
     };
-    Ok(Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng()))
+    Ok(Services::new(
+        ports,
+        Config::default(),
+        rand::rngs::StdRng::from_os_rng(),
+    ))
 }

@@ -6,11 +6,18 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 fn hookwise(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hookwise")).args(args).output().expect("the binary runs")
+    Command::new(env!("CARGO_BIN_EXE_hookwise"))
+        .args(args)
+        .output()
+        .expect("the binary runs")
 }
 
 fn repo_file(rel: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel).to_string_lossy().into_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(rel)
+        .to_string_lossy()
+        .into_owned()
 }
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -26,7 +33,8 @@ fn write_config(name: &str, yaml: &str) -> String {
 }
 
 fn json_of(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 const SEED003_NO_JITTER: &str = "retry_policy:
@@ -46,7 +54,16 @@ fn given_seed003_without_jitter_when_run_with_json_then_the_figures_are_exact() 
     let out = hookwise(&["storm", "--config", &config, "--json", "--threshold", "20000"]);
     assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
     let v = json_of(&out);
-    for field in ["peak_offered_rps", "peak_second", "total_attempts", "delivered", "dead", "drain_seconds", "mean_delivery_seconds", "p99_delivery_seconds"] {
+    for field in [
+        "peak_offered_rps",
+        "peak_second",
+        "total_attempts",
+        "delivered",
+        "dead",
+        "drain_seconds",
+        "mean_delivery_seconds",
+        "p99_delivery_seconds",
+    ] {
         assert!(v.get(field).is_some(), "missing {field}");
     }
     assert_eq!(v["peak_offered_rps"], 10_000);
@@ -61,7 +78,15 @@ fn given_seed003_without_jitter_when_run_with_json_then_the_figures_are_exact() 
     let failed = v["series"]["failed"].as_array().unwrap();
     assert_eq!(offered.len(), 128);
     assert_eq!((served.len(), failed.len()), (128, 128));
-    for (t, n) in [(1, 10_000), (3, 9_500), (7, 9_000), (15, 8_500), (31, 8_000), (63, 7_500), (127, 7_000)] {
+    for (t, n) in [
+        (1, 10_000),
+        (3, 9_500),
+        (7, 9_000),
+        (15, 8_500),
+        (31, 8_000),
+        (63, 7_500),
+        (127, 7_000),
+    ] {
         assert_eq!(offered[t], n, "t = {t}");
         assert_eq!(served[t], 500);
         assert_eq!(failed[t], n - 500);
@@ -75,7 +100,10 @@ fn given_a_peak_above_the_threshold_when_gated_then_exit_1_says_so() {
     let out = hookwise(&["storm", "--config", &config]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("FAILED") && stderr.contains("10000") && stderr.contains("800"), "{stderr}");
+    assert!(
+        stderr.contains("FAILED") && stderr.contains("10000") && stderr.contains("800"),
+        "{stderr}"
+    );
     // The table still prints the waves.
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("69500") && stdout.contains("127"), "{stdout}");
@@ -94,22 +122,58 @@ fn given_the_deployed_policy_file_when_gated_then_it_passes() {
 #[test]
 fn given_seed003s_own_example_when_run_then_its_gate_fails_as_the_model_says() {
     // b = 2: every strategy's first wave lands in second 1, so full jitter cannot pass 800.
-    let out = hookwise(&["storm", "--config", &repo_file("infra/storm/seed003-example.yaml"), "--json"]);
+    let out = hookwise(&[
+        "storm",
+        "--config",
+        &repo_file("infra/storm/seed003-example.yaml"),
+        "--json",
+    ]);
     assert_eq!(out.status.code(), Some(1));
     let v = json_of(&out);
-    assert_eq!((v["peak_offered_rps"].as_u64(), v["peak_second"].as_u64()), (Some(12_000), Some(1)));
+    assert_eq!(
+        (v["peak_offered_rps"].as_u64(), v["peak_second"].as_u64()),
+        (Some(12_000), Some(1))
+    );
 }
 
 #[test]
 fn given_bad_config_when_run_then_exit_2_names_the_field() {
     let cases = [
-        ("unknown", SEED003_NO_JITTER.replace("max_tier: 6", "max_tier: 6\n  max_tiers: 7"), "max_tiers"),
-        ("type", SEED003_NO_JITTER.replace("consumer_capacity_rps: 500", "consumer_capacity_rps: lots"), "consumer_capacity_rps"),
-        ("jitter", SEED003_NO_JITTER.replace("jitter: none", "jitter: wobbly"), "retry_policy.jitter"),
-        ("missing", SEED003_NO_JITTER.replace("    worst_case_failure_population: 10000\n", ""), "worst_case_failure_population"),
-        ("policy", SEED003_NO_JITTER.replace("jitter: none", "jitter: none\n  policy: standard"), "retry_policy.policy"),
-        ("shards", SEED003_NO_JITTER.replace("window_seconds: 180", "window_seconds: 180\n    shards: 0"), "shards"),
-        ("seeds", SEED003_NO_JITTER.replace("window_seconds: 180", "window_seconds: 180\n    shard_seeds: both"), "shard_seeds"),
+        (
+            "unknown",
+            SEED003_NO_JITTER.replace("max_tier: 6", "max_tier: 6\n  max_tiers: 7"),
+            "max_tiers",
+        ),
+        (
+            "type",
+            SEED003_NO_JITTER.replace("consumer_capacity_rps: 500", "consumer_capacity_rps: lots"),
+            "consumer_capacity_rps",
+        ),
+        (
+            "jitter",
+            SEED003_NO_JITTER.replace("jitter: none", "jitter: wobbly"),
+            "retry_policy.jitter",
+        ),
+        (
+            "missing",
+            SEED003_NO_JITTER.replace("    worst_case_failure_population: 10000\n", ""),
+            "worst_case_failure_population",
+        ),
+        (
+            "policy",
+            SEED003_NO_JITTER.replace("jitter: none", "jitter: none\n  policy: standard"),
+            "retry_policy.policy",
+        ),
+        (
+            "shards",
+            SEED003_NO_JITTER.replace("window_seconds: 180", "window_seconds: 180\n    shards: 0"),
+            "shards",
+        ),
+        (
+            "seeds",
+            SEED003_NO_JITTER.replace("window_seconds: 180", "window_seconds: 180\n    shard_seeds: both"),
+            "shard_seeds",
+        ),
     ];
     for (name, yaml, field) in cases {
         let config = write_config(&format!("bad-{name}"), &yaml);
@@ -118,7 +182,13 @@ fn given_bad_config_when_run_then_exit_2_names_the_field() {
         assert_eq!(out.status.code(), Some(2), "{name}: {stderr}");
         assert!(stderr.contains(field), "{name}: `{field}` not named in: {stderr}");
     }
-    let out = hookwise(&["storm", "--config", &write_config("flag", SEED003_NO_JITTER), "--jitter", "sideways"]);
+    let out = hookwise(&[
+        "storm",
+        "--config",
+        &write_config("flag", SEED003_NO_JITTER),
+        "--jitter",
+        "sideways",
+    ]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--jitter"));
 }
@@ -126,7 +196,20 @@ fn given_bad_config_when_run_then_exit_2_names_the_field() {
 #[test]
 fn given_flags_when_they_contradict_the_config_then_the_flags_win() {
     let config = write_config("flags", SEED003_NO_JITTER);
-    let out = hookwise(&["storm", "--config", &config, "--json", "--population", "2000", "--capacity", "100", "--seed", "7", "--jitter", "full"]);
+    let out = hookwise(&[
+        "storm",
+        "--config",
+        &config,
+        "--json",
+        "--population",
+        "2000",
+        "--capacity",
+        "100",
+        "--seed",
+        "7",
+        "--jitter",
+        "full",
+    ]);
     let v = json_of(&out);
     assert_eq!(v["population"], 2000);
     assert_eq!(v["seed"], 7);
@@ -134,12 +217,30 @@ fn given_flags_when_they_contradict_the_config_then_the_flags_win() {
     assert!(v["series"]["capacity"].as_array().unwrap().iter().all(|c| c == 100));
     assert_eq!(v["delivered"].as_u64().unwrap() + v["dead"].as_u64().unwrap(), 2000);
     // Same flags, same storm.
-    let again = json_of(&hookwise(&["storm", "--config", &config, "--json", "--population", "2000", "--capacity", "100", "--seed", "7", "--jitter", "full"]));
+    let again = json_of(&hookwise(&[
+        "storm",
+        "--config",
+        &config,
+        "--json",
+        "--population",
+        "2000",
+        "--capacity",
+        "100",
+        "--seed",
+        "7",
+        "--jitter",
+        "full",
+    ]));
     assert_eq!(v, again);
     // --policy replaces backoff_base_seconds/max_tier with production's policy.
-    let standard = json_of(&hookwise(&["storm", "--config", &config, "--json", "--policy", "standard"]));
+    let standard = json_of(&hookwise(&[
+        "storm", "--config", &config, "--json", "--policy", "standard",
+    ]));
     assert_eq!(standard["policy"], "standard");
-    assert_eq!(standard["peak_second"], 120, "no jitter: the first retry 60 s × 2 after a mass failure");
+    assert_eq!(
+        standard["peak_second"], 120,
+        "no jitter: the first retry 60 s × 2 after a mass failure"
+    );
 }
 
 #[test]
@@ -147,7 +248,15 @@ fn given_chart_when_run_then_an_svg_with_the_series_is_written() {
     let dir = temp_dir("chart");
     let svg = dir.join("storm.svg");
     let config = write_config("chart", SEED003_NO_JITTER);
-    let out = hookwise(&["storm", "--config", &config, "--threshold", "20000", "--chart", svg.to_str().unwrap()]);
+    let out = hookwise(&[
+        "storm",
+        "--config",
+        &config,
+        "--threshold",
+        "20000",
+        "--chart",
+        svg.to_str().unwrap(),
+    ]);
     assert_eq!(out.status.code(), Some(0));
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.starts_with("<svg") && text.trim_end().ends_with("</svg>"));
@@ -160,8 +269,19 @@ fn given_compare_when_run_then_every_strategy_is_summarised_and_charted() {
     let dir = temp_dir("compare");
     let svg = dir.join("compare.svg");
     let config = write_config("compare", SEED003_NO_JITTER);
-    let out = hookwise(&["storm", "--config", &config, "--compare", "--chart", svg.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(1), "the configured (no-jitter) run breaks the gate");
+    let out = hookwise(&[
+        "storm",
+        "--config",
+        &config,
+        "--compare",
+        "--chart",
+        svg.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "the configured (no-jitter) run breaks the gate"
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     for jitter in ["none", "full", "equal", "decorrelated", "proportional:0.1"] {
         assert!(stdout.contains(jitter), "{jitter} missing from {stdout}");
@@ -169,13 +289,24 @@ fn given_compare_when_run_then_every_strategy_is_summarised_and_charted() {
     let text = std::fs::read_to_string(&svg).unwrap();
     assert!(text.contains("decorrelated jitter") && text.contains("p99 delivery"));
 
-    let json = json_of(&hookwise(&["storm", "--config", &config, "--compare", "--json", "--seed", "3"]));
+    let json = json_of(&hookwise(&[
+        "storm",
+        "--config",
+        &config,
+        "--compare",
+        "--json",
+        "--seed",
+        "3",
+    ]));
     let runs = json["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 5);
     assert_eq!(runs[0]["jitter"], "none");
     assert_eq!(runs[0]["total_attempts"], 69_500);
     let full = runs.iter().find(|r| r["jitter"] == "full").unwrap();
-    assert_eq!(full["peak_offered_rps"], 10_000, "b = 2: full jitter's first wave still lands in second 1");
+    assert_eq!(
+        full["peak_offered_rps"], 10_000,
+        "b = 2: full jitter's first wave still lands in second 1"
+    );
     assert!(full["delivered"].as_u64().unwrap() > 3_500);
     assert!(full["total_attempts"].as_u64().unwrap() < 69_500);
     assert_eq!(json["gate"]["passed"], false);

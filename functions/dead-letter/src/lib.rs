@@ -21,7 +21,6 @@ use hookwise_http::{HttpSender, SenderConfig};
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-
 /// The services on the AWS adapters, built once per container. The sender is never used
 /// here (nothing is POSTed), but the ports carry one.
 pub async fn services_from_env() -> Result<Services, BoxError> {
@@ -41,13 +40,7 @@ pub async fn handle(services: &Services, event: SqsEvent) -> SqsBatchResponse {
                 tasks.push(task);
             }
             Err(err) => {
-                let body: String = m
-                    .body
-                    .as_deref()
-                    .unwrap_or_default()
-                    .chars()
-                    .take(200)
-                    .collect();
+                let body: String = m.body.as_deref().unwrap_or_default().chars().take(200).collect();
                 tracing::error!(message_id = %id, error = %err, body, "dead-letter message is not a delivery task; dropping it");
             }
         }
@@ -105,8 +98,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn given_a_message_sqs_redrove_for_a_pending_delivery_then_it_is_marked_dead_and_the_owner_told_once(
-    ) {
+    async fn given_a_message_sqs_redrove_for_a_pending_delivery_then_it_is_marked_dead_and_the_owner_told_once() {
         let h = Harness::new(ScriptedSender::always(200));
         let (tenant, _) = h.tenant("owner@example.com").await;
         let sub = NewSubscription {
@@ -137,12 +129,7 @@ mod tests {
         )
         .await;
         assert!(out.batch_item_failures.is_empty(), "{out:?}");
-        let d = h
-            .store
-            .get_delivery(&task.delivery_id)
-            .await
-            .unwrap()
-            .unwrap();
+        let d = h.store.get_delivery(&task.delivery_id).await.unwrap().unwrap();
         assert_eq!(d.status, DeliveryStatus::Dead);
         let sent = h.mailer.sent.lock().unwrap();
         assert_eq!(sent.len(), 1, "one email for one dead delivery");

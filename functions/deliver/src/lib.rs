@@ -34,9 +34,8 @@ pub fn allowed_cidrs(value: Option<&str>) -> Result<Vec<IpNet>, BoxError> {
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|s| {
-            s.parse::<IpNet>().map_err(|e| {
-                format!("{}: `{s}` is not a CIDR: {e}", env::ALLOWED_TARGET_CIDRS).into()
-            })
+            s.parse::<IpNet>()
+                .map_err(|e| format!("{}: `{s}` is not a CIDR: {e}", env::ALLOWED_TARGET_CIDRS).into())
         })
         .collect()
 }
@@ -44,7 +43,10 @@ pub fn allowed_cidrs(value: Option<&str>) -> Result<Vec<IpNet>, BoxError> {
 /// The services on the AWS adapters and the real HTTP sender, built once per container.
 pub async fn services_from_env() -> Result<Services, BoxError> {
     let allow = allowed_cidrs(std::env::var(env::ALLOWED_TARGET_CIDRS).ok().as_deref())?;
-    let sender = HttpSender::new(SenderConfig { allow_cidrs: allow, ..SenderConfig::default() })?;
+    let sender = HttpSender::new(SenderConfig {
+        allow_cidrs: allow,
+        ..SenderConfig::default()
+    })?;
     hookwise_aws::services_from_env(Arc::new(sender)).await
 }
 

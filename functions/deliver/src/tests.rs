@@ -50,29 +50,19 @@ async fn given_a_deliverable_message_and_a_duplicate_then_both_succeed_and_one_r
     let h = Harness::new(ScriptedSender::always(200));
     let task = one_queued_delivery(&h).await;
     let body = encode_task(&task);
-    let out = handle(
-        &h.services,
-        sqs_event(&[("m-1", body.clone()), ("m-2", body)]),
-    )
-    .await;
+    let out = handle(&h.services, sqs_event(&[("m-1", body.clone()), ("m-2", body)])).await;
     assert!(out.batch_item_failures.is_empty(), "{out:?}");
     assert_eq!(
         h.sender.requests.lock().unwrap().len(),
         1,
         "the duplicate is stale, not a second POST"
     );
-    let d = h
-        .store
-        .get_delivery(&task.delivery_id)
-        .await
-        .unwrap()
-        .unwrap();
+    let d = h.store.get_delivery(&task.delivery_id).await.unwrap().unwrap();
     assert_eq!(d.status, DeliveryStatus::Delivered);
 }
 
 #[tokio::test]
-async fn given_a_failing_endpoint_then_the_message_is_done_and_the_retry_is_queued_not_redelivered()
-{
+async fn given_a_failing_endpoint_then_the_message_is_done_and_the_retry_is_queued_not_redelivered() {
     let h = Harness::new(ScriptedSender::always(500));
     let task = one_queued_delivery(&h).await;
     let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))])).await;
@@ -80,10 +70,7 @@ async fn given_a_failing_endpoint_then_the_message_is_done_and_the_retry_is_queu
         out.batch_item_failures.is_empty(),
         "an endpoint's failure is the retry policy's business: {out:?}"
     );
-    assert_eq!(
-        h.queue.log.lock().unwrap().last().map(|(t, _)| t.attempt),
-        Some(2)
-    );
+    assert_eq!(h.queue.log.lock().unwrap().last().map(|(t, _)| t.attempt), Some(2));
 }
 
 #[tokio::test]
@@ -92,10 +79,7 @@ async fn given_a_body_that_is_not_a_task_then_only_that_message_is_reported() {
     let task = one_queued_delivery(&h).await;
     let out = handle(
         &h.services,
-        sqs_event(&[
-            ("good", encode_task(&task)),
-            ("bad", "{\"hello\":1}".into()),
-        ]),
+        sqs_event(&[("good", encode_task(&task)), ("bad", "{\"hello\":1}".into())]),
     )
     .await;
     let ids: Vec<_> = out
@@ -120,11 +104,7 @@ fn given_any_infrastructure_error_then_the_message_comes_back_and_outcomes_do_no
         Err(PortError::permanent("get delivery", "access denied").into());
     assert!(failed(&retryable).unwrap().starts_with("retryable"));
     assert!(failed(&permanent).unwrap().starts_with("permanent"));
-    for ok in [
-        DeliverOutcome::Delivered,
-        DeliverOutcome::Dead,
-        DeliverOutcome::Stale,
-    ] {
+    for ok in [DeliverOutcome::Delivered, DeliverOutcome::Dead, DeliverOutcome::Stale] {
         assert_eq!(failed(&Ok(ok)), None);
     }
 }
@@ -133,12 +113,7 @@ fn given_any_infrastructure_error_then_the_message_comes_back_and_outcomes_do_no
 fn allowed_cidrs_parse_a_comma_list_and_name_the_variable_on_error() {
     assert!(allowed_cidrs(None).unwrap().is_empty());
     assert!(allowed_cidrs(Some("")).unwrap().is_empty());
-    assert_eq!(
-        allowed_cidrs(Some("127.0.0.0/8, 10.0.0.0/8"))
-            .unwrap()
-            .len(),
-        2
-    );
+    assert_eq!(allowed_cidrs(Some("127.0.0.0/8, 10.0.0.0/8")).unwrap().len(), 2);
     assert!(allowed_cidrs(Some("nope"))
         .unwrap_err()
         .to_string()

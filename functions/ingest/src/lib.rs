@@ -44,15 +44,9 @@ mod tests {
         let request = lambda_http::request::from_str(&sample).expect("an HTTP API v2 event");
         let response = app(services).oneshot(request).await.unwrap();
         assert_eq!(response.status(), 202);
-        let body = axum::body::to_bytes(response.into_body(), 1 << 20)
-            .await
-            .unwrap();
+        let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(
-            json["deliveries"].as_array().map(Vec::len),
-            Some(1),
-            "{json}"
-        );
+        assert_eq!(json["deliveries"].as_array().map(Vec::len), Some(1), "{json}");
         assert_eq!(h.queue.take_visible().len(), 1, "the delivery is queued");
     }
 }

@@ -39,10 +39,13 @@ mod tests {
     use hookwise_core::testing::memory::{Harness, ScriptedSender};
 
     #[tokio::test]
-    async fn given_a_retry_beyond_the_queue_delay_then_a_tick_after_it_is_near_moves_it_to_the_queue(
-    ) {
+    async fn given_a_retry_beyond_the_queue_delay_then_a_tick_after_it_is_near_moves_it_to_the_queue() {
         // The queue holds 60 s at most, so a 300 s retry waits in the scheduler table.
-        let h = Harness::with_config(ScriptedSender::always(500), hookwise_core::services::Config::default(), 60);
+        let h = Harness::with_config(
+            ScriptedSender::always(500),
+            hookwise_core::services::Config::default(),
+            60,
+        );
         let (tenant, _) = h.tenant("owner@example.com").await;
         let sub = NewSubscription {
             url: EndpointUrl::parse("https://hooks.example.com/in").unwrap(),
@@ -59,23 +62,16 @@ mod tests {
         };
         h.services.ingest(&tenant, event, None).await.unwrap();
         let first = h.queue.take_visible();
-        h.services
-            .deliver_batch(&first)
-            .await
-            .into_iter()
-            .for_each(|r| {
-                r.unwrap();
-            });
+        h.services.deliver_batch(&first).await.into_iter().for_each(|r| {
+            r.unwrap();
+        });
         assert_eq!(
             h.scheduler.items.lock().unwrap().len(),
             1,
             "the retry is in the scheduler table"
         );
 
-        let tick = serde_json::from_str(include_str!(
-            "../../../infra/events/scheduler-scheduled.json"
-        ))
-        .unwrap();
+        let tick = serde_json::from_str(include_str!("../../../infra/events/scheduler-scheduled.json")).unwrap();
         // 299 s to go: more than the queue can hold, so it stays in the table.
         h.clock.set(h.clock.now() + Duration::seconds(1));
         assert_eq!(

@@ -112,8 +112,12 @@ fn keys(v: Option<&Value>, owner: &str) -> Result<Vec<KeySpec>, TemplateError> {
         .iter()
         .map(|k| {
             Ok(KeySpec {
-                attribute: field(k, "AttributeName").and_then(literal_str).ok_or_else(|| shape(format!("{owner}: a key without AttributeName")))?,
-                key_type: field(k, "KeyType").and_then(literal_str).ok_or_else(|| shape(format!("{owner}: a key without KeyType")))?,
+                attribute: field(k, "AttributeName")
+                    .and_then(literal_str)
+                    .ok_or_else(|| shape(format!("{owner}: a key without AttributeName")))?,
+                key_type: field(k, "KeyType")
+                    .and_then(literal_str)
+                    .ok_or_else(|| shape(format!("{owner}: a key without KeyType")))?,
             })
         })
         .collect::<Result<_, TemplateError>>()?;
@@ -126,10 +130,15 @@ fn keys(v: Option<&Value>, owner: &str) -> Result<Vec<KeySpec>, TemplateError> {
 impl TemplateResources {
     pub fn parse(yaml: &str) -> Result<Self, TemplateError> {
         let doc: Value = serde_yaml::from_str(yaml)?;
-        let resources = field(&doc, "Resources").and_then(Value::as_mapping).ok_or_else(|| shape("no Resources"))?;
+        let resources = field(&doc, "Resources")
+            .and_then(Value::as_mapping)
+            .ok_or_else(|| shape("no Resources"))?;
         let mut out = TemplateResources::default();
         for (id, res) in resources {
-            let id = id.as_str().ok_or_else(|| shape("a resource id that is not a string"))?.to_owned();
+            let id = id
+                .as_str()
+                .ok_or_else(|| shape("a resource id that is not a string"))?
+                .to_owned();
             let props = field(res, "Properties").cloned().unwrap_or(Value::Null);
             match field(res, "Type").and_then(Value::as_str) {
                 Some("AWS::DynamoDB::Table") => {
@@ -138,13 +147,19 @@ impl TemplateResources {
                         .map(|a| {
                             let name = field(a, "AttributeName").and_then(literal_str);
                             let ty = field(a, "AttributeType").and_then(literal_str);
-                            name.zip(ty).ok_or_else(|| shape(format!("{id}: an attribute definition needs AttributeName and AttributeType")))
+                            name.zip(ty).ok_or_else(|| {
+                                shape(format!(
+                                    "{id}: an attribute definition needs AttributeName and AttributeType"
+                                ))
+                            })
                         })
                         .collect::<Result<_, _>>()?;
                     let indexes = seq(field(&props, "GlobalSecondaryIndexes"))
                         .iter()
                         .map(|g| {
-                            let name = field(g, "IndexName").and_then(literal_str).ok_or_else(|| shape(format!("{id}: an index without IndexName")))?;
+                            let name = field(g, "IndexName")
+                                .and_then(literal_str)
+                                .ok_or_else(|| shape(format!("{id}: an index without IndexName")))?;
                             let projection = field(g, "Projection");
                             Ok(IndexSpec {
                                 keys: keys(field(g, "KeySchema"), &format!("{id}.{name}"))?,
@@ -152,7 +167,10 @@ impl TemplateResources {
                                     .and_then(|p| field(p, "ProjectionType"))
                                     .and_then(literal_str)
                                     .unwrap_or_else(|| "ALL".into()),
-                                non_key_attributes: seq(projection.and_then(|p| field(p, "NonKeyAttributes"))).iter().filter_map(literal_str).collect(),
+                                non_key_attributes: seq(projection.and_then(|p| field(p, "NonKeyAttributes")))
+                                    .iter()
+                                    .filter_map(literal_str)
+                                    .collect(),
                                 name,
                             })
                         })
@@ -161,7 +179,12 @@ impl TemplateResources {
                         .filter(|t| field(t, "Enabled").and_then(Value::as_bool).unwrap_or(false))
                         .and_then(|t| field(t, "AttributeName"))
                         .and_then(literal_str);
-                    let table = TableSpec { keys: keys(field(&props, "KeySchema"), &id)?, attributes, indexes, ttl_attribute: ttl };
+                    let table = TableSpec {
+                        keys: keys(field(&props, "KeySchema"), &id)?,
+                        attributes,
+                        indexes,
+                        ttl_attribute: ttl,
+                    };
                     out.tables.insert(id, table);
                 }
                 Some("AWS::SQS::Queue") => {
@@ -176,7 +199,11 @@ impl TemplateResources {
                         target.map(|t| (t, count))
                     });
                     let redrive = match redrive {
-                        Some(None) => return Err(shape(format!("{id}: RedrivePolicy.deadLetterTargetArn must be !GetAtt <queue>.Arn"))),
+                        Some(None) => {
+                            return Err(shape(format!(
+                                "{id}: RedrivePolicy.deadLetterTargetArn must be !GetAtt <queue>.Arn"
+                            )))
+                        }
                         Some(r) => r,
                         None => None,
                     };
@@ -196,11 +223,15 @@ impl TemplateResources {
     }
 
     pub fn table(&self, id: &str) -> Result<&TableSpec, TemplateError> {
-        self.tables.get(id).ok_or_else(|| shape(format!("no AWS::DynamoDB::Table named {id}")))
+        self.tables
+            .get(id)
+            .ok_or_else(|| shape(format!("no AWS::DynamoDB::Table named {id}")))
     }
 
     pub fn queue(&self, id: &str) -> Result<&QueueSpec, TemplateError> {
-        self.queues.get(id).ok_or_else(|| shape(format!("no AWS::SQS::Queue named {id}")))
+        self.queues
+            .get(id)
+            .ok_or_else(|| shape(format!("no AWS::SQS::Queue named {id}")))
     }
 }
 
@@ -257,7 +288,11 @@ impl TableSpec {
             .await
             .map_err(|e| classify(&format!("create table {name}"), e))?;
         if let Some(attr) = &self.ttl_attribute {
-            let spec = TimeToLiveSpecification::builder().attribute_name(attr).enabled(true).build().map_err(|e| PortError::permanent("ttl", e))?;
+            let spec = TimeToLiveSpecification::builder()
+                .attribute_name(attr)
+                .enabled(true)
+                .build()
+                .map_err(|e| PortError::permanent("ttl", e))?;
             client
                 .update_time_to_live()
                 .table_name(name)
@@ -286,12 +321,18 @@ async fn create_queue(
         req = req.attributes(QueueAttributeName::MessageRetentionPeriod, v.to_string());
     }
     if let Some((dlq, max)) = &spec.redrive {
-        let arn = dlq_arns.get(dlq).ok_or_else(|| PortError::permanent("create queue", format!("its dead-letter queue {dlq} is not created")))?;
+        let arn = dlq_arns.get(dlq).ok_or_else(|| {
+            PortError::permanent("create queue", format!("its dead-letter queue {dlq} is not created"))
+        })?;
         let policy = serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max.to_string()});
         req = req.attributes(QueueAttributeName::RedrivePolicy, policy.to_string());
     }
-    let out = req.send().await.map_err(|e| classify(&format!("create queue {name}"), e))?;
-    out.queue_url.ok_or_else(|| PortError::permanent("create queue", "no QueueUrl in the answer"))
+    let out = req
+        .send()
+        .await
+        .map_err(|e| classify(&format!("create queue {name}"), e))?;
+    out.queue_url
+        .ok_or_else(|| PortError::permanent("create queue", "no QueueUrl in the answer"))
 }
 
 async fn queue_arn(client: &aws_sdk_sqs::Client, url: &str) -> Result<String, PortError> {
@@ -331,7 +372,11 @@ impl Provisioned {
 /// Both tables and both queues as the template defines them, named `{prefix}-main`,
 /// `{prefix}-scheduler`, `{prefix}-delivery` and `{prefix}-dead-letter`. The tables are
 /// created concurrently, then the dead-letter queue before the queue that redrives to it.
-pub async fn provision(clients: &AwsClients, resources: &TemplateResources, prefix: &str) -> Result<Provisioned, Box<dyn std::error::Error + Send + Sync>> {
+pub async fn provision(
+    clients: &AwsClients,
+    resources: &TemplateResources,
+    prefix: &str,
+) -> Result<Provisioned, Box<dyn std::error::Error + Send + Sync>> {
     let main = resources.table(MAIN_TABLE)?;
     let scheduler = resources.table(SCHEDULER_TABLE)?;
     let delivery = resources.queue(DELIVERY_QUEUE)?;
@@ -342,13 +387,20 @@ pub async fn provision(clients: &AwsClients, resources: &TemplateResources, pref
         delivery_queue_url: String::new(),
         dead_letter_queue_url: String::new(),
     };
-    let (a, b) = futures::join!(main.create(&clients.dynamodb, &names.table), scheduler.create(&clients.dynamodb, &names.scheduler_table));
+    let (a, b) = futures::join!(
+        main.create(&clients.dynamodb, &names.table),
+        scheduler.create(&clients.dynamodb, &names.scheduler_table)
+    );
     a?;
     b?;
     let dead_url = create_queue(&clients.sqs, dead, &format!("{prefix}-dead-letter"), &HashMap::new()).await?;
     let arns = HashMap::from([(DEAD_LETTER_QUEUE.to_owned(), queue_arn(&clients.sqs, &dead_url).await?)]);
     let delivery_url = create_queue(&clients.sqs, delivery, &format!("{prefix}-delivery"), &arns).await?;
-    Ok(Provisioned { delivery_queue_url: delivery_url, dead_letter_queue_url: dead_url, ..names })
+    Ok(Provisioned {
+        delivery_queue_url: delivery_url,
+        dead_letter_queue_url: dead_url,
+        ..names
+    })
 }
 
 #[cfg(test)]
@@ -392,7 +444,13 @@ Resources:
     fn tables_and_queues_are_read_through_cloudformation_tags() {
         let r = TemplateResources::parse(SAMPLE).unwrap();
         let t = r.table("T").unwrap();
-        assert_eq!(t.keys, vec![KeySpec { attribute: "pk".into(), key_type: "HASH".into() }]);
+        assert_eq!(
+            t.keys,
+            vec![KeySpec {
+                attribute: "pk".into(),
+                key_type: "HASH".into()
+            }]
+        );
         assert_eq!(t.attributes.len(), 2);
         assert_eq!(t.indexes[0].name, "by-g");
         assert_eq!(t.indexes[0].projection_type, "KEYS_ONLY");
@@ -406,11 +464,17 @@ Resources:
 
     #[test]
     fn the_projects_template_defines_what_the_adapters_use() {
-        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).expect("template.yaml at the workspace root");
+        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml"))
+            .expect("template.yaml at the workspace root");
         let r = TemplateResources::parse(&yaml).unwrap();
         let main = r.table(MAIN_TABLE).unwrap();
         let names: Vec<&str> = main.indexes.iter().map(|i| i.name.as_str()).collect();
-        for index in [crate::store::INDEX_BY_TENANT, crate::store::INDEX_BY_TENANT_STATUS, crate::store::INDEX_BY_SUBSCRIPTION, crate::store::INDEX_OVERDUE] {
+        for index in [
+            crate::store::INDEX_BY_TENANT,
+            crate::store::INDEX_BY_TENANT_STATUS,
+            crate::store::INDEX_BY_SUBSCRIPTION,
+            crate::store::INDEX_OVERDUE,
+        ] {
             assert!(names.contains(&index), "MainTable lacks the index {index}");
         }
         assert_eq!(main.ttl_attribute.as_deref(), Some(crate::store::TTL_ATTRIBUTE));

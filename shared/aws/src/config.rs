@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use aws_config::{BehaviorVersion, SdkConfig};
 use aws_config::timeout::TimeoutConfig;
+use aws_config::{BehaviorVersion, SdkConfig};
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use aws_smithy_runtime_api::client::http::SharedHttpClient;
 
@@ -41,7 +41,11 @@ pub enum ConfigError {
     #[error("{0} is not set: template.yaml sets it for every function")]
     Missing(&'static str),
     #[error("{name} is `{value}`: {why}")]
-    Invalid { name: &'static str, value: String, why: String },
+    Invalid {
+        name: &'static str,
+        value: String,
+        why: String,
+    },
 }
 
 /// Where the adapters find their tables and queues.
@@ -70,7 +74,11 @@ impl AwsConfig {
 
     /// From any lookup of the variables in [`env`] (a map in tests).
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let required = |name: &'static str| get(name).filter(|v| !v.trim().is_empty()).ok_or(ConfigError::Missing(name));
+        let required = |name: &'static str| {
+            get(name)
+                .filter(|v| !v.trim().is_empty())
+                .ok_or(ConfigError::Missing(name))
+        };
         let mut b = AwsConfig::builder()
             .table(required(env::TABLE)?)
             .scheduler_table(required(env::SCHEDULER_TABLE)?)
@@ -150,8 +158,12 @@ impl AwsConfigBuilder {
         Ok(AwsConfig {
             table: self.table.ok_or(ConfigError::Missing(env::TABLE))?,
             scheduler_table: self.scheduler_table.ok_or(ConfigError::Missing(env::SCHEDULER_TABLE))?,
-            delivery_queue_url: self.delivery_queue_url.ok_or(ConfigError::Missing(env::DELIVERY_QUEUE_URL))?,
-            dead_letter_queue_url: self.dead_letter_queue_url.ok_or(ConfigError::Missing(env::DEAD_LETTER_QUEUE_URL))?,
+            delivery_queue_url: self
+                .delivery_queue_url
+                .ok_or(ConfigError::Missing(env::DELIVERY_QUEUE_URL))?,
+            dead_letter_queue_url: self
+                .dead_letter_queue_url
+                .ok_or(ConfigError::Missing(env::DEAD_LETTER_QUEUE_URL))?,
             sender_email: self.sender_email.ok_or(ConfigError::Missing(env::SENDER_EMAIL))?,
             queue_max_delay_seconds: max_delay,
             retention: self.retention.unwrap_or(DEFAULT_RETENTION),
@@ -161,7 +173,9 @@ impl AwsConfigBuilder {
 
 /// The SDK's own hyper 1 client on rustls with ring: one TLS stack in the binary.
 pub fn https_client() -> SharedHttpClient {
-    aws_smithy_http_client::Builder::new().tls_provider(tls::Provider::Rustls(CryptoMode::Ring)).build_https()
+    aws_smithy_http_client::Builder::new()
+        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+        .build_https()
 }
 
 /// Timeouts short enough that a stuck call fails (retryably) inside the Lambda's own.
@@ -176,7 +190,11 @@ fn timeouts() -> TimeoutConfig {
 /// The standard chain (environment, profile, container and instance credentials), region
 /// and `AWS_ENDPOINT_URL` (moto, LocalStack), on [`https_client`].
 pub async fn load_sdk_config() -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest()).http_client(https_client()).timeout_config(timeouts()).load().await
+    aws_config::defaults(BehaviorVersion::latest())
+        .http_client(https_client())
+        .timeout_config(timeouts())
+        .load()
+        .await
 }
 
 /// The three SDK clients, built once per container.
@@ -219,7 +237,13 @@ impl AwsClients {
             .timeout_config(timeouts())
             .endpoint_url(endpoint_url)
             .region(aws_config::Region::new("us-east-1"))
-            .credentials_provider(aws_sdk_dynamodb::config::Credentials::new("testing", "testing", None, None, "hookwise-test"))
+            .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
+                "testing",
+                "testing",
+                None,
+                None,
+                "hookwise-test",
+            ))
             .load()
             .await;
         Self::new(&config, counter)

@@ -66,10 +66,19 @@ impl RequestCounter {
     }
 
     pub(crate) fn record_request(&self, service: &str, operation: &str) {
-        *self.lock().requests.entry(format!("{service}.{operation}")).or_default() += 1;
+        *self
+            .lock()
+            .requests
+            .entry(format!("{service}.{operation}"))
+            .or_default() += 1;
     }
 
-    pub(crate) fn record_capacity<'a>(&self, what: &str, write: bool, consumed: impl IntoIterator<Item = &'a ConsumedCapacity>) {
+    pub(crate) fn record_capacity<'a>(
+        &self,
+        what: &str,
+        write: bool,
+        consumed: impl IntoIterator<Item = &'a ConsumedCapacity>,
+    ) {
         let units: f64 = consumed.into_iter().filter_map(ConsumedCapacity::capacity_units).sum();
         let mut c = self.lock();
         if write {
@@ -77,7 +86,9 @@ impl RequestCounter {
         } else {
             c.read_units += units;
         }
-        *c.units_by_call.entry(format!("{}: {what}", if write { "write" } else { "read" })).or_default() += units;
+        *c.units_by_call
+            .entry(format!("{}: {what}", if write { "write" } else { "read" }))
+            .or_default() += units;
     }
 }
 

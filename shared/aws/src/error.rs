@@ -48,7 +48,10 @@ where
         SdkError::ServiceError(service) => {
             let code = service.err().code();
             if code == Some("ConditionalCheckFailedException") {
-                return PortError::ConditionFailed(format!("{what}: {}", service.err().message().unwrap_or("condition failed")));
+                return PortError::ConditionFailed(format!(
+                    "{what}: {}",
+                    service.err().message().unwrap_or("condition failed")
+                ));
             }
             if transient(code, service.raw().status().as_u16()) {
                 PortError::retryable(what, err)
@@ -82,7 +85,15 @@ pub(crate) fn classify_transaction(what: &str, err: SdkError<TransactWriteItemsE
                 return TxFailure::Condition(failed);
             }
             let transient_reason = reasons.iter().any(|r| {
-                matches!(r.code(), Some("TransactionConflict" | "ThrottlingError" | "ProvisionedThroughputExceeded" | "RequestLimitExceeded"))
+                matches!(
+                    r.code(),
+                    Some(
+                        "TransactionConflict"
+                            | "ThrottlingError"
+                            | "ProvisionedThroughputExceeded"
+                            | "RequestLimitExceeded"
+                    )
+                )
             });
             // Some emulators give no reasons, only the message DynamoDB writes them into.
             let message = cancelled.message().unwrap_or_default();

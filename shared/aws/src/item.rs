@@ -45,7 +45,11 @@ fn from_attr(a: &AttributeValue) -> Result<Value, String> {
         AttributeValue::S(st) => Value::String(st.clone()),
         AttributeValue::N(num) => Value::Number(parse_number(num)?),
         AttributeValue::L(xs) => Value::Array(xs.iter().map(from_attr).collect::<Result<_, _>>()?),
-        AttributeValue::M(m) => Value::Object(m.iter().map(|(k, v)| Ok((k.clone(), from_attr(v)?))).collect::<Result<_, String>>()?),
+        AttributeValue::M(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| Ok((k.clone(), from_attr(v)?)))
+                .collect::<Result<_, String>>()?,
+        ),
         other => return Err(format!("unexpected attribute type {other:?}")),
     })
 }
@@ -57,13 +61,20 @@ fn parse_number(num: &str) -> Result<Number, String> {
     if let Ok(u) = num.parse::<u64>() {
         return Ok(u.into());
     }
-    num.parse::<f64>().ok().and_then(Number::from_f64).ok_or_else(|| format!("`{num}` is not a number"))
+    num.parse::<f64>()
+        .ok()
+        .and_then(Number::from_f64)
+        .ok_or_else(|| format!("`{num}` is not a number"))
 }
 
 /// A struct's fields as attributes; `None` fields are left out rather than stored as NULL.
 pub(crate) fn to_item<T: Serialize>(value: &T) -> Item {
     match serde_json::to_value(value).expect("domain types serialise to JSON") {
-        Value::Object(m) => m.into_iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| (k, to_attr(v))).collect(),
+        Value::Object(m) => m
+            .into_iter()
+            .filter(|(_, v)| !v.is_null())
+            .map(|(k, v)| (k, to_attr(v)))
+            .collect(),
         other => panic!("a domain record serialises to an object, not {other}"),
     }
 }
@@ -119,15 +130,23 @@ pub(crate) fn health_to_attr(health: &EndpointHealth) -> AttributeValue {
 const HEALTH_SAMPLE_BYTES: usize = 13;
 
 pub(crate) fn health_from_attr(item: &Item, name: &str) -> Result<EndpointHealth, PortError> {
-    let Some(AttributeValue::B(blob)) = item.get(name) else { return Err(corrupt(name, "missing or not binary")) };
+    let Some(AttributeValue::B(blob)) = item.get(name) else {
+        return Err(corrupt(name, "missing or not binary"));
+    };
     let bytes = blob.as_ref();
     if bytes.len() % HEALTH_SAMPLE_BYTES != 0 {
-        return Err(corrupt(name, format!("{} bytes is not a whole number of samples", bytes.len())));
+        return Err(corrupt(
+            name,
+            format!("{} bytes is not a whole number of samples", bytes.len()),
+        ));
     }
     let sample = |c: &[u8]| -> Option<HealthSample> {
         let secs = i64::from_be_bytes(c[0..8].try_into().ok()?);
         let nanos = u32::from_be_bytes(c[8..12].try_into().ok()?);
-        Some(HealthSample { at: DateTime::from_timestamp(secs, nanos)?, success: c[12] != 0 })
+        Some(HealthSample {
+            at: DateTime::from_timestamp(secs, nanos)?,
+            success: c[12] != 0,
+        })
     };
     let samples = bytes
         .chunks_exact(HEALTH_SAMPLE_BYTES)
@@ -152,7 +171,13 @@ mod tests {
 
     #[test]
     fn records_round_trip_through_attributes_without_their_none_fields() {
-        let v = Sample { a: 7, b: None, c: 61.25, d: vec![Value::Null, Value::Bool(true), "x".into()], e: -3 };
+        let v = Sample {
+            a: 7,
+            b: None,
+            c: 61.25,
+            d: vec![Value::Null, Value::Bool(true), "x".into()],
+            e: -3,
+        };
         let item = to_item(&v);
         assert!(!item.contains_key("b"));
         assert_eq!(item["c"], AttributeValue::N("61.25".into()));
@@ -162,7 +187,13 @@ mod tests {
     #[test]
     fn a_whole_float_read_back_as_an_integer_still_decodes_as_a_float() {
         // DynamoDB normalises `60.0` to `60`.
-        let mut item = to_item(&Sample { a: 1, b: Some("y".into()), c: 60.0, d: vec![], e: 0 });
+        let mut item = to_item(&Sample {
+            a: 1,
+            b: Some("y".into()),
+            c: 60.0,
+            d: vec![],
+            e: 0,
+        });
         item.insert("c".into(), AttributeValue::N("60".into()));
         assert_eq!(from_item::<Sample>(&item).unwrap().c, 60.0);
     }
@@ -172,10 +203,15 @@ mod tests {
         let start: DateTime<Utc> = "2030-06-01T12:00:00.123456789Z".parse().unwrap();
         let mut health = EndpointHealth::default();
         for i in 0..hookwise_core::health::HEALTH_WINDOW {
-            health.record(HealthSample { at: start + chrono::Duration::seconds(i as i64 * 37), success: i % 3 != 0 });
+            health.record(HealthSample {
+                at: start + chrono::Duration::seconds(i as i64 * 37),
+                success: i % 3 != 0,
+            });
         }
         let item = Item::from([("samples".to_owned(), health_to_attr(&health))]);
-        let AttributeValue::B(bytes) = &item["samples"] else { panic!("binary") };
+        let AttributeValue::B(bytes) = &item["samples"] else {
+            panic!("binary")
+        };
         assert!(bytes.as_ref().len() < 1000, "{} bytes", bytes.as_ref().len());
         assert_eq!(health_from_attr(&item, "samples").unwrap(), health);
 

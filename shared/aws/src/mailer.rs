@@ -15,12 +15,19 @@ pub struct SesMailer {
 }
 
 fn text(data: &str) -> Result<Content, PortError> {
-    Content::builder().data(data).charset("UTF-8").build().map_err(|e| PortError::permanent("building an email", e))
+    Content::builder()
+        .data(data)
+        .charset("UTF-8")
+        .build()
+        .map_err(|e| PortError::permanent("building an email", e))
 }
 
 impl SesMailer {
     pub fn new(client: Client, from: &str) -> Self {
-        Self { client, from: from.to_owned() }
+        Self {
+            client,
+            from: from.to_owned(),
+        }
     }
 
     pub fn from_address(&self) -> &str {
@@ -31,7 +38,10 @@ impl SesMailer {
 #[async_trait]
 impl Mailer for SesMailer {
     async fn send(&self, email: &OutgoingEmail) -> PortResult<()> {
-        let message = Message::builder().subject(text(&email.subject)?).body(Body::builder().text(text(&email.text)?).build()).build();
+        let message = Message::builder()
+            .subject(text(&email.subject)?)
+            .body(Body::builder().text(text(&email.text)?).build())
+            .build();
         self.client
             .send_email()
             .from_email_address(&self.from)

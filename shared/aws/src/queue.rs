@@ -88,7 +88,11 @@ impl SqsQueue {
         if failed.is_empty() {
             return Ok(());
         }
-        let detail = failed.iter().map(|f| format!("{} ({})", f.code(), f.message().unwrap_or("-"))).collect::<Vec<_>>().join(", ");
+        let detail = failed
+            .iter()
+            .map(|f| format!("{} ({})", f.code(), f.message().unwrap_or("-")))
+            .collect::<Vec<_>>()
+            .join(", ");
         let source = format!("{} of {} messages failed: {detail}", failed.len(), chunk.len());
         if failed.iter().any(|f| f.sender_fault()) {
             Err(PortError::permanent(what, source))
@@ -108,14 +112,22 @@ impl DeliveryQueue for SqsQueue {
         if let Some((task, delay)) = tasks.iter().find(|(_, d)| *d > self.max_delay_seconds) {
             return Err(PortError::permanent(
                 "enqueue",
-                format!("a delay of {delay} s for {} exceeds the queue's {} s: use the scheduler table", task.delivery_id, self.max_delay_seconds),
+                format!(
+                    "a delay of {delay} s for {} exceeds the queue's {} s: use the scheduler table",
+                    task.delivery_id, self.max_delay_seconds
+                ),
             ));
         }
         self.send(&self.delivery_queue_url, tasks.to_vec(), "enqueue").await
     }
 
     async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()> {
-        self.send(&self.dead_letter_queue_url, tasks.iter().map(|t| (t.clone(), 0)).collect(), "dead letter").await
+        self.send(
+            &self.dead_letter_queue_url,
+            tasks.iter().map(|t| (t.clone(), 0)).collect(),
+            "dead letter",
+        )
+        .await
     }
 }
 
@@ -126,7 +138,11 @@ mod tests {
 
     #[test]
     fn a_task_body_round_trips_as_json() {
-        let task = DeliveryTask { delivery_id: DeliveryId::generate(chrono::Utc::now(), &mut rand::rng()), round: 1, attempt: 3 };
+        let task = DeliveryTask {
+            delivery_id: DeliveryId::generate(chrono::Utc::now(), &mut rand::rng()),
+            round: 1,
+            attempt: 3,
+        };
         let body = encode_task(&task);
         assert!(body.contains("\"attempt\":3"));
         assert_eq!(decode_task(&body).unwrap(), task);

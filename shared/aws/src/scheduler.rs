@@ -38,11 +38,20 @@ pub fn minute_bucket(t: DateTime<Utc>) -> String {
 }
 
 fn due_key(item: &ScheduledTask) -> String {
-    format!("{}#{}#{}#{}", sortable_time(item.due), item.task.delivery_id, item.task.round, item.task.attempt)
+    format!(
+        "{}#{}#{}#{}",
+        sortable_time(item.due),
+        item.task.delivery_id,
+        item.task.round,
+        item.task.attempt
+    )
 }
 
 fn key(item: &ScheduledTask) -> Item {
-    HashMap::from([(PARTITION_KEY.to_owned(), s(minute_bucket(item.due))), (SORT_KEY.to_owned(), s(due_key(item)))])
+    HashMap::from([
+        (PARTITION_KEY.to_owned(), s(minute_bucket(item.due))),
+        (SORT_KEY.to_owned(), s(due_key(item))),
+    ])
 }
 
 fn cursor_key() -> Item {
@@ -50,9 +59,19 @@ fn cursor_key() -> Item {
 }
 
 fn decode(item: &Item) -> PortResult<ScheduledTask> {
-    let due = DateTime::parse_from_rfc3339(get_s(item, "due")?).map_err(|e| corrupt("due", e.to_string()))?.with_timezone(&Utc);
-    let delivery_id = DeliveryId::parse(get_s(item, "delivery_id")?).map_err(|e| corrupt("delivery_id", e.to_string()))?;
-    Ok(ScheduledTask { task: DeliveryTask { delivery_id, round: get_n(item, "round")?, attempt: get_n(item, "attempt")? }, due })
+    let due = DateTime::parse_from_rfc3339(get_s(item, "due")?)
+        .map_err(|e| corrupt("due", e.to_string()))?
+        .with_timezone(&Utc);
+    let delivery_id =
+        DeliveryId::parse(get_s(item, "delivery_id")?).map_err(|e| corrupt("delivery_id", e.to_string()))?;
+    Ok(ScheduledTask {
+        task: DeliveryTask {
+            delivery_id,
+            round: get_n(item, "round")?,
+            attempt: get_n(item, "attempt")?,
+        },
+        due,
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -63,7 +82,10 @@ pub struct DynamoScheduler {
 
 impl DynamoScheduler {
     pub fn new(client: Client, table: &str) -> Self {
-        Self { client, table: table.to_owned() }
+        Self {
+            client,
+            table: table.to_owned(),
+        }
     }
 
     pub fn table_name(&self) -> &str {
@@ -81,13 +103,19 @@ impl DynamoScheduler {
             .send()
             .await
             .map_err(|e| classify("read scheduler cursor", e))?;
-        let Some(item) = out.item else { return Ok((Vec::new(), 0)) };
+        let Some(item) = out.item else {
+            return Ok((Vec::new(), 0));
+        };
         let mut pending = match item.get("pending") {
             Some(AttributeValue::Ss(set)) => set.clone(),
             _ => Vec::new(),
         };
         pending.sort();
-        let version = if item.contains_key("version") { get_n(&item, "version")? } else { 0 };
+        let version = if item.contains_key("version") {
+            get_n(&item, "version")?
+        } else {
+            0
+        };
         Ok((pending, version))
     }
 
@@ -148,7 +176,10 @@ impl DynamoScheduler {
         let mut requests: Vec<WriteRequest> = keys
             .into_iter()
             .map(|k| {
-                let delete = DeleteRequest::builder().set_key(Some(k)).build().map_err(|e| PortError::permanent("building a delete", e))?;
+                let delete = DeleteRequest::builder()
+                    .set_key(Some(k))
+                    .build()
+                    .map_err(|e| PortError::permanent("building a delete", e))?;
                 Ok(WriteRequest::builder().delete_request(delete).build())
             })
             .collect::<PortResult<_>>()?;
@@ -166,12 +197,18 @@ impl DynamoScheduler {
                 .send()
                 .await
                 .map_err(|e| classify("remove scheduled tasks", e))?;
-            requests = out.unprocessed_items.and_then(|mut u| u.remove(&self.table)).unwrap_or_default();
+            requests = out
+                .unprocessed_items
+                .and_then(|mut u| u.remove(&self.table))
+                .unwrap_or_default();
         }
         if requests.is_empty() {
             Ok(())
         } else {
-            Err(PortError::retryable("remove scheduled tasks", "DynamoDB left deletes unprocessed after 8 tries"))
+            Err(PortError::retryable(
+                "remove scheduled tasks",
+                "DynamoDB left deletes unprocessed after 8 tries",
+            ))
         }
     }
 }
@@ -180,7 +217,10 @@ impl DynamoScheduler {
 impl SchedulerTable for DynamoScheduler {
     async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
         let mut record = key(item);
-        record.insert("due".into(), s(item.due.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)));
+        record.insert(
+            "due".into(),
+            s(item.due.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
+        );
         record.insert("delivery_id".into(), s(item.task.delivery_id.as_str()));
         record.insert("round".into(), n(item.task.round));
         record.insert("attempt".into(), n(item.task.attempt));
@@ -250,7 +290,11 @@ impl SchedulerTable for DynamoScheduler {
         let mut keys: Vec<Item> = items.iter().map(key).collect();
         keys.dedup();
         let chunks: Vec<Vec<Item>> = keys.chunks(MAX_BATCH_WRITE).map(<[Item]>::to_vec).collect();
-        futures::stream::iter(chunks).map(|c| self.delete_chunk(c)).buffer_unordered(CONCURRENCY).try_collect::<Vec<()>>().await?;
+        futures::stream::iter(chunks)
+            .map(|c| self.delete_chunk(c))
+            .buffer_unordered(CONCURRENCY)
+            .try_collect::<Vec<()>>()
+            .await?;
         Ok(())
     }
 }
@@ -264,10 +308,20 @@ mod tests {
         let t: DateTime<Utc> = "2026-11-30T05:07:59.999Z".parse().unwrap();
         assert_eq!(minute_bucket(t), "2026-11-30T05:07");
         let mut rng = rand::rng();
-        let mut task = |due| ScheduledTask { task: DeliveryTask { delivery_id: DeliveryId::generate(t, &mut rng), round: 0, attempt: 2 }, due };
+        let mut task = |due| ScheduledTask {
+            task: DeliveryTask {
+                delivery_id: DeliveryId::generate(t, &mut rng),
+                round: 0,
+                attempt: 2,
+            },
+            due,
+        };
         let early = due_key(&task(t - chrono::Duration::seconds(30)));
         let late = due_key(&task(t));
         assert!(early < late);
-        assert!(late < format!("{}$", sortable_time(t)), "a task due exactly at `until` is included");
+        assert!(
+            late < format!("{}$", sortable_time(t)),
+            "a task due exactly at `until` is included"
+        );
     }
 }

@@ -50,7 +50,10 @@ mod tests {
         .unwrap();
         assert_eq!(config.default_retry_policy, RetryPolicy::ledger());
         assert_eq!(config.public_api_url, "https://api.example.com");
-        assert_eq!(service_config(|_| None).unwrap().default_retry_policy, RetryPolicy::standard());
+        assert_eq!(
+            service_config(|_| None).unwrap().default_retry_policy,
+            RetryPolicy::standard()
+        );
         let err = service_config(|k| (k == env::DEFAULT_RETRY_POLICY).then(|| "fastest".into())).unwrap_err();
         assert!(err.to_string().contains("HOOKWISE_DEFAULT_RETRY_POLICY"), "{err}");
     }

@@ -55,7 +55,9 @@ use sha2::{Digest, Sha256};
 use crate::config::AwsConfig;
 use crate::counter::RequestCounter;
 use crate::error::{classify, classify_transaction, TxFailure};
-use crate::item::{corrupt, from_item, from_json, get_s, health_from_attr, health_to_attr, n, s, sortable_time, to_item, to_json, Item};
+use crate::item::{
+    corrupt, from_item, from_json, get_s, health_from_attr, health_to_attr, n, s, sortable_time, to_item, to_json, Item,
+};
 
 pub const PK: &str = "pk";
 pub const SK: &str = "sk";
@@ -116,7 +118,10 @@ fn delivery_key(id: &DeliveryId) -> Key {
     (format!("DLV#{id}"), "#DELIVERY".into())
 }
 fn attempt_key(a: &Attempt) -> Key {
-    (format!("DLV#{}", a.delivery_id), format!("ATT#{:010}#{:010}", a.round, a.attempt))
+    (
+        format!("DLV#{}", a.delivery_id),
+        format!("ATT#{:010}#{:010}", a.round, a.attempt),
+    )
 }
 fn notice_key(id: &DeliveryId, round: u32) -> Key {
     (format!("DLV#{id}"), format!("NOTICE#{round:010}"))
@@ -127,7 +132,9 @@ fn health_key(sub: &SubscriptionId) -> Key {
 
 fn overdue_shard(id: &DeliveryId) -> u32 {
     // FNV-1a: stable across builds, unlike std's hasher.
-    let h = id.as_str().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let h = id.as_str().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
     (h % u64::from(OVERDUE_SHARDS)) as u32
 }
 
@@ -175,7 +182,12 @@ impl DynamoStore {
         self.counter.as_ref().map(|_| ReturnConsumedCapacity::Total)
     }
 
-    fn charge<'a>(&self, what: &str, write: bool, consumed: impl IntoIterator<Item = &'a aws_sdk_dynamodb::types::ConsumedCapacity>) {
+    fn charge<'a>(
+        &self,
+        what: &str,
+        write: bool,
+        consumed: impl IntoIterator<Item = &'a aws_sdk_dynamodb::types::ConsumedCapacity>,
+    ) {
         if let Some(c) = &self.counter {
             c.record_capacity(what, write, consumed);
         }
@@ -192,9 +204,15 @@ impl DynamoStore {
         let created = format!("{}#{}", sortable_time(d.created_at), d.id);
         item.insert(GSI_TENANT.into(), s(d.tenant_id.as_str()));
         if in_status_index(d.status) {
-            item.insert(GSI_TENANT_STATUS.into(), s(format!("{}#{}", d.tenant_id, d.status.as_str())));
+            item.insert(
+                GSI_TENANT_STATUS.into(),
+                s(format!("{}#{}", d.tenant_id, d.status.as_str())),
+            );
         }
-        item.insert(GSI_SUBSCRIPTION.into(), s(format!("{}#{}", d.tenant_id, d.subscription_id)));
+        item.insert(
+            GSI_SUBSCRIPTION.into(),
+            s(format!("{}#{}", d.tenant_id, d.subscription_id)),
+        );
         item.insert(GSI_CREATED.into(), s(created));
         if let (DeliveryStatus::Pending | DeliveryStatus::Retrying, Some(due)) = (d.status, d.next_attempt_at) {
             item.insert(GSI_DUE_SHARD.into(), s(format!("DUE#{}", overdue_shard(&d.id))));
@@ -208,7 +226,10 @@ impl DynamoStore {
         let mut item = with_key(to_item(e), &event_key(&e.id), "event");
         // As JSON text: a number such as 1.0 would come back from DynamoDB as 1.
         item.insert("payload".into(), s(e.payload.to_string()));
-        item.insert("delivery_ids".into(), AttributeValue::L(deliveries.iter().map(|d| s(d.id.as_str())).collect()));
+        item.insert(
+            "delivery_ids".into(),
+            AttributeValue::L(deliveries.iter().map(|d| s(d.id.as_str())).collect()),
+        );
         item.insert(TTL_ATTRIBUTE.into(), self.expires_at(e.created_at));
         item
     }
@@ -230,8 +251,13 @@ impl DynamoStore {
     }
 
     fn put(&self, item: Item, condition: Option<&str>) -> Result<TransactWriteItem, PortError> {
-        let put = Put::builder().table_name(&self.table).set_item(Some(item)).set_condition_expression(condition.map(str::to_owned));
-        Ok(TransactWriteItem::builder().put(put.build().map_err(|e| build_err("put", e))?).build())
+        let put = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .set_condition_expression(condition.map(str::to_owned));
+        Ok(TransactWriteItem::builder()
+            .put(put.build().map_err(|e| build_err("put", e))?)
+            .build())
     }
 
     fn put_new(&self, item: Item) -> Result<TransactWriteItem, PortError> {
@@ -269,7 +295,12 @@ impl DynamoStore {
         Ok(())
     }
 
-    async fn transact(&self, items: Vec<TransactWriteItem>, token: Option<String>, what: &str) -> Result<(), TxFailure> {
+    async fn transact(
+        &self,
+        items: Vec<TransactWriteItem>,
+        token: Option<String>,
+        what: &str,
+    ) -> Result<(), TxFailure> {
         let out = self
             .client
             .transact_write_items()
@@ -311,7 +342,10 @@ impl DynamoStore {
     /// Items by key, strongly consistent, 100 a request, some requests at once; keys
     /// DynamoDB leaves unprocessed are asked again with a backoff. Keyed by `pk`.
     async fn batch_get(&self, pks: &[Key], what: &str) -> Result<HashMap<String, Item>, PortError> {
-        let chunks: Vec<Vec<Item>> = pks.chunks(MAX_BATCH_GET).map(|c| c.iter().map(key_item).collect()).collect();
+        let chunks: Vec<Vec<Item>> = pks
+            .chunks(MAX_BATCH_GET)
+            .map(|c| c.iter().map(key_item).collect())
+            .collect();
         let found: Vec<Vec<Item>> = futures::stream::iter(chunks)
             .map(|keys| self.batch_get_chunk(keys, what))
             .buffer_unordered(CONCURRENCY)
@@ -329,11 +363,17 @@ impl DynamoStore {
         let mut items = Vec::new();
         let mut pending = Some(keys);
         for round in 0..8u32 {
-            let Some(keys) = pending.take().filter(|k| !k.is_empty()) else { return Ok(items) };
+            let Some(keys) = pending.take().filter(|k| !k.is_empty()) else {
+                return Ok(items);
+            };
             if round > 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(25 << round)).await;
             }
-            let request = KeysAndAttributes::builder().set_keys(Some(keys)).consistent_read(true).build().map_err(|e| build_err(what, e))?;
+            let request = KeysAndAttributes::builder()
+                .set_keys(Some(keys))
+                .consistent_read(true)
+                .build()
+                .map_err(|e| build_err(what, e))?;
             let out = self
                 .client
                 .batch_get_item()
@@ -346,10 +386,16 @@ impl DynamoStore {
             if let Some(mut responses) = out.responses {
                 items.extend(responses.remove(&self.table).unwrap_or_default());
             }
-            pending = out.unprocessed_keys.and_then(|mut u| u.remove(&self.table)).map(|k| k.keys);
+            pending = out
+                .unprocessed_keys
+                .and_then(|mut u| u.remove(&self.table))
+                .map(|k| k.keys);
         }
         match pending {
-            Some(keys) if !keys.is_empty() => Err(PortError::retryable(what, "DynamoDB left keys unprocessed after 8 tries")),
+            Some(keys) if !keys.is_empty() => Err(PortError::retryable(
+                what,
+                "DynamoDB left keys unprocessed after 8 tries",
+            )),
             _ => Ok(items),
         }
     }
@@ -404,9 +450,19 @@ impl DynamoStore {
             let keys: Vec<(String, Key)> = out
                 .items()
                 .iter()
-                .map(|it| Ok((get_s(it, GSI_CREATED)?.to_owned(), (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()))))
+                .map(|it| {
+                    Ok((
+                        get_s(it, GSI_CREATED)?.to_owned(),
+                        (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()),
+                    ))
+                })
                 .collect::<Result<_, PortError>>()?;
-            let items = self.batch_get(&keys.iter().map(|(_, k)| k.clone()).collect::<Vec<_>>(), "list deliveries").await?;
+            let items = self
+                .batch_get(
+                    &keys.iter().map(|(_, k)| k.clone()).collect::<Vec<_>>(),
+                    "list deliveries",
+                )
+                .await?;
             for (created, k) in &keys {
                 let Some(item) = items.get(&k.0) else { continue };
                 let d: Delivery = from_item(item)?;
@@ -415,11 +471,19 @@ impl DynamoStore {
                     found.push((created.clone(), d));
                 }
             }
-            let next = out.last_evaluated_key.as_ref().and_then(|k| k.get(GSI_CREATED)).and_then(|v| v.as_s().ok()).cloned();
+            let next = out
+                .last_evaluated_key
+                .as_ref()
+                .and_then(|k| k.get(GSI_CREATED))
+                .and_then(|v| v.as_s().ok())
+                .cloned();
             match next {
                 Some(c) if found.len() <= limit && scanned_pages >= MAX_SCANNED_PAGES => {
                     // Enough read for one call: a short page, and the client goes on from here.
-                    return Ok(DeliveryPage { items: found.into_iter().map(|(_, d)| d).collect(), next_cursor: Some(c) });
+                    return Ok(DeliveryPage {
+                        items: found.into_iter().map(|(_, d)| d).collect(),
+                        next_cursor: Some(c),
+                    });
                 }
                 Some(c) if found.len() <= limit => cursor = Some(c),
                 _ => break,
@@ -427,7 +491,10 @@ impl DynamoStore {
         }
         let next_cursor = (found.len() > limit).then(|| found[limit - 1].0.clone());
         found.truncate(limit);
-        Ok(DeliveryPage { items: found.into_iter().map(|(_, d)| d).collect(), next_cursor })
+        Ok(DeliveryPage {
+            items: found.into_iter().map(|(_, d)| d).collect(),
+            next_cursor,
+        })
     }
 
     async fn overdue_shard_keys(&self, shard: u32, before: &str, limit: u32) -> Result<Vec<(String, Key)>, PortError> {
@@ -449,7 +516,12 @@ impl DynamoStore {
         self.charge("overdue deliveries", false, out.consumed_capacity());
         out.items()
             .iter()
-            .map(|it| Ok((get_s(it, GSI_DUE)?.to_owned(), (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()))))
+            .map(|it| {
+                Ok((
+                    get_s(it, GSI_DUE)?.to_owned(),
+                    (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()),
+                ))
+            })
             .collect()
     }
 }
@@ -460,7 +532,11 @@ fn check_cursor(cursor: &str) -> PortResult<()> {
     let valid = cursor
         .split_once('#')
         .is_some_and(|(at, id)| DateTime::parse_from_rfc3339(at).is_ok() && DeliveryId::parse(id).is_ok());
-    if valid { Ok(()) } else { Err(PortError::InvalidCursor(cursor.to_owned())) }
+    if valid {
+        Ok(())
+    } else {
+        Err(PortError::InvalidCursor(cursor.to_owned()))
+    }
 }
 
 /// The same request content gets the same token, so a transaction the SDK retries after it
@@ -488,8 +564,15 @@ mod erased {
 /// Unique per call, so a claim can recognise its own write on a retried request.
 fn claim_nonce() -> String {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-    format!("{}-{nanos:x}-{:x}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed))
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}-{nanos:x}-{:x}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 const EXPECTED_STATE: &str = "attribute_exists(pk) AND #status = :status AND #round = :round AND #attempts = :attempts";
@@ -503,25 +586,43 @@ impl Store for DynamoStore {
         ];
         match self.transact(items, None, "create tenant").await {
             Ok(()) => Ok(()),
-            Err(TxFailure::Condition(_)) => Err(PortError::ConditionFailed("API key or tenant id already in use".into())),
+            Err(TxFailure::Condition(_)) => {
+                Err(PortError::ConditionFailed("API key or tenant id already in use".into()))
+            }
             Err(TxFailure::Other(e)) => Err(e),
         }
     }
 
     async fn tenant_by_api_key(&self, api_key_hash: &str) -> PortResult<Option<Tenant>> {
-        self.get(&api_key_key(api_key_hash), "tenant by API key").await?.as_ref().map(from_item).transpose()
+        self.get(&api_key_key(api_key_hash), "tenant by API key")
+            .await?
+            .as_ref()
+            .map(from_item)
+            .transpose()
     }
 
     async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
-        self.get(&tenant_key(id), "get tenant").await?.as_ref().map(from_item).transpose()
+        self.get(&tenant_key(id), "get tenant")
+            .await?
+            .as_ref()
+            .map(from_item)
+            .transpose()
     }
 
     async fn put_subscription(&self, sub: &Subscription) -> PortResult<()> {
-        self.put_item(with_key(to_item(sub), &subscription_key(&sub.tenant_id, &sub.id), "subscription"), "put subscription").await
+        self.put_item(
+            with_key(to_item(sub), &subscription_key(&sub.tenant_id, &sub.id), "subscription"),
+            "put subscription",
+        )
+        .await
     }
 
     async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>> {
-        self.get(&subscription_key(tenant, id), "get subscription").await?.as_ref().map(from_item).transpose()
+        self.get(&subscription_key(tenant, id), "get subscription")
+            .await?
+            .as_ref()
+            .map(from_item)
+            .transpose()
     }
 
     async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
@@ -533,7 +634,12 @@ impl Store for DynamoStore {
             .key_condition_expression("pk = :pk AND begins_with(sk, :sub)")
             .expression_attribute_values(":pk", s(tenant_key(tenant).0))
             .expression_attribute_values(":sub", s("SUB#"));
-        let mut subs: Vec<Subscription> = self.query_all(q, "list subscriptions").await?.iter().map(from_item).collect::<Result<_, _>>()?;
+        let mut subs: Vec<Subscription> = self
+            .query_all(q, "list subscriptions")
+            .await?
+            .iter()
+            .map(from_item)
+            .collect::<Result<_, _>>()?;
         subs.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
         Ok(subs)
     }
@@ -555,7 +661,10 @@ impl Store for DynamoStore {
 
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
         let mut items = Vec::with_capacity(deliveries.len() + 2);
-        let marker = event.idempotency_key.as_ref().map(|k| idempotency_key(&event.tenant_id, k));
+        let marker = event
+            .idempotency_key
+            .as_ref()
+            .map(|k| idempotency_key(&event.tenant_id, k));
         if let Some(key) = &marker {
             let mut item = with_key(HashMap::new(), key, "idempotency_key");
             item.insert("event_id".into(), s(event.id.as_str()));
@@ -568,19 +677,31 @@ impl Store for DynamoStore {
         }
         // Past 100 items a transaction cannot hold them all: the first one (marker, event
         // and the first deliveries) decides, the rest follow.
-        let rest = if items.len() > MAX_TRANSACTION_ITEMS { items.split_off(MAX_TRANSACTION_ITEMS) } else { Vec::new() };
+        let rest = if items.len() > MAX_TRANSACTION_ITEMS {
+            items.split_off(MAX_TRANSACTION_ITEMS)
+        } else {
+            Vec::new()
+        };
 
         match self.transact(items, Some(event.id.to_string()), "create event").await {
             Ok(()) => {}
             Err(TxFailure::Condition(failed)) => {
                 let Some(key) = marker.filter(|_| failed.is_empty() || failed.contains(&0)) else {
-                    return Err(PortError::ConditionFailed(format!("event {} or one of its deliveries already exists", event.id)));
+                    return Err(PortError::ConditionFailed(format!(
+                        "event {} or one of its deliveries already exists",
+                        event.id
+                    )));
                 };
                 let existing = self.get(&key, "read idempotency key").await?;
-                let existing = existing.as_ref().map(|it| get_s(it, "event_id").map(str::to_owned)).transpose()?;
+                let existing = existing
+                    .as_ref()
+                    .map(|it| get_s(it, "event_id").map(str::to_owned))
+                    .transpose()?;
                 match existing {
                     Some(id) if id != event.id.as_str() => {
-                        return Ok(Created::Existing(EventId::parse(&id).map_err(|e| corrupt("event_id", e.to_string()))?))
+                        return Ok(Created::Existing(
+                            EventId::parse(&id).map_err(|e| corrupt("event_id", e.to_string()))?,
+                        ))
                     }
                     Some(_) => {} // our own write, committed by an earlier try of this request
                     None => return Err(PortError::ConditionFailed(format!("event {} already exists", event.id))),
@@ -599,9 +720,15 @@ impl Store for DynamoStore {
         };
         futures::stream::iter(chunks.into_iter().enumerate())
             .map(|(i, chunk)| async move {
-                match self.transact(chunk, Some(format!("{}-{i}", event.id)), "create event deliveries").await {
+                match self
+                    .transact(chunk, Some(format!("{}-{i}", event.id)), "create event deliveries")
+                    .await
+                {
                     Ok(()) => Ok(()),
-                    Err(TxFailure::Condition(_)) => Err(PortError::ConditionFailed(format!("a delivery of event {} already exists", event.id))),
+                    Err(TxFailure::Condition(_)) => Err(PortError::ConditionFailed(format!(
+                        "a delivery of event {} already exists",
+                        event.id
+                    ))),
                     Err(TxFailure::Other(e)) => Err(e),
                 }
             })
@@ -612,13 +739,17 @@ impl Store for DynamoStore {
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {
-        let Some(item) = self.get(&event_key(id), "get event").await? else { return Ok(None) };
+        let Some(item) = self.get(&event_key(id), "get event").await? else {
+            return Ok(None);
+        };
         let (event, _) = Self::decode_event(&item)?;
         Ok((&event.tenant_id == tenant).then_some(event))
     }
 
     async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>> {
-        let Some(item) = self.get(&event_key(event), "event deliveries").await? else { return Ok(Vec::new()) };
+        let Some(item) = self.get(&event_key(event), "event deliveries").await? else {
+            return Ok(Vec::new());
+        };
         let (event, ids) = Self::decode_event(&item)?;
         if &event.tenant_id != tenant {
             return Ok(Vec::new());
@@ -627,7 +758,11 @@ impl Store for DynamoStore {
     }
 
     async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>> {
-        self.get(&delivery_key(id), "get delivery").await?.as_ref().map(from_item).transpose()
+        self.get(&delivery_key(id), "get delivery")
+            .await?
+            .as_ref()
+            .map(from_item)
+            .transpose()
     }
 
     async fn list_deliveries(&self, tenant: &TenantId, query: &DeliveryQuery) -> PortResult<DeliveryPage> {
@@ -637,18 +772,35 @@ impl Store for DynamoStore {
         match (&query.subscription_id, query.status) {
             (Some(sub), status) => {
                 let key = format!("{tenant}#{sub}");
-                self.list_from_index(tenant, INDEX_BY_SUBSCRIPTION, GSI_SUBSCRIPTION, key, status, query).await
+                self.list_from_index(tenant, INDEX_BY_SUBSCRIPTION, GSI_SUBSCRIPTION, key, status, query)
+                    .await
             }
             (None, Some(status)) if !in_status_index(status) => {
-                self.list_from_index(tenant, INDEX_BY_TENANT, GSI_TENANT, tenant.to_string(), Some(status), query).await
+                self.list_from_index(
+                    tenant,
+                    INDEX_BY_TENANT,
+                    GSI_TENANT,
+                    tenant.to_string(),
+                    Some(status),
+                    query,
+                )
+                .await
             }
             (None, Some(status)) => {
                 let key = format!("{tenant}#{}", status.as_str());
-                let page = self.list_from_index(tenant, INDEX_BY_TENANT_STATUS, GSI_TENANT_STATUS, key, None, query).await?;
+                let page = self
+                    .list_from_index(tenant, INDEX_BY_TENANT_STATUS, GSI_TENANT_STATUS, key, None, query)
+                    .await?;
                 // The index may still list a delivery under its old status for a moment.
-                Ok(DeliveryPage { items: page.items.into_iter().filter(|d| d.status == status).collect(), ..page })
+                Ok(DeliveryPage {
+                    items: page.items.into_iter().filter(|d| d.status == status).collect(),
+                    ..page
+                })
             }
-            (None, None) => self.list_from_index(tenant, INDEX_BY_TENANT, GSI_TENANT, tenant.to_string(), None, query).await,
+            (None, None) => {
+                self.list_from_index(tenant, INDEX_BY_TENANT, GSI_TENANT, tenant.to_string(), None, query)
+                    .await
+            }
         }
     }
 
@@ -692,8 +844,15 @@ impl Store for DynamoStore {
                         if current.as_ref() == Some(&change.next) {
                             return Ok(());
                         }
-                        let why = if failed.item().is_some() || current.is_some() { "the delivery changed" } else { "no such delivery or it changed" };
-                        return Err(PortError::ConditionFailed(format!("apply change to {}: {why}", change.next.id)));
+                        let why = if failed.item().is_some() || current.is_some() {
+                            "the delivery changed"
+                        } else {
+                            "no such delivery or it changed"
+                        };
+                        return Err(PortError::ConditionFailed(format!(
+                            "apply change to {}: {why}",
+                            change.next.id
+                        )));
                     }
                     Err(classify("apply change", err))
                 }
@@ -715,7 +874,10 @@ impl Store for DynamoStore {
         match self.transact(items, Some(token), "apply change").await {
             Ok(()) => Ok(()),
             Err(TxFailure::Condition(failed)) => Err(PortError::ConditionFailed(match failed.as_slice() {
-                [1] => format!("attempt {} of round {} of {} is already recorded", attempt.attempt, attempt.round, attempt.delivery_id),
+                [1] => format!(
+                    "attempt {} of round {} of {} is already recorded",
+                    attempt.attempt, attempt.round, attempt.delivery_id
+                ),
                 _ => format!("delivery {} is not in the expected state", change.next.id),
             })),
             Err(TxFailure::Other(e)) => Err(e),
@@ -747,12 +909,19 @@ impl Store for DynamoStore {
         let mut keys: Vec<(String, Key)> = per_shard.into_iter().flatten().collect();
         keys.sort();
         keys.truncate(limit as usize);
-        let found = self.batch_get(&keys.iter().map(|(_, k)| k.clone()).collect::<Vec<_>>(), "overdue deliveries").await?;
+        let found = self
+            .batch_get(
+                &keys.iter().map(|(_, k)| k.clone()).collect::<Vec<_>>(),
+                "overdue deliveries",
+            )
+            .await?;
         let mut overdue = Vec::new();
         for (_, k) in &keys {
             let Some(item) = found.get(&k.0) else { continue };
             let d: Delivery = from_item(item)?;
-            if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Retrying) && d.next_attempt_at.is_some_and(|t| t < due_before) {
+            if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Retrying)
+                && d.next_attempt_at.is_some_and(|t| t < due_before)
+            {
                 overdue.push(d);
             }
         }
@@ -760,7 +929,9 @@ impl Store for DynamoStore {
     }
 
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {
-        let Some(item) = self.get(&health_key(sub), "endpoint health").await? else { return Ok(EndpointHealth::default()) };
+        let Some(item) = self.get(&health_key(sub), "endpoint health").await? else {
+            return Ok(EndpointHealth::default());
+        };
         // Health is advisory: an item that does not decode (an older format) starts afresh
         // rather than holding up deliveries.
         Ok(health_from_attr(&item, "samples").unwrap_or_else(|err| {
@@ -771,7 +942,11 @@ impl Store for DynamoStore {
 
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
         let item = HashMap::from([("samples".to_owned(), health_to_attr(health))]);
-        self.put_item(with_key(item, &health_key(sub), "endpoint_health"), "save endpoint health").await
+        self.put_item(
+            with_key(item, &health_key(sub), "endpoint_health"),
+            "save endpoint health",
+        )
+        .await
     }
 
     async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {

@@ -6,20 +6,35 @@ mod support;
 
 use chrono::{Duration, TimeZone, Utc};
 use hookwise_aws::AwsClients;
+use hookwise_aws::RequestCounter;
 use hookwise_core::model::{DeliveryId, Email};
 use hookwise_core::ports::{DeliveryTask, Mailer, OutgoingEmail, ScheduledTask, SchedulerTable, Store};
 use hookwise_core::PortError;
-use hookwise_aws::RequestCounter;
 
 fn task(at: chrono::DateTime<Utc>) -> ScheduledTask {
-    ScheduledTask { task: DeliveryTask { delivery_id: DeliveryId::generate(at, &mut rand::rng()), round: 0, attempt: 2 }, due: at }
+    ScheduledTask {
+        task: DeliveryTask {
+            delivery_id: DeliveryId::generate(at, &mut rand::rng()),
+            round: 0,
+            attempt: 2,
+        },
+        due: at,
+    }
 }
 
 #[tokio::test]
 async fn given_a_verified_sender_when_the_mailer_sends_then_moto_records_the_email() {
-    let Some(moto) = support::endpoint(support::MOTO_URL) else { return };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
     let env = support::env(&moto, &moto, None).await;
-    env.clients.sesv2.create_email_identity().email_identity(support::SENDER).send().await.expect("verify the sender on moto");
+    env.clients
+        .sesv2
+        .create_email_identity()
+        .email_identity(support::SENDER)
+        .send()
+        .await
+        .expect("verify the sender on moto");
 
     let marker = support::unique_prefix();
     let email = OutgoingEmail {
@@ -29,17 +44,34 @@ async fn given_a_verified_sender_when_the_mailer_sends_then_moto_records_the_ema
     };
     env.adapters.mailer.send(&email).await.expect("send");
 
-    let data = reqwest::get(format!("{moto}/moto-api/data.json")).await.expect("moto data").text().await.expect("body");
+    let data = reqwest::get(format!("{moto}/moto-api/data.json"))
+        .await
+        .expect("moto data")
+        .text()
+        .await
+        .expect("body");
     assert!(data.contains(&marker), "the email's subject is not in moto's data.json");
-    assert!(data.contains("owner@acme.example"), "the recipient is not in moto's data.json");
+    assert!(
+        data.contains("owner@acme.example"),
+        "the recipient is not in moto's data.json"
+    );
 }
 
 #[tokio::test]
 async fn given_an_unverified_sender_then_sending_fails_permanently() {
-    let Some(moto) = support::endpoint(support::MOTO_URL) else { return };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
     let env = support::env(&moto, &moto, None).await;
-    let mailer = hookwise_aws::SesMailer::new(env.clients.sesv2.clone(), &format!("{}@nowhere.example", support::unique_prefix()));
-    let email = OutgoingEmail { to: Email::parse("owner@acme.example").unwrap(), subject: "x".into(), text: "y".into() };
+    let mailer = hookwise_aws::SesMailer::new(
+        env.clients.sesv2.clone(),
+        &format!("{}@nowhere.example", support::unique_prefix()),
+    );
+    let email = OutgoingEmail {
+        to: Email::parse("owner@acme.example").unwrap(),
+        subject: "x".into(),
+        text: "y".into(),
+    };
     match mailer.send(&email).await {
         Err(PortError::Permanent { .. }) => {}
         other => panic!("expected a permanent error, got {other:?}"),
@@ -48,28 +80,45 @@ async fn given_an_unverified_sender_then_sending_fails_permanently() {
 
 #[tokio::test]
 async fn given_a_counter_then_every_request_and_its_capacity_is_counted() {
-    let Some(ddb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else { return };
-    let Some(moto) = support::endpoint(support::MOTO_URL) else { return };
+    let Some(ddb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+        return;
+    };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
     let counter = RequestCounter::new();
     let env = support::env(&moto, &ddb, Some(&counter)).await;
     counter.reset();
 
     let health = hookwise_core::health::EndpointHealth::default();
     let sub = hookwise_core::model::SubscriptionId::generate(Utc::now(), &mut rand::rng());
-    env.adapters.store.save_endpoint_health(&sub, &health).await.expect("save");
+    env.adapters
+        .store
+        .save_endpoint_health(&sub, &health)
+        .await
+        .expect("save");
     env.adapters.store.endpoint_health(&sub).await.expect("read");
     use hookwise_core::ports::DeliveryQueue;
-    env.adapters.queue.enqueue(&[(task(Utc::now()).task, 0)]).await.expect("enqueue");
+    env.adapters
+        .queue
+        .enqueue(&[(task(Utc::now()).task, 0)])
+        .await
+        .expect("enqueue");
 
     let counts = counter.snapshot();
     assert_eq!(counts.service_total("dynamodb"), 2, "{counts:?}");
     assert_eq!(counts.service_total("sqs"), 1, "{counts:?}");
-    assert!(counts.write_units >= 1.0 && counts.read_units > 0.0, "capacity was not counted: {counts:?}");
+    assert!(
+        counts.write_units >= 1.0 && counts.read_units > 0.0,
+        "capacity was not counted: {counts:?}"
+    );
 }
 
 #[tokio::test]
 async fn given_a_missing_table_the_error_is_permanent_and_given_no_server_it_is_retryable() {
-    let Some(moto) = support::endpoint(support::MOTO_URL) else { return };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
     let clients = AwsClients::for_endpoint(&moto, None).await;
     let config = hookwise_aws::AwsConfig::builder()
         .table("no-such-table")
@@ -80,16 +129,26 @@ async fn given_a_missing_table_the_error_is_permanent_and_given_no_server_it_is_
         .build()
         .unwrap();
     let store = hookwise_aws::DynamoStore::new(clients.dynamodb.clone(), &config);
-    match store.get_delivery(&DeliveryId::generate(Utc::now(), &mut rand::rng())).await {
+    match store
+        .get_delivery(&DeliveryId::generate(Utc::now(), &mut rand::rng()))
+        .await
+    {
         Err(PortError::Permanent { .. }) => {}
         other => panic!("a missing table: expected permanent, got {other:?}"),
     }
 
     // A port nothing listens on: the request cannot be dispatched.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let dead = AwsClients::for_endpoint(&format!("http://127.0.0.1:{port}"), None).await;
     let store = hookwise_aws::DynamoStore::new(dead.dynamodb.clone(), &config);
-    match store.get_delivery(&DeliveryId::generate(Utc::now(), &mut rand::rng())).await {
+    match store
+        .get_delivery(&DeliveryId::generate(Utc::now(), &mut rand::rng()))
+        .await
+    {
         Err(e @ PortError::Retryable { .. }) => assert!(hookwise_core::Error::from(e).is_retryable()),
         other => panic!("no server: expected retryable, got {other:?}"),
     }
@@ -118,14 +177,20 @@ async fn scheduler_never_skips_a_minute(dynamodb_url: &str, moto_url: &str) {
 
 #[tokio::test]
 async fn given_a_task_in_a_minute_no_tick_looked_at_then_a_later_tick_finds_it_on_moto() {
-    let Some(moto) = support::endpoint(support::MOTO_URL) else { return };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
     scheduler_never_skips_a_minute(&moto, &moto).await;
 }
 
 #[tokio::test]
 async fn given_a_task_in_a_minute_no_tick_looked_at_then_a_later_tick_finds_it_on_dynamodb_local() {
-    let Some(ddb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else { return };
-    let Some(moto) = support::endpoint(support::MOTO_URL) else { return };
+    let Some(ddb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+        return;
+    };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
     scheduler_never_skips_a_minute(&ddb, &moto).await;
 }
 
@@ -137,11 +202,21 @@ fn given_the_test_script_requires_the_services_then_a_missing_url_fails_the_test
         return;
     }
     let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "given_the_test_script_requires_the_services_then_a_missing_url_fails_the_test", "--nocapture"])
+        .args([
+            "--exact",
+            "given_the_test_script_requires_the_services_then_a_missing_url_fails_the_test",
+            "--nocapture",
+        ])
         .env("HOOKWISE_TEST_CHILD", "1")
         .env(support::REQUIRE, "1")
         .output()
         .unwrap();
-    assert!(!status.status.success(), "a required but missing endpoint must fail the test");
-    assert!(String::from_utf8_lossy(&status.stdout).contains("HOOKWISE_TEST_NO_SUCH_URL") || String::from_utf8_lossy(&status.stderr).contains("HOOKWISE_TEST_NO_SUCH_URL"));
+    assert!(
+        !status.status.success(),
+        "a required but missing endpoint must fail the test"
+    );
+    assert!(
+        String::from_utf8_lossy(&status.stdout).contains("HOOKWISE_TEST_NO_SUCH_URL")
+            || String::from_utf8_lossy(&status.stderr).contains("HOOKWISE_TEST_NO_SUCH_URL")
+    );
 }

@@ -9,14 +9,18 @@ mod support;
 // test script did not require it; `support::endpoint` says so on stderr.
 mod moto {
     hookwise_core::store_contract_tests!({
-        let Some(backend) = crate::support::moto_backend().await else { return };
+        let Some(backend) = crate::support::moto_backend().await else {
+            return;
+        };
         std::future::ready(backend)
     });
 }
 
 mod dynamodb_local {
     hookwise_core::store_contract_tests!({
-        let Some(backend) = crate::support::dynamodb_local_backend().await else { return };
+        let Some(backend) = crate::support::dynamodb_local_backend().await else {
+            return;
+        };
         std::future::ready(backend)
     });
 }

@@ -15,5 +15,8 @@ pub fn generate_api_key(rng: &mut impl Rng) -> String {
 
 /// What the store keeps and looks keys up by.
 pub fn hash_api_key(key: &str) -> String {
-    Sha256::digest(key.as_bytes()).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(key.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }

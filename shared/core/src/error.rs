@@ -14,7 +14,10 @@ pub struct ValidationError {
 
 impl ValidationError {
     pub fn new(code: &'static str, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -46,11 +49,17 @@ pub enum PortError {
 
 impl PortError {
     pub fn retryable(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
-        Self::Retryable { what: what.into(), source: source.into() }
+        Self::Retryable {
+            what: what.into(),
+            source: source.into(),
+        }
     }
 
     pub fn permanent(what: impl Into<String>, source: impl Into<BoxError>) -> Self {
-        Self::Permanent { what: what.into(), source: source.into() }
+        Self::Permanent {
+            what: what.into(),
+            source: source.into(),
+        }
     }
 }
 
@@ -76,7 +85,10 @@ impl Error {
     }
 
     pub fn not_found(what: &'static str, id: impl ToString) -> Self {
-        Self::NotFound { what, id: id.to_string() }
+        Self::NotFound {
+            what,
+            id: id.to_string(),
+        }
     }
 
     /// Whether the same call may succeed later (SQS should redeliver the message).

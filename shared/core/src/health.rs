@@ -78,11 +78,17 @@ mod tests {
         let mut h = EndpointHealth::default();
         assert_eq!(h.score(now), None);
         h.record(HealthSample { at: now, success: true });
-        h.record(HealthSample { at: now, success: false });
+        h.record(HealthSample {
+            at: now,
+            success: false,
+        });
         assert!((h.score(now).unwrap() - 0.5).abs() < 1e-9);
 
         let mut old = EndpointHealth::default();
-        old.record(HealthSample { at: now - Duration::hours(10), success: true });
+        old.record(HealthSample {
+            at: now - Duration::hours(10),
+            success: true,
+        });
         assert!((old.score(now).unwrap() - (-1.0f64).exp()).abs() < 1e-9);
     }
 
@@ -91,7 +97,10 @@ mod tests {
         let now = Utc::now();
         let mut h = EndpointHealth::default();
         for _ in 0..HEALTH_WINDOW {
-            h.record(HealthSample { at: now, success: false });
+            h.record(HealthSample {
+                at: now,
+                success: false,
+            });
         }
         for _ in 0..HEALTH_WINDOW {
             h.record(HealthSample { at: now, success: true });

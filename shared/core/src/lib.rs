@@ -14,9 +14,9 @@ pub mod health;
 pub mod model;
 pub mod policy;
 pub mod ports;
+pub mod services;
 pub mod signing;
 pub mod state;
-pub mod services;
 pub mod storm;
 #[cfg(feature = "testing")]
 pub mod testing;

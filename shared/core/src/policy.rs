@@ -51,22 +51,23 @@ impl Jitter {
             p.parse::<f64>()
                 .map_err(|_| ValidationError::new("invalid_jitter", format!("`{p}` is not a number")))
         };
-        let j = match s {
-            "none" => Jitter::None,
-            "full" => Jitter::Full,
-            "equal" => Jitter::Equal,
-            "decorrelated" => Jitter::Decorrelated,
-            _ => match s.split_once(':') {
-                Some(("proportional", p)) => Jitter::Proportional(fraction(p)?),
-                Some(("additive", p)) => Jitter::Additive(fraction(p)?),
-                _ => {
-                    return Err(ValidationError::new(
+        let j =
+            match s {
+                "none" => Jitter::None,
+                "full" => Jitter::Full,
+                "equal" => Jitter::Equal,
+                "decorrelated" => Jitter::Decorrelated,
+                _ => match s.split_once(':') {
+                    Some(("proportional", p)) => Jitter::Proportional(fraction(p)?),
+                    Some(("additive", p)) => Jitter::Additive(fraction(p)?),
+                    _ => return Err(ValidationError::new(
                         "invalid_jitter",
-                        format!("unknown jitter `{s}`: use none, full, equal, decorrelated, proportional:P or additive:P"),
-                    ))
-                }
-            },
-        };
+                        format!(
+                            "unknown jitter `{s}`: use none, full, equal, decorrelated, proportional:P or additive:P"
+                        ),
+                    )),
+                },
+            };
         j.validate()
     }
 
@@ -88,7 +89,11 @@ pub enum Schedule {
     /// The delay before each retry, in seconds: `[60, 300]` means three attempts in all.
     Delays(Vec<u64>),
     /// Seed 000's formula: the retry after `k` failures waits `min(base × 2^(k−1) + jitter, max)`.
-    Exponential { base_seconds: u64, max_delay_seconds: u64, max_attempts: u32 },
+    Exponential {
+        base_seconds: u64,
+        max_delay_seconds: u64,
+        max_attempts: u32,
+    },
 }
 
 /// A retry policy: schedule, jitter, and whether endpoint health scales the delays.
@@ -164,7 +169,11 @@ impl RetryPolicy {
     pub fn exponential() -> Self {
         Self {
             name: Some("exponential"),
-            schedule: Schedule::Exponential { base_seconds: 60, max_delay_seconds: 86_400, max_attempts: 15 },
+            schedule: Schedule::Exponential {
+                base_seconds: 60,
+                max_delay_seconds: 86_400,
+                max_attempts: 15,
+            },
             jitter: Jitter::Additive(0.1),
             adaptive: true,
         }
@@ -190,7 +199,11 @@ impl RetryPolicy {
         if schedule_seconds.len() > Self::MAX_RETRIES {
             return Err(ValidationError::new(
                 "invalid_retry_policy",
-                format!("schedule_seconds has {} delays; at most {} retries are allowed", schedule_seconds.len(), Self::MAX_RETRIES),
+                format!(
+                    "schedule_seconds has {} delays; at most {} retries are allowed",
+                    schedule_seconds.len(),
+                    Self::MAX_RETRIES
+                ),
             ));
         }
         if let Some(d) = schedule_seconds.iter().find(|d| **d > Self::MAX_DELAY_SECONDS) {
@@ -199,7 +212,12 @@ impl RetryPolicy {
                 format!("a delay of {d} s is longer than the 30 days (2592000 s) allowed"),
             ));
         }
-        Ok(Self { name: None, schedule: Schedule::Delays(schedule_seconds), jitter: jitter.validate()?, adaptive })
+        Ok(Self {
+            name: None,
+            schedule: Schedule::Delays(schedule_seconds),
+            jitter: jitter.validate()?,
+            adaptive,
+        })
     }
 
     /// The same policy with another jitter (the storm calculator compares strategies).
@@ -224,7 +242,11 @@ impl RetryPolicy {
         }
         match &self.schedule {
             Schedule::Delays(d) => Some(d[failures as usize - 1] as f64),
-            Schedule::Exponential { base_seconds, max_delay_seconds, .. } => {
+            Schedule::Exponential {
+                base_seconds,
+                max_delay_seconds,
+                ..
+            } => {
                 let d = *base_seconds as f64 * 2f64.powi(failures as i32 - 1);
                 Some(d.min(*max_delay_seconds as f64))
             }
@@ -245,21 +267,33 @@ impl RetryPolicy {
         let d = self.base_delay(failures)?;
         let range = match self.jitter {
             Jitter::None => DelayRange::fixed(d),
-            Jitter::Proportional(p) => DelayRange { lo: d * (1.0 - p), hi: d * (1.0 + p) },
-            Jitter::Additive(p) => DelayRange { lo: d, hi: d * (1.0 + p) },
+            Jitter::Proportional(p) => DelayRange {
+                lo: d * (1.0 - p),
+                hi: d * (1.0 + p),
+            },
+            Jitter::Additive(p) => DelayRange {
+                lo: d,
+                hi: d * (1.0 + p),
+            },
             Jitter::Full => DelayRange { lo: 0.0, hi: d },
             Jitter::Equal => DelayRange { lo: d / 2.0, hi: d },
             Jitter::Decorrelated => {
                 let base = self.base_delay(1).unwrap_or(d);
                 let prev = previous_delay.unwrap_or(base).max(base);
-                return Some(DelayRange { lo: base, hi: (3.0 * prev).min(self.max_delay()).max(base) });
+                return Some(DelayRange {
+                    lo: base,
+                    hi: (3.0 * prev).min(self.max_delay()).max(base),
+                });
             }
         };
         Some(match self.schedule {
             // Seed 000 caps the jittered delay: min(base × 2^n + jitter, max_delay).
             Schedule::Exponential { max_delay_seconds, .. } => {
                 let cap = max_delay_seconds as f64;
-                DelayRange { lo: range.lo.min(cap), hi: range.hi.min(cap) }
+                DelayRange {
+                    lo: range.lo.min(cap),
+                    hi: range.hi.min(cap),
+                }
             }
             Schedule::Delays(_) => range,
         })
@@ -346,7 +380,11 @@ impl<'de> Deserialize<'de> for PolicySpec {
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<PolicySpec, A::Error> {
                 let c = CustomSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))?;
-                Ok(PolicySpec::Custom { schedule_seconds: c.schedule_seconds, jitter: c.jitter, adaptive: c.adaptive })
+                Ok(PolicySpec::Custom {
+                    schedule_seconds: c.schedule_seconds,
+                    jitter: c.jitter,
+                    adaptive: c.adaptive,
+                })
             }
         }
         d.deserialize_any(SpecVisitor)
@@ -358,7 +396,11 @@ impl TryFrom<PolicySpec> for RetryPolicy {
     fn try_from(spec: PolicySpec) -> Result<Self, Self::Error> {
         match spec {
             PolicySpec::Named(name) => RetryPolicy::named(&name),
-            PolicySpec::Custom { schedule_seconds, jitter, adaptive } => RetryPolicy::custom(schedule_seconds, jitter, adaptive),
+            PolicySpec::Custom {
+                schedule_seconds,
+                jitter,
+                adaptive,
+            } => RetryPolicy::custom(schedule_seconds, jitter, adaptive),
         }
     }
 }
@@ -369,8 +411,15 @@ impl From<RetryPolicy> for PolicySpec {
             return PolicySpec::Named(name.to_owned());
         }
         // A custom policy is a list of delays; a formula is written out as one.
-        let schedule_seconds = (1..p.max_attempts()).filter_map(|k| p.base_delay(k)).map(|d| d as u64).collect();
-        PolicySpec::Custom { schedule_seconds, jitter: p.jitter, adaptive: p.adaptive }
+        let schedule_seconds = (1..p.max_attempts())
+            .filter_map(|k| p.base_delay(k))
+            .map(|d| d as u64)
+            .collect();
+        PolicySpec::Custom {
+            schedule_seconds,
+            jitter: p.jitter,
+            adaptive: p.adaptive,
+        }
     }
 }
 

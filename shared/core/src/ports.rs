@@ -33,7 +33,11 @@ pub struct Expected {
 
 impl Expected {
     pub fn of(d: &Delivery) -> Self {
-        Self { status: d.status, round: d.round, attempts: d.attempts }
+        Self {
+            status: d.status,
+            round: d.round,
+            attempts: d.attempts,
+        }
     }
 
     pub fn holds_for(&self, d: &Delivery) -> bool {
@@ -103,8 +107,18 @@ pub trait Store: Send + Sync {
 
     /// How many of a subscription's deliveries are in `status`. The default pages through
     /// `list_deliveries`; a backend with a cheaper count overrides it.
-    async fn count_deliveries(&self, tenant: &TenantId, sub: &SubscriptionId, status: DeliveryStatus) -> PortResult<u64> {
-        let mut query = DeliveryQuery { status: Some(status), subscription_id: Some(sub.clone()), limit: 100, cursor: None };
+    async fn count_deliveries(
+        &self,
+        tenant: &TenantId,
+        sub: &SubscriptionId,
+        status: DeliveryStatus,
+    ) -> PortResult<u64> {
+        let mut query = DeliveryQuery {
+            status: Some(status),
+            subscription_id: Some(sub.clone()),
+            limit: 100,
+            cursor: None,
+        };
         let mut count = 0;
         loop {
             let page = self.list_deliveries(tenant, &query).await?;

@@ -24,12 +24,19 @@ fn mac(secret: &Secret, msg_id: &str, timestamp: i64, body: &[u8]) -> Hmac<Sha25
 
 /// One signature: `v1,<base64>`.
 pub fn sign(secret: &Secret, msg_id: &str, timestamp: i64, body: &[u8]) -> String {
-    format!("v1,{}", B64.encode(mac(secret, msg_id, timestamp, body).finalize().into_bytes()))
+    format!(
+        "v1,{}",
+        B64.encode(mac(secret, msg_id, timestamp, body).finalize().into_bytes())
+    )
 }
 
 /// The `webhook-signature` header: one signature per active secret.
 pub fn signature_header(secrets: &[Secret], msg_id: &str, timestamp: i64, body: &[u8]) -> String {
-    secrets.iter().map(|s| sign(s, msg_id, timestamp, body)).collect::<Vec<_>>().join(" ")
+    secrets
+        .iter()
+        .map(|s| sign(s, msg_id, timestamp, body))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,10 +65,14 @@ pub fn verify(
         return Err(VerifyError::OutsideTolerance(tolerance_seconds));
     }
     let expected = mac(secret, msg_id, ts, body);
-    let matched = signatures.split_whitespace().filter_map(|s| s.strip_prefix("v1,")).any(|sig| {
-        // verify_slice compares in constant time.
-        B64.decode(sig).is_ok_and(|bytes| expected.clone().verify_slice(&bytes).is_ok())
-    });
+    let matched = signatures
+        .split_whitespace()
+        .filter_map(|s| s.strip_prefix("v1,"))
+        .any(|sig| {
+            // verify_slice compares in constant time.
+            B64.decode(sig)
+                .is_ok_and(|bytes| expected.clone().verify_slice(&bytes).is_ok())
+        });
     if matched {
         Ok(())
     } else {
@@ -91,18 +102,51 @@ mod tests {
 
     #[test]
     fn verifies_within_tolerance_and_refuses_outside_it() {
-        let ok = verify(&secret(), MSG_ID, "1614265330", SIGNATURE, BODY.as_bytes(), TIMESTAMP + 60, DEFAULT_TOLERANCE_SECONDS);
+        let ok = verify(
+            &secret(),
+            MSG_ID,
+            "1614265330",
+            SIGNATURE,
+            BODY.as_bytes(),
+            TIMESTAMP + 60,
+            DEFAULT_TOLERANCE_SECONDS,
+        );
         assert_eq!(ok, Ok(()));
-        let late = verify(&secret(), MSG_ID, "1614265330", SIGNATURE, BODY.as_bytes(), TIMESTAMP + 301, DEFAULT_TOLERANCE_SECONDS);
+        let late = verify(
+            &secret(),
+            MSG_ID,
+            "1614265330",
+            SIGNATURE,
+            BODY.as_bytes(),
+            TIMESTAMP + 301,
+            DEFAULT_TOLERANCE_SECONDS,
+        );
         assert_eq!(late, Err(VerifyError::OutsideTolerance(300)));
     }
 
     #[test]
     fn refuses_a_tampered_body_or_another_id() {
         let now = TIMESTAMP;
-        assert_eq!(verify(&secret(), MSG_ID, "1614265330", SIGNATURE, b"{\"test\": 1}", now, 300), Err(VerifyError::NoMatch));
-        assert_eq!(verify(&secret(), "msg_other", "1614265330", SIGNATURE, BODY.as_bytes(), now, 300), Err(VerifyError::NoMatch));
-        assert_eq!(verify(&secret(), MSG_ID, "soon", SIGNATURE, BODY.as_bytes(), now, 300), Err(VerifyError::BadTimestamp));
+        assert_eq!(
+            verify(&secret(), MSG_ID, "1614265330", SIGNATURE, b"{\"test\": 1}", now, 300),
+            Err(VerifyError::NoMatch)
+        );
+        assert_eq!(
+            verify(
+                &secret(),
+                "msg_other",
+                "1614265330",
+                SIGNATURE,
+                BODY.as_bytes(),
+                now,
+                300
+            ),
+            Err(VerifyError::NoMatch)
+        );
+        assert_eq!(
+            verify(&secret(), MSG_ID, "soon", SIGNATURE, BODY.as_bytes(), now, 300),
+            Err(VerifyError::BadTimestamp)
+        );
     }
 
     #[test]
@@ -112,7 +156,18 @@ mod tests {
         let header = signature_header(&[new.clone(), old.clone()], MSG_ID, TIMESTAMP, BODY.as_bytes());
         assert_eq!(header.split(' ').count(), 2);
         for s in [&old, &new] {
-            assert_eq!(verify(s, MSG_ID, &TIMESTAMP.to_string(), &header, BODY.as_bytes(), TIMESTAMP, 300), Ok(()));
+            assert_eq!(
+                verify(
+                    s,
+                    MSG_ID,
+                    &TIMESTAMP.to_string(),
+                    &header,
+                    BODY.as_bytes(),
+                    TIMESTAMP,
+                    300
+                ),
+                Ok(())
+            );
         }
     }
 }

@@ -51,10 +51,20 @@ pub fn decide(
         // Gone: the endpoint asked never to be called again.
         return Decision::Dead;
     }
-    let retry_after = outcome.retry_after.filter(|_| matches!(outcome.status_code, Some(429 | 503)));
-    let retry = RetryContext { failures: ctx.attempt, previous_delay: ctx.previous_delay, health: ctx.health, retry_after };
+    let retry_after = outcome
+        .retry_after
+        .filter(|_| matches!(outcome.status_code, Some(429 | 503)));
+    let retry = RetryContext {
+        failures: ctx.attempt,
+        previous_delay: ctx.previous_delay,
+        health: ctx.health,
+        retry_after,
+    };
     match policy.next_delay(retry, ctx.retries_enabled, rng) {
-        Some(delay) => Decision::Retry { at: now + seconds(delay), delay },
+        Some(delay) => Decision::Retry {
+            at: now + seconds(delay),
+            delay,
+        },
         None => Decision::Dead,
     }
 }
@@ -106,7 +116,11 @@ pub fn after_attempt(
         response_excerpt: outcome.response_excerpt.clone(),
         next_attempt_at,
     };
-    DeliveryChange { expected: Expected::of(delivery), next, attempt: Some(record) }
+    DeliveryChange {
+        expected: Expected::of(delivery),
+        next,
+        attempt: Some(record),
+    }
 }
 
 /// Dead without another attempt: the subscription is gone or disabled, or the message
@@ -122,7 +136,11 @@ pub fn give_up(delivery: &Delivery, reason: &str, now: DateTime<Utc>) -> Option<
         updated_at: now,
         ..delivery.clone()
     };
-    Some(DeliveryChange { expected: Expected::of(delivery), next, attempt: None })
+    Some(DeliveryChange {
+        expected: Expected::of(delivery),
+        next,
+        attempt: None,
+    })
 }
 
 /// Replay: a dead delivery starts a new round with a fresh attempt #1, due now.
@@ -139,17 +157,33 @@ pub fn replay(delivery: &Delivery, now: DateTime<Utc>) -> Option<DeliveryChange>
         updated_at: now,
         ..delivery.clone()
     };
-    Some(DeliveryChange { expected: Expected::of(delivery), next, attempt: None })
+    Some(DeliveryChange {
+        expected: Expected::of(delivery),
+        next,
+        attempt: None,
+    })
 }
 
 /// The sweep re-queued an overdue delivery: it is due again from now, so the next sweep
 /// waits a full grace period before trying again.
 pub fn requeued(delivery: &Delivery, now: DateTime<Utc>) -> DeliveryChange {
-    let next = Delivery { next_attempt_at: Some(now), updated_at: now, ..delivery.clone() };
-    DeliveryChange { expected: Expected::of(delivery), next, attempt: None }
+    let next = Delivery {
+        next_attempt_at: Some(now),
+        updated_at: now,
+        ..delivery.clone()
+    };
+    DeliveryChange {
+        expected: Expected::of(delivery),
+        next,
+        attempt: None,
+    }
 }
 
 /// The queue message for the attempt a delivery waits for.
 pub fn next_task(delivery: &Delivery) -> DeliveryTask {
-    DeliveryTask { delivery_id: delivery.id.clone(), round: delivery.round, attempt: delivery.attempts + 1 }
+    DeliveryTask {
+        delivery_id: delivery.id.clone(),
+        round: delivery.round,
+        attempt: delivery.attempts + 1,
+    }
 }

@@ -17,7 +17,12 @@ struct Memory {
 
 async fn memory() -> Memory {
     let clock = Arc::new(ManualClock::new("2030-06-01T11:00:00Z".parse().expect("a valid time")));
-    Memory { store: MemoryStore::default(), queue: MemoryQueue::new(clock.clone(), 900), scheduler: MemoryScheduler::default(), clock }
+    Memory {
+        store: MemoryStore::default(),
+        queue: MemoryQueue::new(clock.clone(), 900),
+        scheduler: MemoryScheduler::default(),
+        clock,
+    }
 }
 
 #[async_trait]
@@ -38,7 +43,8 @@ impl ContractBackend for Memory {
         Ok(self.queue.take_dead())
     }
     async fn advance(&self, by: Duration) {
-        self.clock.advance(chrono::Duration::from_std(by).expect("a short duration"));
+        self.clock
+            .advance(chrono::Duration::from_std(by).expect("a short duration"));
     }
 }
 

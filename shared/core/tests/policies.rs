@@ -45,17 +45,28 @@ fn exponential_doubles_from_60_s_and_caps_at_a_day() {
 
 fn samples(p: &RetryPolicy, failures: u32, previous: Option<f64>) -> Vec<f64> {
     let mut rng = StdRng::seed_from_u64(2026);
-    (0..20_000).map(|_| p.delay_range(failures, previous).unwrap().sample(&mut rng)).collect()
+    (0..20_000)
+        .map(|_| p.delay_range(failures, previous).unwrap().sample(&mut rng))
+        .collect()
 }
 
 fn assert_spans(xs: &[f64], lo: f64, hi: f64) {
     let min = xs.iter().cloned().fold(f64::INFINITY, f64::min);
     let max = xs.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    assert!(min >= lo && max <= hi, "samples in [{min}, {max}], expected within [{lo}, {hi}]");
+    assert!(
+        min >= lo && max <= hi,
+        "samples in [{min}, {max}], expected within [{lo}, {hi}]"
+    );
     let width = hi - lo;
-    assert!(min - lo < width * 0.01 && hi - max < width * 0.01, "samples should fill [{lo}, {hi}], got [{min}, {max}]");
+    assert!(
+        min - lo < width * 0.01 && hi - max < width * 0.01,
+        "samples should fill [{lo}, {hi}], got [{min}, {max}]"
+    );
     let mean = xs.iter().sum::<f64>() / xs.len() as f64;
-    assert!((mean - (lo + hi) / 2.0).abs() < width * 0.02, "uniform mean, got {mean}");
+    assert!(
+        (mean - (lo + hi) / 2.0).abs() < width * 0.02,
+        "uniform mean, got {mean}"
+    );
 }
 
 #[test]
@@ -80,13 +91,34 @@ fn decorrelated_jitter_draws_between_base_and_three_times_the_previous_delay_cap
 fn adaptive_scales_the_delay_by_health() {
     let p = RetryPolicy::custom(vec![100], Jitter::None, true).unwrap();
     let mut rng = StdRng::seed_from_u64(1);
-    let delay = |health| p.next_delay(RetryContext { failures: 1, health, ..Default::default() }, true, &mut StdRng::seed_from_u64(1));
+    let delay = |health| {
+        p.next_delay(
+            RetryContext {
+                failures: 1,
+                health,
+                ..Default::default()
+            },
+            true,
+            &mut StdRng::seed_from_u64(1),
+        )
+    };
     assert_eq!(delay(Some(0.95)), Some(50.0));
     assert_eq!(delay(Some(0.7)), Some(100.0));
     assert_eq!(delay(Some(0.3)), Some(200.0));
     assert_eq!(delay(None), Some(100.0));
     let off = RetryPolicy::custom(vec![100], Jitter::None, false).unwrap();
-    assert_eq!(off.next_delay(RetryContext { failures: 1, health: Some(0.3), ..Default::default() }, true, &mut rng), Some(100.0));
+    assert_eq!(
+        off.next_delay(
+            RetryContext {
+                failures: 1,
+                health: Some(0.3),
+                ..Default::default()
+            },
+            true,
+            &mut rng
+        ),
+        Some(100.0)
+    );
     assert_eq!(adaptive_multiplier(Some(0.3)), 2.0);
 }
 
@@ -94,16 +126,35 @@ fn adaptive_scales_the_delay_by_health() {
 fn retry_after_is_honoured_up_to_the_policys_longest_delay() {
     let p = RetryPolicy::custom(vec![10, 600], Jitter::None, false).unwrap();
     let mut rng = StdRng::seed_from_u64(1);
-    let ctx = |retry_after| RetryContext { failures: 1, retry_after, ..Default::default() };
-    assert_eq!(p.next_delay(ctx(Some(120.0)), true, &mut rng), Some(120.0), "later than the schedule: wait as asked");
-    assert_eq!(p.next_delay(ctx(Some(5.0)), true, &mut rng), Some(10.0), "sooner than the schedule: keep the schedule");
-    assert_eq!(p.next_delay(ctx(Some(86_400.0)), true, &mut rng), Some(600.0), "capped at the longest delay");
+    let ctx = |retry_after| RetryContext {
+        failures: 1,
+        retry_after,
+        ..Default::default()
+    };
+    assert_eq!(
+        p.next_delay(ctx(Some(120.0)), true, &mut rng),
+        Some(120.0),
+        "later than the schedule: wait as asked"
+    );
+    assert_eq!(
+        p.next_delay(ctx(Some(5.0)), true, &mut rng),
+        Some(10.0),
+        "sooner than the schedule: keep the schedule"
+    );
+    assert_eq!(
+        p.next_delay(ctx(Some(86_400.0)), true, &mut rng),
+        Some(600.0),
+        "capped at the longest delay"
+    );
 }
 
 #[test]
 fn retries_switched_off_make_the_first_failure_final() {
     let mut rng = StdRng::seed_from_u64(1);
-    let ctx = RetryContext { failures: 1, ..Default::default() };
+    let ctx = RetryContext {
+        failures: 1,
+        ..Default::default()
+    };
     assert!(RetryPolicy::standard().next_delay(ctx, false, &mut rng).is_none());
     assert!(RetryPolicy::standard().next_delay(ctx, true, &mut rng).is_some());
 }
@@ -113,21 +164,49 @@ fn no_delay_after_the_last_attempt() {
     let p = RetryPolicy::custom(vec![1, 1, 1], Jitter::None, false).unwrap();
     assert_eq!(p.max_attempts(), 4);
     let mut rng = StdRng::seed_from_u64(1);
-    assert!(p.next_delay(RetryContext { failures: 3, ..Default::default() }, true, &mut rng).is_some());
-    assert!(p.next_delay(RetryContext { failures: 4, ..Default::default() }, true, &mut rng).is_none());
+    assert!(p
+        .next_delay(
+            RetryContext {
+                failures: 3,
+                ..Default::default()
+            },
+            true,
+            &mut rng
+        )
+        .is_some());
+    assert!(p
+        .next_delay(
+            RetryContext {
+                failures: 4,
+                ..Default::default()
+            },
+            true,
+            &mut rng
+        )
+        .is_none());
 }
 
 #[test]
 fn policies_parse_from_their_api_form_and_refuse_bad_ones() {
     let named: RetryPolicy = serde_json::from_str(r#""ledger""#).unwrap();
     assert_eq!(named, RetryPolicy::ledger());
-    let custom: RetryPolicy = serde_json::from_str(r#"{"schedule_seconds": [1, 1, 1], "jitter": {"proportional": 0.2}, "adaptive": true}"#).unwrap();
+    let custom: RetryPolicy =
+        serde_json::from_str(r#"{"schedule_seconds": [1, 1, 1], "jitter": {"proportional": 0.2}, "adaptive": true}"#)
+            .unwrap();
     assert_eq!(custom.max_attempts(), 4);
     assert_eq!(custom.jitter, Jitter::Proportional(0.2));
-    assert_eq!(serde_json::to_value(&custom).unwrap()["schedule_seconds"], serde_json::json!([1, 1, 1]));
-    assert_eq!(serde_json::to_value(RetryPolicy::standard()).unwrap(), serde_json::json!("standard"));
+    assert_eq!(
+        serde_json::to_value(&custom).unwrap()["schedule_seconds"],
+        serde_json::json!([1, 1, 1])
+    );
+    assert_eq!(
+        serde_json::to_value(RetryPolicy::standard()).unwrap(),
+        serde_json::json!("standard")
+    );
 
-    let unknown = serde_json::from_str::<RetryPolicy>(r#""fastest""#).unwrap_err().to_string();
+    let unknown = serde_json::from_str::<RetryPolicy>(r#""fastest""#)
+        .unwrap_err()
+        .to_string();
     assert!(unknown.contains("unknown retry policy `fastest`"), "{unknown}");
     assert!(RetryPolicy::custom(vec![1; 51], Jitter::None, false).is_err());
     assert!(RetryPolicy::custom(vec![31 * 86_400], Jitter::None, false).is_err());
@@ -139,18 +218,32 @@ fn policies_parse_from_their_api_form_and_refuse_bad_ones() {
 #[test]
 fn a_policy_spec_is_a_name_or_a_custom_schedule_and_a_bad_one_says_what_is_wrong() {
     let parse = |v: serde_json::Value| serde_json::from_value::<PolicySpec>(v).map_err(|e| e.to_string());
-    assert_eq!(parse(serde_json::json!("ledger")), Ok(PolicySpec::Named("ledger".into())));
+    assert_eq!(
+        parse(serde_json::json!("ledger")),
+        Ok(PolicySpec::Named("ledger".into()))
+    );
     assert_eq!(
         parse(serde_json::json!({"schedule_seconds": [1, 5]})),
-        Ok(PolicySpec::Custom { schedule_seconds: vec![1, 5], jitter: Jitter::None, adaptive: false })
+        Ok(PolicySpec::Custom {
+            schedule_seconds: vec![1, 5],
+            jitter: Jitter::None,
+            adaptive: false
+        })
     );
     let misspelt = parse(serde_json::json!({"schedule": [1, 5]})).unwrap_err();
     assert!(misspelt.contains("unknown field `schedule`"), "{misspelt}");
     let jitter = parse(serde_json::json!({"schedule_seconds": [1], "jitter": "wobbly"})).unwrap_err();
     assert!(jitter.contains("wobbly"), "{jitter}");
     let number = parse(serde_json::json!(5)).unwrap_err();
-    assert!(number.contains("a policy name") && number.contains("schedule_seconds"), "{number}");
+    assert!(
+        number.contains("a policy name") && number.contains("schedule_seconds"),
+        "{number}"
+    );
     // What is stored reads back as it was written.
-    let custom = PolicySpec::Custom { schedule_seconds: vec![60], jitter: Jitter::Proportional(0.1), adaptive: true };
+    let custom = PolicySpec::Custom {
+        schedule_seconds: vec![60],
+        jitter: Jitter::Proportional(0.1),
+        adaptive: true,
+    };
     assert_eq!(parse(serde_json::to_value(&custom).unwrap()), Ok(custom));
 }

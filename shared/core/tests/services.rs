@@ -22,16 +22,30 @@ fn new_sub(url: &str, types: &[&str], schedule: Option<Vec<u64>>) -> NewSubscrip
 }
 
 fn event(t: &str) -> NewEvent {
-    NewEvent { event_type: EventType::parse(t).unwrap(), payload: serde_json::json!({"amount": 42}) }
+    NewEvent {
+        event_type: EventType::parse(t).unwrap(),
+        payload: serde_json::json!({"amount": 42}),
+    }
 }
 
 #[tokio::test]
 async fn given_three_subscriptions_when_an_event_arrives_then_it_fans_out_to_the_matching_ones() {
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let all = h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None)).await.unwrap();
-    let invoices = h.services.create_subscription(&tenant, new_sub("https://b.example.com/", &["invoice.*"], None)).await.unwrap();
-    h.services.create_subscription(&tenant, new_sub("https://c.example.com/", &["user.created"], None)).await.unwrap();
+    let all = h
+        .services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    let invoices = h
+        .services
+        .create_subscription(&tenant, new_sub("https://b.example.com/", &["invoice.*"], None))
+        .await
+        .unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://c.example.com/", &["user.created"], None))
+        .await
+        .unwrap();
 
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let mut subs: Vec<_> = ingested.deliveries.iter().map(|d| d.subscription_id.clone()).collect();
@@ -47,9 +61,20 @@ async fn given_three_subscriptions_when_an_event_arrives_then_it_fans_out_to_the
 async fn given_an_idempotency_key_when_sent_twice_then_one_event_and_one_delivery_per_subscription() {
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None)).await.unwrap();
-    let first = h.services.ingest(&tenant, event("invoice.paid"), Some("key-1".into())).await.unwrap();
-    let second = h.services.ingest(&tenant, event("invoice.paid"), Some("key-1".into())).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    let first = h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("key-1".into()))
+        .await
+        .unwrap();
+    let second = h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("key-1".into()))
+        .await
+        .unwrap();
     assert!(first.created && !second.created);
     assert_eq!(first.event.id, second.event.id);
     assert_eq!(second.deliveries.len(), 1);
@@ -58,13 +83,22 @@ async fn given_an_idempotency_key_when_sent_twice_then_one_event_and_one_deliver
 
 #[tokio::test]
 async fn given_an_endpoint_failing_twice_then_it_is_delivered_on_the_third_attempt_with_each_attempt_recorded() {
-    let h = Harness::new(ScriptedSender::new(|_, n| status_outcome(if n < 2 { 500 } else { 200 })));
+    let h = Harness::new(ScriptedSender::new(|_, n| {
+        status_outcome(if n < 2 { 500 } else { 200 })
+    }));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![1, 1, 1]))).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![1, 1, 1])))
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.run_for(Duration::seconds(10), Duration::seconds(1)).await;
 
-    let (delivery, attempts) = h.services.get_delivery(&tenant, &ingested.deliveries[0].id).await.unwrap();
+    let (delivery, attempts) = h
+        .services
+        .get_delivery(&tenant, &ingested.deliveries[0].id)
+        .await
+        .unwrap();
     assert_eq!(delivery.status, DeliveryStatus::Delivered);
     assert_eq!(delivery.attempts, 3);
     let codes: Vec<_> = attempts.iter().map(|a| (a.attempt, a.status_code)).collect();
@@ -77,39 +111,71 @@ async fn given_an_endpoint_failing_twice_then_it_is_delivered_on_the_third_attem
 async fn given_an_always_failing_endpoint_then_it_dies_after_the_schedule_and_the_owner_gets_one_email() {
     let h = Harness::new(ScriptedSender::always(503));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let sub = h.services.create_subscription(&tenant, new_sub("https://down.example.com/hook", &["*"], Some(vec![1, 2]))).await.unwrap();
+    let sub = h
+        .services
+        .create_subscription(
+            &tenant,
+            new_sub("https://down.example.com/hook", &["*"], Some(vec![1, 2])),
+        )
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.run_for(Duration::seconds(20), Duration::seconds(1)).await;
 
-    let (delivery, attempts) = h.services.get_delivery(&tenant, &ingested.deliveries[0].id).await.unwrap();
+    let (delivery, attempts) = h
+        .services
+        .get_delivery(&tenant, &ingested.deliveries[0].id)
+        .await
+        .unwrap();
     assert_eq!(delivery.status, DeliveryStatus::Dead);
     assert_eq!(attempts.len(), 3);
     let sent = h.mailer.sent.lock().unwrap().clone();
     assert_eq!(sent.len(), 1, "exactly one email");
     let mail = &sent[0];
     assert_eq!(mail.to.as_str(), "owner@example.com");
-    for needle in [ingested.event.id.as_str(), "invoice.paid", sub.url.as_str(), "HTTP 503", "/replay"] {
+    for needle in [
+        ingested.event.id.as_str(),
+        "invoice.paid",
+        sub.url.as_str(),
+        "HTTP 503",
+        "/replay",
+    ] {
         assert!(mail.text.contains(needle), "email lacks {needle}:\n{}", mail.text);
     }
 
     // The same dead letter again tells no one twice.
-    let again = DeliveryTask { delivery_id: delivery.id.clone(), round: 0, attempt: 3 };
+    let again = DeliveryTask {
+        delivery_id: delivery.id.clone(),
+        round: 0,
+        attempt: 3,
+    };
     h.services.handle_dead_letters(&[again]).await.unwrap();
     assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);
 }
 
 #[tokio::test]
 async fn given_a_dead_delivery_when_replayed_then_a_fresh_attempt_1_delivers_it() {
-    let h = Harness::new(ScriptedSender::new(|_, n| status_outcome(if n < 1 { 500 } else { 200 })));
+    let h = Harness::new(ScriptedSender::new(|_, n| {
+        status_outcome(if n < 1 { 500 } else { 200 })
+    }));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![]))).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![])))
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let id = &ingested.deliveries[0].id;
-    assert_eq!(h.services.get_delivery(&tenant, id).await.unwrap().0.status, DeliveryStatus::Dead);
+    assert_eq!(
+        h.services.get_delivery(&tenant, id).await.unwrap().0.status,
+        DeliveryStatus::Dead
+    );
 
     let replayed = h.services.replay_delivery(&tenant, id).await.unwrap();
-    assert_eq!((replayed.status, replayed.round, replayed.attempts), (DeliveryStatus::Pending, 1, 0));
+    assert_eq!(
+        (replayed.status, replayed.round, replayed.attempts),
+        (DeliveryStatus::Pending, 1, 0)
+    );
     h.drain_now().await;
     let (delivery, attempts) = h.services.get_delivery(&tenant, id).await.unwrap();
     assert_eq!(delivery.status, DeliveryStatus::Delivered);
@@ -117,14 +183,21 @@ async fn given_a_dead_delivery_when_replayed_then_a_fresh_attempt_1_delivers_it(
     assert_eq!(rounds, [(0, 1), (1, 1)]);
 
     let err = h.services.replay_delivery(&tenant, id).await.unwrap_err();
-    assert!(matches!(err, Error::Conflict(_)), "a delivered delivery is not replayed: {err}");
+    assert!(
+        matches!(err, Error::Conflict(_)),
+        "a delivered delivery is not replayed: {err}"
+    );
 }
 
 #[tokio::test]
 async fn given_dead_deliveries_when_the_event_or_subscription_is_recovered_then_they_are_replayed() {
     let h = Harness::new(ScriptedSender::always(500));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let sub = h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![]))).await.unwrap();
+    let sub = h
+        .services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![])))
+        .await
+        .unwrap();
     let start = h.clock.now();
     let e1 = h.services.ingest(&tenant, event("a.one"), None).await.unwrap();
     h.services.ingest(&tenant, event("a.two"), None).await.unwrap();
@@ -136,17 +209,33 @@ async fn given_dead_deliveries_when_the_event_or_subscription_is_recovered_then_
     assert_eq!(recovered.len(), 2);
     let later = h.clock.now() + Duration::hours(1);
     h.drain_now().await;
-    assert!(h.services.recover_subscription(&tenant, &sub.id, later).await.unwrap().is_empty());
+    assert!(h
+        .services
+        .recover_subscription(&tenant, &sub.id, later)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 #[tokio::test]
 async fn given_a_retry_beyond_the_queue_delay_limit_then_it_waits_in_the_scheduler_table() {
-    let h = Harness::with_config(ScriptedSender::new(|_, n| status_outcome(if n < 1 { 500 } else { 200 })), Config::default(), 900);
+    let h = Harness::with_config(
+        ScriptedSender::new(|_, n| status_outcome(if n < 1 { 500 } else { 200 })),
+        Config::default(),
+        900,
+    );
     let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![3_600]))).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![3_600])))
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
-    assert_eq!(h.scheduler.items.lock().unwrap().len(), 1, "an hour is past SQS's 900 s");
+    assert_eq!(
+        h.scheduler.items.lock().unwrap().len(),
+        1,
+        "an hour is past SQS's 900 s"
+    );
     assert_eq!(h.queue.pending(), 0);
 
     h.clock.advance(Duration::minutes(44));
@@ -159,37 +248,74 @@ async fn given_a_retry_beyond_the_queue_delay_limit_then_it_waits_in_the_schedul
     assert_eq!((task.attempt, delay), (2, 14 * 60), "queued with the residual delay");
 
     h.run_for(Duration::minutes(15), Duration::minutes(1)).await;
-    assert_eq!(h.services.get_delivery(&tenant, &ingested.deliveries[0].id).await.unwrap().0.status, DeliveryStatus::Delivered);
+    assert_eq!(
+        h.services
+            .get_delivery(&tenant, &ingested.deliveries[0].id)
+            .await
+            .unwrap()
+            .0
+            .status,
+        DeliveryStatus::Delivered
+    );
 }
 
 #[tokio::test]
 async fn given_a_queue_delay_limit_below_the_horizon_then_a_retry_is_moved_no_earlier_than_the_queue_can_hold_it() {
     // A lowered limit (tests, `--max-queue-delay`): a 10-minute retry on a 2-minute queue.
-    let h = Harness::with_config(ScriptedSender::new(|_, n| status_outcome(if n < 1 { 500 } else { 200 })), Config::default(), 120);
+    let h = Harness::with_config(
+        ScriptedSender::new(|_, n| status_outcome(if n < 1 { 500 } else { 200 })),
+        Config::default(),
+        120,
+    );
     let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![600]))).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![600])))
+        .await
+        .unwrap();
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
-    assert_eq!(h.scheduler.items.lock().unwrap().len(), 1, "ten minutes is past the queue's two");
+    assert_eq!(
+        h.scheduler.items.lock().unwrap().len(),
+        1,
+        "ten minutes is past the queue's two"
+    );
 
     h.clock.advance(Duration::minutes(7));
-    assert_eq!(h.services.run_scheduler().await.unwrap().moved, 0, "three minutes to go is more than the queue holds");
+    assert_eq!(
+        h.services.run_scheduler().await.unwrap().moved,
+        0,
+        "three minutes to go is more than the queue holds"
+    );
     h.clock.advance(Duration::minutes(1) + Duration::seconds(30));
     assert_eq!(h.services.run_scheduler().await.unwrap().moved, 1);
     let (task, delay) = h.queue.log.lock().unwrap().last().cloned().unwrap();
-    assert_eq!((task.attempt, delay), (2, 90), "queued with the whole residual delay, so it comes on time");
+    assert_eq!(
+        (task.attempt, delay),
+        (2, 90),
+        "queued with the whole residual delay, so it comes on time"
+    );
 }
 
 #[tokio::test]
 async fn given_a_duplicated_message_then_no_second_attempt_is_made_or_recorded() {
     let h = Harness::new(ScriptedSender::always(500));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![60]))).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![60])))
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let task = h.queue.take_visible().pop().unwrap();
-    assert!(matches!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Retrying { .. }));
+    assert!(matches!(
+        h.services.deliver(&task).await.unwrap(),
+        DeliverOutcome::Retrying { .. }
+    ));
     assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
-    let (_, attempts) = h.services.get_delivery(&tenant, &ingested.deliveries[0].id).await.unwrap();
+    let (_, attempts) = h
+        .services
+        .get_delivery(&tenant, &ingested.deliveries[0].id)
+        .await
+        .unwrap();
     assert_eq!(attempts.len(), 1);
     assert_eq!(h.sender.requests.lock().unwrap().len(), 1);
 }
@@ -200,10 +326,17 @@ async fn given_retries_switched_off_for_the_tenant_then_the_first_failure_is_fin
     let (mut tenant, _) = h.tenant("owner@example.com").await;
     tenant.retries_enabled = false;
     h.store.create_tenant(&tenant, "other-hash").await.unwrap(); // overwrite the flag
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None)).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
-    let (delivery, attempts) = h.services.get_delivery(&tenant, &ingested.deliveries[0].id).await.unwrap();
+    let (delivery, attempts) = h
+        .services
+        .get_delivery(&tenant, &ingested.deliveries[0].id)
+        .await
+        .unwrap();
     assert_eq!((delivery.status, attempts.len()), (DeliveryStatus::Dead, 1));
 }
 
@@ -211,40 +344,72 @@ async fn given_retries_switched_off_for_the_tenant_then_the_first_failure_is_fin
 async fn given_an_endpoint_answering_410_then_the_delivery_dies_and_the_subscription_is_disabled() {
     let h = Harness::new(ScriptedSender::always(410));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let sub = h.services.create_subscription(&tenant, new_sub("https://gone.example.com/", &["*"], None)).await.unwrap();
+    let sub = h
+        .services
+        .create_subscription(&tenant, new_sub("https://gone.example.com/", &["*"], None))
+        .await
+        .unwrap();
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let sub = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
     assert_eq!(sub.status, SubscriptionStatus::Disabled);
-    assert!(h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap().deliveries.is_empty());
+    assert!(h
+        .services
+        .ingest(&tenant, event("invoice.paid"), None)
+        .await
+        .unwrap()
+        .deliveries
+        .is_empty());
 }
 
 #[tokio::test]
 async fn given_many_deaths_for_one_owner_in_a_batch_then_one_digest_email() {
     let h = Harness::new(ScriptedSender::always(500));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![]))).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![])))
+        .await
+        .unwrap();
     for _ in 0..5 {
         h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     }
     h.drain_now().await;
     let sent = h.mailer.sent.lock().unwrap().clone();
     assert_eq!(sent.len(), 1);
-    assert!(sent[0].subject.contains("5 webhook deliveries failed"), "{}", sent[0].subject);
+    assert!(
+        sent[0].subject.contains("5 webhook deliveries failed"),
+        "{}",
+        sent[0].subject
+    );
 }
 
 #[tokio::test]
 async fn given_a_delivery_whose_enqueue_was_lost_then_the_sweep_queues_it() {
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None)).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.queue.take_visible(); // the message is lost
     h.clock.advance(Duration::minutes(6));
     assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
-    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 0, "not again until overdue again");
+    assert_eq!(
+        h.services.run_scheduler().await.unwrap().requeued,
+        0,
+        "not again until overdue again"
+    );
     h.drain_now().await;
-    assert_eq!(h.services.get_delivery(&tenant, &ingested.deliveries[0].id).await.unwrap().0.status, DeliveryStatus::Delivered);
+    assert_eq!(
+        h.services
+            .get_delivery(&tenant, &ingested.deliveries[0].id)
+            .await
+            .unwrap()
+            .0
+            .status,
+        DeliveryStatus::Delivered
+    );
 }
 
 #[tokio::test]
@@ -252,14 +417,30 @@ async fn given_two_tenants_then_neither_reads_or_replays_the_others_deliveries()
     let h = Harness::new(ScriptedSender::always(500));
     let (alice, _) = h.tenant("alice@example.com").await;
     let (bob, _) = h.tenant("bob@example.com").await;
-    h.services.create_subscription(&alice, new_sub("https://a.example.com/", &["*"], Some(vec![]))).await.unwrap();
+    h.services
+        .create_subscription(&alice, new_sub("https://a.example.com/", &["*"], Some(vec![])))
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&alice, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let id = &ingested.deliveries[0].id;
-    assert!(matches!(h.services.get_delivery(&bob, id).await, Err(Error::NotFound { .. })));
-    assert!(matches!(h.services.replay_delivery(&bob, id).await, Err(Error::NotFound { .. })));
-    assert!(matches!(h.services.get_event(&bob, &ingested.event.id).await, Err(Error::NotFound { .. })));
-    let page = h.services.list_deliveries(&bob, DeliveryQuery::default()).await.unwrap();
+    assert!(matches!(
+        h.services.get_delivery(&bob, id).await,
+        Err(Error::NotFound { .. })
+    ));
+    assert!(matches!(
+        h.services.replay_delivery(&bob, id).await,
+        Err(Error::NotFound { .. })
+    ));
+    assert!(matches!(
+        h.services.get_event(&bob, &ingested.event.id).await,
+        Err(Error::NotFound { .. })
+    ));
+    let page = h
+        .services
+        .list_deliveries(&bob, DeliveryQuery::default())
+        .await
+        .unwrap();
     assert!(page.items.is_empty());
 }
 
@@ -268,19 +449,41 @@ async fn given_a_webhook_then_it_carries_standard_webhooks_headers_that_verify()
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, key) = h.tenant("owner@example.com").await;
     assert_eq!(h.services.authenticate(&key).await.unwrap().id, tenant.id);
-    assert!(matches!(h.services.authenticate("hwk_wrong").await, Err(Error::Unauthorized)));
-    let sub = h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None)).await.unwrap();
+    assert!(matches!(
+        h.services.authenticate("hwk_wrong").await,
+        Err(Error::Unauthorized)
+    ));
+    let sub = h
+        .services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let req = h.sender.requests.lock().unwrap()[0].clone();
-    let header = |name: &str| req.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()).unwrap();
+    let header = |name: &str| {
+        req.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
     assert_eq!(header("webhook-id"), ingested.event.id.as_str());
     assert_eq!(header("idempotency-key"), ingested.event.id.as_str());
     let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
     assert_eq!(body["type"], "invoice.paid");
     assert_eq!(body["data"], serde_json::json!({"amount": 42}));
     let now = h.clock.now().timestamp();
-    signing::verify(&sub.secret, &header("webhook-id"), &header("webhook-timestamp"), &header("webhook-signature"), &req.body, now, 300).unwrap();
+    signing::verify(
+        &sub.secret,
+        &header("webhook-id"),
+        &header("webhook-timestamp"),
+        &header("webhook-signature"),
+        &req.body,
+        now,
+        300,
+    )
+    .unwrap();
 
     // After a rotation both secrets verify during the grace period.
     let rotated = h.services.rotate_secret(&tenant, &sub.id).await.unwrap();
@@ -293,25 +496,44 @@ async fn given_a_webhook_then_it_carries_standard_webhooks_headers_that_verify()
 async fn given_bad_input_then_validation_errors_name_the_problem() {
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let not_object = NewEvent { event_type: EventType::parse("a.b").unwrap(), payload: serde_json::json!([1]) };
-    assert!(matches!(h.services.ingest(&tenant, not_object, None).await, Err(Error::Validation(v)) if v.code == "invalid_payload"));
+    let not_object = NewEvent {
+        event_type: EventType::parse("a.b").unwrap(),
+        payload: serde_json::json!([1]),
+    };
+    assert!(
+        matches!(h.services.ingest(&tenant, not_object, None).await, Err(Error::Validation(v)) if v.code == "invalid_payload")
+    );
     let mut bad = new_sub("https://a.example.com/", &["*"], None);
     bad.timeout_ms = Some(0);
-    assert!(matches!(h.services.create_subscription(&tenant, bad).await, Err(Error::Validation(v)) if v.code == "invalid_timeout"));
+    assert!(
+        matches!(h.services.create_subscription(&tenant, bad).await, Err(Error::Validation(v)) if v.code == "invalid_timeout")
+    );
     let none = new_sub("https://a.example.com/", &[], None);
-    assert!(matches!(h.services.create_subscription(&tenant, none).await, Err(Error::Validation(v)) if v.code == "invalid_event_types"));
+    assert!(
+        matches!(h.services.create_subscription(&tenant, none).await, Err(Error::Validation(v)) if v.code == "invalid_event_types")
+    );
     let parsed = serde_json::from_value::<NewSubscription>(serde_json::json!({"url": "not a url"}));
     assert!(parsed.unwrap_err().to_string().contains("not a valid endpoint URL"));
 }
 
 #[tokio::test]
 async fn given_a_429_with_retry_after_then_the_retry_waits_as_asked() {
-    let h = Harness::new(ScriptedSender::new(|_, _| SendOutcome { retry_after: Some(120.0), ..status_outcome(429) }));
+    let h = Harness::new(ScriptedSender::new(|_, _| SendOutcome {
+        retry_after: Some(120.0),
+        ..status_outcome(429)
+    }));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services.create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![10, 600]))).await.unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![10, 600])))
+        .await
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let start = h.clock.now();
     h.drain_now().await;
-    let (delivery, _) = h.services.get_delivery(&tenant, &ingested.deliveries[0].id).await.unwrap();
+    let (delivery, _) = h
+        .services
+        .get_delivery(&tenant, &ingested.deliveries[0].id)
+        .await
+        .unwrap();
     assert_eq!(delivery.next_attempt_at, Some(start + Duration::seconds(120)));
 }

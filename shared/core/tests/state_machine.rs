@@ -20,11 +20,21 @@ fn delivery(now: DateTime<Utc>) -> Delivery {
         created_at: now,
         idempotency_key: None,
     };
-    Delivery::new(DeliveryId::generate(now, &mut rng), &event, SubscriptionId::generate(now, &mut rng))
+    Delivery::new(
+        DeliveryId::generate(now, &mut rng),
+        &event,
+        SubscriptionId::generate(now, &mut rng),
+    )
 }
 
 fn outcome(status: u16) -> SendOutcome {
-    SendOutcome { status_code: Some(status), error: None, response_excerpt: None, duration_ms: 1, retry_after: None }
+    SendOutcome {
+        status_code: Some(status),
+        error: None,
+        response_excerpt: None,
+        duration_ms: 1,
+        retry_after: None,
+    }
 }
 
 /// What the store does: apply the change only if the delivery is as expected.
@@ -47,7 +57,10 @@ enum Step {
     /// Handle the message the delivery waits for, with this HTTP status.
     Attempt(u16),
     /// A message for an attempt that is not the one awaited (duplicate or late).
-    StaleMessage { back: u32, status: u16 },
+    StaleMessage {
+        back: u32,
+        status: u16,
+    },
     Replay,
 }
 
@@ -138,7 +151,12 @@ fn a_410_is_dead_at_once_and_a_2xx_is_delivered() {
     let now = Utc::now();
     let policy = RetryPolicy::standard();
     let mut rng = StdRng::seed_from_u64(1);
-    let ctx = AttemptContext { attempt: 1, previous_delay: None, health: None, retries_enabled: true };
+    let ctx = AttemptContext {
+        attempt: 1,
+        previous_delay: None,
+        health: None,
+        retries_enabled: true,
+    };
     assert_eq!(decide(&policy, &outcome(410), ctx, now, &mut rng), Decision::Dead);
     assert_eq!(decide(&policy, &outcome(204), ctx, now, &mut rng), Decision::Delivered);
     match decide(&policy, &outcome(500), ctx, now, &mut rng) {
@@ -155,8 +173,16 @@ fn retry_after_counts_only_with_429_or_503() {
     let now = Utc::now();
     let policy = RetryPolicy::custom(vec![10, 100], Jitter::None, false).unwrap();
     let mut rng = StdRng::seed_from_u64(1);
-    let ctx = AttemptContext { attempt: 1, previous_delay: None, health: None, retries_enabled: true };
-    let with = |status| SendOutcome { retry_after: Some(50.0), ..outcome(status) };
+    let ctx = AttemptContext {
+        attempt: 1,
+        previous_delay: None,
+        health: None,
+        retries_enabled: true,
+    };
+    let with = |status| SendOutcome {
+        retry_after: Some(50.0),
+        ..outcome(status)
+    };
     assert!(matches!(decide(&policy, &with(429), ctx, now, &mut rng), Decision::Retry { delay, .. } if delay == 50.0));
     assert!(matches!(decide(&policy, &with(500), ctx, now, &mut rng), Decision::Retry { delay, .. } if delay == 10.0));
 }

@@ -35,12 +35,7 @@ async fn app() -> App {
     let router = router(ApiState::new(Arc::new(services)));
     let (_, a) = harness.tenant("a@example.com").await;
     let (_, b) = harness.tenant("b@example.com").await;
-    App {
-        router,
-        harness,
-        a,
-        b,
-    }
+    App { router, harness, a, b }
 }
 
 struct Reply {
@@ -67,19 +62,13 @@ impl App {
         let resp = self.router.clone().oneshot(req).await.unwrap();
         let status = resp.status();
         let headers = resp.headers().clone();
-        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-            .await
-            .unwrap();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
         let body = if bytes.is_empty() {
             Value::Null
         } else {
             serde_json::from_slice(&bytes).expect("a JSON body")
         };
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        Reply { status, headers, body }
     }
 
     fn request(method: &str, uri: &str, key: Option<&str>) -> axum::http::request::Builder {
@@ -110,9 +99,7 @@ impl App {
     }
 
     async fn subscribe(&self, key: &str, body: Value) -> Value {
-        let r = self
-            .call("POST", "/v1/subscriptions", key, Some(body))
-            .await;
+        let r = self.call("POST", "/v1/subscriptions", key, Some(body)).await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
         r.body
     }
@@ -140,9 +127,7 @@ fn id(v: &Value) -> String {
 #[tokio::test]
 async fn given_no_key_then_healthz_answers_ok() {
     let app = app().await;
-    let r = app
-        .send(Request::get("/healthz").body(Body::empty()).unwrap())
-        .await;
+    let r = app.send(Request::get("/healthz").body(Body::empty()).unwrap()).await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.body["status"], "ok");
 }
@@ -151,28 +136,15 @@ async fn given_no_key_then_healthz_answers_ok() {
 async fn given_no_or_a_wrong_or_a_non_bearer_key_then_the_api_answers_401() {
     let app = app().await;
     let none = app
-        .send(
-            Request::get("/v1/subscriptions")
-                .body(Body::empty())
-                .unwrap(),
-        )
+        .send(Request::get("/v1/subscriptions").body(Body::empty()).unwrap())
         .await;
     assert_eq!(none.status, StatusCode::UNAUTHORIZED);
     assert_eq!(none.code(), "unauthorized");
-    assert!(
-        none.message().contains("Authorization: Bearer"),
-        "{}",
-        none.message()
-    );
+    assert!(none.message().contains("Authorization: Bearer"), "{}", none.message());
     assert_eq!(none.headers[header::WWW_AUTHENTICATE], "Bearer");
 
     let wrong = app
-        .call(
-            "GET",
-            "/v1/subscriptions",
-            "hwk_not-a-real-key-at-all",
-            None,
-        )
+        .call("GET", "/v1/subscriptions", "hwk_not-a-real-key-at-all", None)
         .await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     assert_eq!(wrong.message(), "unknown API key");
@@ -195,11 +167,7 @@ async fn given_no_or_a_wrong_or_a_non_bearer_key_then_the_api_answers_401() {
                 .unwrap(),
         )
         .await;
-    assert_eq!(
-        lower.status,
-        StatusCode::OK,
-        "the scheme is case-insensitive"
-    );
+    assert_eq!(lower.status, StatusCode::OK, "the scheme is case-insensitive");
 }
 
 #[tokio::test]
@@ -217,9 +185,7 @@ async fn given_no_key_and_a_bad_body_then_401_comes_before_validation() {
 #[tokio::test]
 async fn given_a_new_subscription_then_it_is_created_with_defaults_and_its_secret_shown_once() {
     let app = app().await;
-    let created = app
-        .subscribe(&app.a, json!({"url": "https://example.com/hooks"}))
-        .await;
+    let created = app.subscribe(&app.a, json!({"url": "https://example.com/hooks"})).await;
     assert!(id(&created).starts_with("sub_"));
     assert!(created["secret"].as_str().unwrap().starts_with("whsec_"));
     assert_eq!(created["url"], "https://example.com/hooks");
@@ -229,20 +195,11 @@ async fn given_a_new_subscription_then_it_is_created_with_defaults_and_its_secre
     assert_eq!(created["status"], "active");
 
     let got = app
-        .call(
-            "GET",
-            &format!("/v1/subscriptions/{}", id(&created)),
-            &app.a,
-            None,
-        )
+        .call("GET", &format!("/v1/subscriptions/{}", id(&created)), &app.a, None)
         .await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.body["url"], "https://example.com/hooks");
-    assert!(
-        got.body.get("secret").is_none(),
-        "no secret on read: {}",
-        got.body
-    );
+    assert!(got.body.get("secret").is_none(), "no secret on read: {}", got.body);
 
     let list = app.call("GET", "/v1/subscriptions", &app.a, None).await;
     assert_eq!(list.status, StatusCode::OK);
@@ -258,8 +215,7 @@ async fn given_a_new_subscription_then_it_is_created_with_defaults_and_its_secre
 #[tokio::test]
 async fn given_a_custom_policy_and_options_then_they_are_stored_as_given() {
     let app = app().await;
-    let policy =
-        json!({"schedule_seconds": [1, 1, 1], "jitter": {"proportional": 0.1}, "adaptive": false});
+    let policy = json!({"schedule_seconds": [1, 1, 1], "jitter": {"proportional": 0.1}, "adaptive": false});
     let created = app
         .subscribe(
             &app.a,
@@ -285,10 +241,7 @@ async fn given_a_custom_policy_and_options_then_they_are_stored_as_given() {
 async fn given_a_patch_then_only_the_fields_sent_change() {
     let app = app().await;
     let created = app
-        .subscribe(
-            &app.a,
-            json!({"url": "https://example.com/old", "description": "keep"}),
-        )
+        .subscribe(&app.a, json!({"url": "https://example.com/old", "description": "keep"}))
         .await;
     let uri = format!("/v1/subscriptions/{}", id(&created));
     let patched = app
@@ -309,9 +262,7 @@ async fn given_a_patch_then_only_the_fields_sent_change() {
         "https://example.com/new"
     );
 
-    let bad = app
-        .call("PATCH", &uri, &app.a, Some(json!({"timeout_ms": 0})))
-        .await;
+    let bad = app.call("PATCH", &uri, &app.a, Some(json!({"timeout_ms": 0}))).await;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(bad.code(), "invalid_timeout");
 }
@@ -337,7 +288,10 @@ async fn given_null_in_a_patch_then_the_optional_fields_are_removed_and_the_othe
     assert_eq!(patched.status, StatusCode::OK, "{}", patched.body);
     let stored = app.call("GET", &uri, &app.a, None).await.body;
     for field in ["description", "owner_email"] {
-        assert!(stored.get(field).is_none_or(|v| v.is_null()), "{field} removed: {stored}");
+        assert!(
+            stored.get(field).is_none_or(|v| v.is_null()),
+            "{field} removed: {stored}"
+        );
     }
     assert_eq!(stored["timeout_ms"], 2500, "null leaves a required field as it was");
     assert_eq!(stored["url"], "https://example.com/h");
@@ -346,9 +300,7 @@ async fn given_null_in_a_patch_then_the_optional_fields_are_removed_and_the_othe
 #[tokio::test]
 async fn given_a_delete_then_the_subscription_is_gone() {
     let app = app().await;
-    let created = app
-        .subscribe(&app.a, json!({"url": "https://example.com/h"}))
-        .await;
+    let created = app.subscribe(&app.a, json!({"url": "https://example.com/h"})).await;
     let uri = format!("/v1/subscriptions/{}", id(&created));
     let deleted = app.call("DELETE", &uri, &app.a, None).await;
     assert_eq!(deleted.status, StatusCode::NO_CONTENT);
@@ -364,9 +316,7 @@ async fn given_a_delete_then_the_subscription_is_gone() {
 #[tokio::test]
 async fn given_a_rotation_then_a_new_secret_is_shown_and_the_old_one_gets_a_grace_period() {
     let app = app().await;
-    let created = app
-        .subscribe(&app.a, json!({"url": "https://example.com/h"}))
-        .await;
+    let created = app.subscribe(&app.a, json!({"url": "https://example.com/h"})).await;
     let rotated = app
         .call(
             "POST",
@@ -381,12 +331,7 @@ async fn given_a_rotation_then_a_new_secret_is_shown_and_the_old_one_gets_a_grac
     assert_ne!(new_secret, created["secret"].as_str().unwrap());
     assert!(rotated.body["previous_secret_expires_at"].is_string());
     let got = app
-        .call(
-            "GET",
-            &format!("/v1/subscriptions/{}", id(&created)),
-            &app.a,
-            None,
-        )
+        .call("GET", &format!("/v1/subscriptions/{}", id(&created)), &app.a, None)
         .await;
     assert!(!got.body.to_string().contains("whsec_"));
 }
@@ -397,12 +342,7 @@ async fn given_a_rotation_then_a_new_secret_is_shown_and_the_old_one_gets_a_grac
 async fn given_malformed_json_then_400_says_so() {
     let app = app().await;
     let r = app
-        .raw(
-            "POST",
-            "/v1/subscriptions",
-            &app.a,
-            r#"{"url": "https://example.com""#,
-        )
+        .raw("POST", "/v1/subscriptions", &app.a, r#"{"url": "https://example.com""#)
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.code(), "malformed_json");
@@ -416,12 +356,7 @@ async fn given_malformed_json_then_400_says_so() {
 async fn given_wrong_types_then_422_names_the_field() {
     let app = app().await;
     let r = app
-        .call(
-            "POST",
-            "/v1/subscriptions",
-            &app.a,
-            Some(json!({"url": 123})),
-        )
+        .call("POST", "/v1/subscriptions", &app.a, Some(json!({"url": 123})))
         .await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(r.code(), "invalid_url");
@@ -466,12 +401,7 @@ async fn given_a_non_url_then_422_explains_why() {
         ("ftp://example.com/x", "http or https"),
     ] {
         let r = app
-            .call(
-                "POST",
-                "/v1/subscriptions",
-                &app.a,
-                Some(json!({"url": url})),
-            )
+            .call("POST", "/v1/subscriptions", &app.a, Some(json!({"url": url})))
             .await;
         assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{url}");
         assert_eq!(r.code(), "invalid_url");
@@ -503,9 +433,7 @@ async fn given_an_unknown_policy_name_then_422_lists_the_known_ones() {
 async fn given_a_malformed_custom_policy_then_422_points_at_the_bad_part() {
     let app = app().await;
     let bad_jitter = json!({"url": "https://e.com", "retry_policy": {"schedule_seconds": [1], "jitter": "wobbly"}});
-    let r = app
-        .call("POST", "/v1/subscriptions", &app.a, Some(bad_jitter))
-        .await;
+    let r = app.call("POST", "/v1/subscriptions", &app.a, Some(bad_jitter)).await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(r.code(), "invalid_retry_policy");
     assert!(
@@ -515,9 +443,7 @@ async fn given_a_malformed_custom_policy_then_422_points_at_the_bad_part() {
     );
 
     let bad_delays = json!({"url": "https://e.com", "retry_policy": {"schedule_seconds": ["1m"]}});
-    let r = app
-        .call("POST", "/v1/subscriptions", &app.a, Some(bad_delays))
-        .await;
+    let r = app.call("POST", "/v1/subscriptions", &app.a, Some(bad_delays)).await;
     assert_eq!(r.code(), "invalid_retry_policy");
     assert!(
         r.message().contains("retry_policy.schedule_seconds[0]"),
@@ -541,12 +467,7 @@ async fn given_a_malformed_custom_policy_then_422_points_at_the_bad_part() {
 async fn given_missing_or_unknown_fields_then_422_names_them() {
     let app = app().await;
     let r = app
-        .call(
-            "POST",
-            "/v1/subscriptions",
-            &app.a,
-            Some(json!({"event_types": ["*"]})),
-        )
+        .call("POST", "/v1/subscriptions", &app.a, Some(json!({"event_types": ["*"]})))
         .await;
     assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(r.code(), "missing_field");
@@ -612,9 +533,7 @@ async fn given_a_body_over_256_kb_then_413() {
     assert_eq!(r.code(), "payload_too_large");
     let fits = json!({"type": "a.b", "payload": {"blob": "x".repeat(MAX_BODY_BYTES - 100)}});
     assert_eq!(
-        app.call("POST", "/v1/events", &app.a, Some(fits))
-            .await
-            .status,
+        app.call("POST", "/v1/events", &app.a, Some(fits)).await.status,
         StatusCode::ACCEPTED
     );
 }
@@ -631,12 +550,7 @@ async fn given_unknown_routes_methods_or_ids_then_json_errors() {
     );
     assert!(r.message().contains("PUT /v1/events"), "{}", r.message());
     let r = app
-        .call(
-            "GET",
-            "/v1/subscriptions/evt_01J0000000000000000000000",
-            &app.a,
-            None,
-        )
+        .call("GET", "/v1/subscriptions/evt_01J0000000000000000000000", &app.a, None)
         .await;
     assert_eq!((r.status, r.code()), (StatusCode::NOT_FOUND, "not_found"));
     assert!(r.message().contains("sub_"), "{}", r.message());
@@ -647,9 +561,7 @@ async fn given_unknown_routes_methods_or_ids_then_json_errors() {
 #[tokio::test]
 async fn given_an_event_then_202_with_one_delivery_per_matching_subscription() {
     let app = app().await;
-    let all = app
-        .subscribe(&app.a, json!({"url": "https://example.com/all"}))
-        .await;
+    let all = app.subscribe(&app.a, json!({"url": "https://example.com/all"})).await;
     let invoices = app
         .subscribe(
             &app.a,
@@ -683,12 +595,7 @@ async fn given_an_event_then_202_with_one_delivery_per_matching_subscription() {
         .all(|d| d["status"] == "pending" && id(d).starts_with("dlv_")));
 
     let got = app
-        .call(
-            "GET",
-            &format!("/v1/events/{}", id(&accepted)),
-            &app.a,
-            None,
-        )
+        .call("GET", &format!("/v1/events/{}", id(&accepted)), &app.a, None)
         .await;
     assert_eq!(got.status, StatusCode::OK);
     assert_eq!(got.body["type"], "invoice.paid");
@@ -700,8 +607,7 @@ async fn given_an_event_then_202_with_one_delivery_per_matching_subscription() {
 #[tokio::test]
 async fn given_the_same_idempotency_key_twice_then_one_event_and_no_new_deliveries() {
     let app = app().await;
-    app.subscribe(&app.a, json!({"url": "https://example.com/h"}))
-        .await;
+    app.subscribe(&app.a, json!({"url": "https://example.com/h"})).await;
     let post = |key: &'static str| {
         App::request("POST", "/v1/events", Some(&app.a))
             .header(header::CONTENT_TYPE, "application/json")
@@ -719,11 +625,7 @@ async fn given_the_same_idempotency_key_twice_then_one_event_and_no_new_deliveri
     assert!(first.headers.get("idempotent-replayed").is_none());
     assert_eq!(second.headers["idempotent-replayed"], "true");
     let listed = app.call("GET", "/v1/deliveries", &app.a, None).await;
-    assert_eq!(
-        listed.body["data"].as_array().unwrap().len(),
-        1,
-        "one delivery in all"
-    );
+    assert_eq!(listed.body["data"].as_array().unwrap().len(), 1, "one delivery in all");
     assert_eq!(app.harness.queue.take_visible().len(), 1, "queued once");
 
     let other = app.send(post("order-8")).await;
@@ -735,12 +637,13 @@ async fn given_the_same_idempotency_key_twice_then_one_event_and_no_new_deliveri
 /// Tenant A: one always-failing subscription with two attempts, one event, run until dead.
 async fn dead_delivery(app: &App) -> (String, String, String) {
     let sub = app
-        .subscribe(&app.a, json!({"url": "https://example.com/fail", "retry_policy": {"schedule_seconds": [1], "jitter": "none"}}))
+        .subscribe(
+            &app.a,
+            json!({"url": "https://example.com/fail", "retry_policy": {"schedule_seconds": [1], "jitter": "none"}}),
+        )
         .await;
     let event = app.ingest(&app.a, "invoice.paid").await;
-    app.harness
-        .run_for(Duration::seconds(5), Duration::seconds(1))
-        .await;
+    app.harness.run_for(Duration::seconds(5), Duration::seconds(1)).await;
     let delivery = id(&event["deliveries"][0]);
     (id(&sub), id(&event), delivery)
 }
@@ -766,24 +669,14 @@ async fn given_a_dead_delivery_then_it_shows_its_attempts_and_can_be_replayed_on
     }
 
     let replayed = app
-        .call(
-            "POST",
-            &format!("/v1/deliveries/{delivery}/replay"),
-            &app.a,
-            None,
-        )
+        .call("POST", &format!("/v1/deliveries/{delivery}/replay"), &app.a, None)
         .await;
     assert_eq!(replayed.status, StatusCode::ACCEPTED);
     assert_eq!(replayed.body["status"], "pending");
     assert_eq!(replayed.body["round"], 1);
     assert_eq!(replayed.body["attempt_count"], 0);
     let again = app
-        .call(
-            "POST",
-            &format!("/v1/deliveries/{delivery}/replay"),
-            &app.a,
-            None,
-        )
+        .call("POST", &format!("/v1/deliveries/{delivery}/replay"), &app.a, None)
         .await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     assert_eq!(again.code(), "conflict");
@@ -799,9 +692,7 @@ async fn given_dead_deliveries_then_event_replay_and_subscription_recover_restar
     assert_eq!(r.status, StatusCode::ACCEPTED);
     assert_eq!(r.body["replayed"][0]["id"], delivery.as_str());
 
-    app.harness
-        .run_for(Duration::seconds(5), Duration::seconds(1))
-        .await;
+    app.harness.run_for(Duration::seconds(5), Duration::seconds(1)).await;
     let future = app
         .call(
             "POST",
@@ -811,11 +702,7 @@ async fn given_dead_deliveries_then_event_replay_and_subscription_recover_restar
         )
         .await;
     assert_eq!(future.status, StatusCode::ACCEPTED);
-    assert_eq!(
-        future.body["replayed"],
-        json!([]),
-        "nothing died after 2099"
-    );
+    assert_eq!(future.body["replayed"], json!([]), "nothing died after 2099");
     let r = app
         .call(
             "POST",
@@ -858,18 +745,14 @@ async fn given_dead_deliveries_then_event_replay_and_subscription_recover_restar
 #[tokio::test]
 async fn given_deliveries_then_they_list_by_status_and_subscription_in_pages() {
     let app = app().await;
-    let ok = app
-        .subscribe(&app.a, json!({"url": "https://example.com/ok"}))
-        .await;
+    let ok = app.subscribe(&app.a, json!({"url": "https://example.com/ok"})).await;
     let (failing, _, _) = dead_delivery(&app).await;
     for _ in 0..2 {
         app.ingest(&app.a, "user.created").await;
     }
     app.harness.drain_now().await;
 
-    let dead = app
-        .call("GET", "/v1/deliveries?status=dead", &app.a, None)
-        .await;
+    let dead = app.call("GET", "/v1/deliveries?status=dead", &app.a, None).await;
     assert_eq!(dead.status, StatusCode::OK);
     let data = dead.body["data"].as_array().unwrap();
     assert!(!data.is_empty() && data.iter().all(|d| d["status"] == "dead"));
@@ -888,18 +771,11 @@ async fn given_deliveries_then_they_list_by_status_and_subscription_in_pages() {
         .iter()
         .all(|d| d["subscription_id"] == id(&ok).as_str() && d["status"] == "delivered"));
 
-    let page1 = app
-        .call("GET", "/v1/deliveries?limit=4", &app.a, None)
-        .await;
+    let page1 = app.call("GET", "/v1/deliveries?limit=4", &app.a, None).await;
     assert_eq!(page1.body["data"].as_array().unwrap().len(), 4);
     let cursor = page1.body["next_cursor"].as_str().expect("a next page");
     let page2 = app
-        .call(
-            "GET",
-            &format!("/v1/deliveries?limit=4&cursor={cursor}"),
-            &app.a,
-            None,
-        )
+        .call("GET", &format!("/v1/deliveries?limit=4&cursor={cursor}"), &app.a, None)
         .await;
     assert_eq!(page2.status, StatusCode::OK, "{}", page2.body);
     let mut ids: Vec<Value> = [&page1, &page2]
@@ -907,11 +783,7 @@ async fn given_deliveries_then_they_list_by_status_and_subscription_in_pages() {
         .flat_map(|p| p.body["data"].as_array().unwrap().clone())
         .map(|d| d["id"].clone())
         .collect();
-    assert_eq!(
-        ids.len(),
-        6,
-        "three events, each to `ok` and to the failing {failing}"
-    );
+    assert_eq!(ids.len(), 6, "three events, each to `ok` and to the failing {failing}");
     ids.sort_by_key(|v| v.to_string());
     ids.dedup();
     assert_eq!(ids.len(), 6, "no delivery twice across pages");
@@ -929,9 +801,7 @@ async fn given_bad_list_parameters_then_422_says_which() {
         ("subscription_id=nope", "invalid_id"),
         ("cursor=nonsense", "invalid_cursor"),
     ] {
-        let r = app
-            .call("GET", &format!("/v1/deliveries?{query}"), &app.a, None)
-            .await;
+        let r = app.call("GET", &format!("/v1/deliveries?{query}"), &app.a, None).await;
         assert_eq!(
             (r.status, r.code()),
             (StatusCode::UNPROCESSABLE_ENTITY, code),
@@ -954,11 +824,7 @@ async fn given_another_tenants_ids_then_every_route_answers_404_and_nothing_chan
             format!("/v1/subscriptions/{sub}"),
             Some(json!({"url": "https://evil.example.com/"})),
         ),
-        (
-            "POST",
-            format!("/v1/subscriptions/{sub}/rotate-secret"),
-            None,
-        ),
+        ("POST", format!("/v1/subscriptions/{sub}/rotate-secret"), None),
         (
             "POST",
             format!("/v1/subscriptions/{sub}/recover"),
@@ -986,9 +852,7 @@ async fn given_another_tenants_ids_then_every_route_answers_404_and_nothing_chan
         json!([])
     );
     // Tenant A's things are as they were.
-    let got = app
-        .call("GET", &format!("/v1/subscriptions/{sub}"), &app.a, None)
-        .await;
+    let got = app.call("GET", &format!("/v1/subscriptions/{sub}"), &app.a, None).await;
     assert_eq!(got.body["url"], "https://example.com/fail");
     assert_eq!(
         app.call("GET", &format!("/v1/deliveries/{delivery}"), &app.a, None)

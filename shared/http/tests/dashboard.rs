@@ -28,34 +28,18 @@ async fn app() -> (Router, Harness, String) {
     (router(ApiState::new(Arc::new(services))), harness, key)
 }
 
-async fn get(
-    app: &Router,
-    uri: &str,
-    key: Option<&str>,
-) -> (StatusCode, axum::http::HeaderMap, String) {
+async fn get(app: &Router, uri: &str, key: Option<&str>) -> (StatusCode, axum::http::HeaderMap, String) {
     let mut req = Request::get(uri);
     if let Some(key) = key {
         req = req.header(header::AUTHORIZATION, format!("Bearer {key}"));
     }
-    let resp = app
-        .clone()
-        .oneshot(req.body(Body::empty()).unwrap())
-        .await
-        .unwrap();
+    let resp = app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap();
     let (status, headers) = (resp.status(), resp.headers().clone());
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
     (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
 }
 
-async fn call(
-    app: &Router,
-    method: &str,
-    uri: &str,
-    key: &str,
-    body: Value,
-) -> (StatusCode, Value) {
+async fn call(app: &Router, method: &str, uri: &str, key: &str, body: Value) -> (StatusCode, Value) {
     let req = Request::builder()
         .method(method)
         .uri(uri)
@@ -65,18 +49,12 @@ async fn call(
         .unwrap();
     let resp = app.clone().oneshot(req).await.unwrap();
     let status = resp.status();
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
 #[tokio::test]
-async fn given_no_key_then_the_dashboard_and_its_assets_are_served_with_a_strict_content_security_policy(
-) {
+async fn given_no_key_then_the_dashboard_and_its_assets_are_served_with_a_strict_content_security_policy() {
     let (app, _, _) = app().await;
     for (path, content_type) in [
         ("/dashboard", "text/html; charset=utf-8"),
@@ -99,8 +77,7 @@ async fn given_no_key_then_the_dashboard_and_its_assets_are_served_with_a_strict
 }
 
 #[tokio::test]
-async fn given_the_dashboard_page_then_every_asset_it_loads_is_served_by_the_router_and_nothing_comes_from_outside(
-) {
+async fn given_the_dashboard_page_then_every_asset_it_loads_is_served_by_the_router_and_nothing_comes_from_outside() {
     let (app, _, _) = app().await;
     let (_, _, html) = get(&app, "/dashboard", None).await;
     // `src="..."` and `href="..."` of the page: relative, and in the route table.
@@ -111,10 +88,7 @@ async fn given_the_dashboard_page_then_every_asset_it_loads_is_served_by_the_rou
             if target.starts_with('#') {
                 continue;
             }
-            assert!(
-                !target.contains("//"),
-                "the page loads {target} from elsewhere"
-            );
+            assert!(!target.contains("//"), "the page loads {target} from elsewhere");
             let path = format!("/{target}");
             assert!(
                 ROUTES.iter().any(|(m, p)| *m == "GET" && *p == path),
@@ -149,17 +123,13 @@ async fn given_the_dashboard_page_then_every_form_control_has_a_label() {
                 .nth(1)
                 .map(|s| &s[..s.find('"').unwrap()])
                 .expect("a control with an id");
-            assert!(
-                html.contains(&format!("<label for=\"{id}\"")),
-                "#{id} has no label"
-            );
+            assert!(html.contains(&format!("<label for=\"{id}\"")), "#{id} has no label");
         }
     }
 }
 
 #[tokio::test]
-async fn given_deliveries_in_every_state_then_the_subscription_list_and_read_show_health_and_counts_by_status(
-) {
+async fn given_deliveries_in_every_state_then_the_subscription_list_and_read_show_health_and_counts_by_status() {
     let (app, harness, key) = app().await;
     let (s, good) = call(
         &app,
@@ -184,14 +154,7 @@ async fn given_deliveries_in_every_state_then_the_subscription_list_and_read_sho
     );
 
     // Before any attempt: no health, everything pending.
-    let (_, body) = call(
-        &app,
-        "POST",
-        "/v1/events",
-        &key,
-        json!({"type": "a.b", "payload": {}}),
-    )
-    .await;
+    let (_, body) = call(&app, "POST", "/v1/events", &key, json!({"type": "a.b", "payload": {}})).await;
     assert_eq!(body["deliveries"].as_array().unwrap().len(), 2);
     let (status, _, listed) = get(&app, "/v1/subscriptions", Some(&key)).await;
     assert_eq!(status, StatusCode::OK);
@@ -214,17 +177,8 @@ async fn given_deliveries_in_every_state_then_the_subscription_list_and_read_sho
         json!({"pending": 0, "retrying": 1, "delivered": 0, "dead": 0})
     );
     assert_eq!(read["health"], 0.0);
-    harness
-        .run_for(Duration::minutes(3), Duration::seconds(30))
-        .await;
-    call(
-        &app,
-        "POST",
-        "/v1/events",
-        &key,
-        json!({"type": "a.b", "payload": {}}),
-    )
-    .await;
+    harness.run_for(Duration::minutes(3), Duration::seconds(30)).await;
+    call(&app, "POST", "/v1/events", &key, json!({"type": "a.b", "payload": {}})).await;
 
     let (_, _, listed) = get(&app, "/v1/subscriptions", Some(&key)).await;
     let listed: Value = serde_json::from_str(&listed).unwrap();

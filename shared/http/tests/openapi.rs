@@ -15,9 +15,7 @@ use rand::SeedableRng;
 use serde_json::Value;
 use tower::ServiceExt;
 
-const METHODS: [&str; 8] = [
-    "get", "put", "post", "delete", "patch", "head", "options", "trace",
-];
+const METHODS: [&str; 8] = ["get", "put", "post", "delete", "patch", "head", "options", "trace"];
 
 fn document() -> Value {
     serde_json::from_str(OPENAPI_JSON).expect("openapi.json is JSON")
@@ -37,15 +35,11 @@ fn documented(doc: &Value) -> BTreeSet<(String, String)> {
 }
 
 fn served() -> BTreeSet<(String, String)> {
-    ROUTES
-        .iter()
-        .map(|(m, p)| (m.to_string(), p.to_string()))
-        .collect()
+    ROUTES.iter().map(|(m, p)| (m.to_string(), p.to_string())).collect()
 }
 
 #[test]
-fn given_the_router_and_the_document_then_every_route_is_documented_and_every_documented_route_is_served(
-) {
+fn given_the_router_and_the_document_then_every_route_is_documented_and_every_documented_route_is_served() {
     let doc = document();
     let (documented, served) = (documented(&doc), served());
     let undocumented: Vec<_> = served.difference(&documented).collect();
@@ -62,13 +56,10 @@ fn given_the_router_and_the_document_then_every_route_is_documented_and_every_do
 }
 
 #[test]
-fn given_the_document_then_it_is_openapi_3_1_with_unique_operation_ids_and_declared_path_parameters(
-) {
+fn given_the_document_then_it_is_openapi_3_1_with_unique_operation_ids_and_declared_path_parameters() {
     let doc = document();
     assert!(
-        doc["openapi"]
-            .as_str()
-            .is_some_and(|v| v.starts_with("3.1.")),
+        doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.1.")),
         "{}",
         doc["openapi"]
     );
@@ -143,11 +134,7 @@ fn given_the_document_then_every_reference_and_link_resolves() {
     for item in doc["paths"].as_object().unwrap().values() {
         for op in METHODS.iter().filter_map(|m| item.get(*m)) {
             for response in op["responses"].as_object().unwrap().values() {
-                for link in response["links"]
-                    .as_object()
-                    .into_iter()
-                    .flat_map(|l| l.values())
-                {
+                for link in response["links"].as_object().into_iter().flat_map(|l| l.values()) {
                     links += 1;
                     let target = link["operationId"].as_str().unwrap();
                     assert!(ids.contains(target), "a link to unknown operation {target}");
@@ -155,10 +142,7 @@ fn given_the_document_then_every_reference_and_link_resolves() {
             }
         }
     }
-    assert!(
-        links > 0,
-        "the document links created resources to their reads"
-    );
+    assert!(links > 0, "the document links created resources to their reads");
 }
 
 /// A well-formed id of the kind a path segment names, that names nothing.
@@ -193,15 +177,9 @@ async fn given_each_route_in_the_table_then_the_router_answers_it_rather_than_it
             .unwrap();
         let resp = app.clone().oneshot(req).await.unwrap();
         let status = resp.status();
-        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-            .await
-            .unwrap();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
         let text = String::from_utf8_lossy(&bytes);
-        assert_ne!(
-            status,
-            StatusCode::METHOD_NOT_ALLOWED,
-            "{method} {uri}: {text}"
-        );
+        assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {uri}: {text}");
         assert!(
             !text.contains("no route for"),
             "{method} {uri} fell through to the fallback: {text}"
@@ -219,19 +197,13 @@ async fn given_no_key_then_v1_openapi_json_serves_the_checked_in_document() {
         rand::rngs::StdRng::seed_from_u64(1),
     ))));
     let resp = app
-        .oneshot(
-            Request::get("/v1/openapi.json")
-                .body(Body::empty())
-                .unwrap(),
-        )
+        .oneshot(Request::get("/v1/openapi.json").body(Body::empty()).unwrap())
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.headers()[header::CONTENT_TYPE], "application/json");
-    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-        .await
-        .unwrap();
-    let on_disk = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json"))
-        .expect("the checked-in document");
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
+    let on_disk =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/openapi.json")).expect("the checked-in document");
     assert_eq!(String::from_utf8(bytes.to_vec()).unwrap(), on_disk);
 }

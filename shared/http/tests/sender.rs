@@ -32,41 +32,72 @@ async fn spawn_receiver() -> (SocketAddr, Arc<Receiver>) {
     let app = Router::new()
         .route("/ok", any(|| async { "thanks" }))
         .route("/fail", any(|| async { (StatusCode::INTERNAL_SERVER_ERROR, "boom") }))
-        .route("/redirect", any(|| async { (StatusCode::FOUND, [("location", "/ok")], "moved") }))
-        .route("/slow", any(|| async {
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            "late"
-        }))
-        .route("/busy", any(|| async { (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "120")], "later") }))
-        .route("/limited", any(|| async {
-            let at = std::time::SystemTime::now() + Duration::from_secs(300);
-            (StatusCode::TOO_MANY_REQUESTS, [("retry-after", httpdate::fmt_http_date(at))], "slow down")
-        }))
-        .route("/fail-with-retry-after", any(|| async { (StatusCode::INTERNAL_SERVER_ERROR, [("retry-after", "60")]) }))
+        .route(
+            "/redirect",
+            any(|| async { (StatusCode::FOUND, [("location", "/ok")], "moved") }),
+        )
+        .route(
+            "/slow",
+            any(|| async {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                "late"
+            }),
+        )
+        .route(
+            "/busy",
+            any(|| async { (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "120")], "later") }),
+        )
+        .route(
+            "/limited",
+            any(|| async {
+                let at = std::time::SystemTime::now() + Duration::from_secs(300);
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [("retry-after", httpdate::fmt_http_date(at))],
+                    "slow down",
+                )
+            }),
+        )
+        .route(
+            "/fail-with-retry-after",
+            any(|| async { (StatusCode::INTERNAL_SERVER_ERROR, [("retry-after", "60")]) }),
+        )
         .route("/big", any(|| async { "é".repeat(1 << 20) }))
-        .route("/endless", any(|| async {
-            let chunk = Bytes::from(vec![b'x'; 16 * 1024]);
-            Body::from_stream(futures::stream::repeat_with(move || Ok::<_, std::convert::Infallible>(chunk.clone())))
-        }))
-        .route("/echo", post(|State(r): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes| async move {
-            r.received.lock().unwrap().push((headers, body.to_vec()));
-            StatusCode::NO_CONTENT
-        }))
-        .route("/peer", any(|State(r): State<Arc<Receiver>>, ConnectInfo(peer): ConnectInfo<SocketAddr>| async move {
-            r.peers.lock().unwrap().push(peer);
-            "ok"
-        }))
+        .route(
+            "/endless",
+            any(|| async {
+                let chunk = Bytes::from(vec![b'x'; 16 * 1024]);
+                Body::from_stream(futures::stream::repeat_with(move || {
+                    Ok::<_, std::convert::Infallible>(chunk.clone())
+                }))
+            }),
+        )
+        .route(
+            "/echo",
+            post(
+                |State(r): State<Arc<Receiver>>, headers: HeaderMap, body: Bytes| async move {
+                    r.received.lock().unwrap().push((headers, body.to_vec()));
+                    StatusCode::NO_CONTENT
+                },
+            ),
+        )
+        .route(
+            "/peer",
+            any(
+                |State(r): State<Arc<Receiver>>, ConnectInfo(peer): ConnectInfo<SocketAddr>| async move {
+                    r.peers.lock().unwrap().push(peer);
+                    "ok"
+                },
+            ),
+        )
         .route("/gauge", get(gauge).post(gauge))
         .with_state(state.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
+        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+            .await
+            .unwrap();
     });
     (addr, state)
 }
@@ -120,18 +151,12 @@ async fn given_a_post_then_the_receiver_gets_the_headers_and_the_body_as_given()
     let (addr, receiver) = spawn_receiver().await;
     let outcome = loopback_sender().send(at(addr, "/echo")).await;
     assert_eq!(outcome.status_code, Some(204));
-    assert_eq!(
-        outcome.response_excerpt, None,
-        "an empty body has no excerpt"
-    );
+    assert_eq!(outcome.response_excerpt, None, "an empty body has no excerpt");
     let received = receiver.received.lock().unwrap();
     let (headers, body) = &received[0];
     assert_eq!(headers["webhook-id"], "evt_1");
     assert_eq!(headers["content-type"], "application/json");
-    assert!(headers["user-agent"]
-        .to_str()
-        .unwrap()
-        .starts_with("Hookwise/"));
+    assert!(headers["user-agent"].to_str().unwrap().starts_with("Hookwise/"));
     assert_eq!(body, br#"{"hello":"world"}"#);
 }
 
@@ -160,10 +185,7 @@ async fn given_a_redirect_then_it_is_not_followed_and_is_recorded_as_a_failure()
 async fn given_an_endpoint_slower_than_the_timeout_then_the_outcome_is_a_timeout() {
     let (addr, _) = spawn_receiver().await;
     let outcome = loopback_sender()
-        .send(request(
-            &format!("http://{addr}/slow"),
-            Duration::from_millis(300),
-        ))
+        .send(request(&format!("http://{addr}/slow"), Duration::from_millis(300)))
         .await;
     assert_eq!(outcome.status_code, None);
     let (kind, message) = outcome.error.clone().expect("an error");
@@ -211,9 +233,7 @@ async fn given_a_429_with_an_http_date_then_the_wait_until_it_is_recorded() {
 #[tokio::test]
 async fn given_retry_after_on_another_status_then_it_is_ignored() {
     let (addr, _) = spawn_receiver().await;
-    let outcome = loopback_sender()
-        .send(at(addr, "/fail-with-retry-after"))
-        .await;
+    let outcome = loopback_sender().send(at(addr, "/fail-with-retry-after")).await;
     assert_eq!(outcome.status_code, Some(500));
     assert_eq!(outcome.retry_after, None);
 }
@@ -235,17 +255,11 @@ async fn given_a_large_body_then_the_excerpt_is_cut_at_the_limit() {
 async fn given_an_endless_body_then_only_the_excerpt_is_read_and_the_send_finishes() {
     let (addr, _) = spawn_receiver().await;
     let outcome = loopback_sender()
-        .send(request(
-            &format!("http://{addr}/endless"),
-            Duration::from_secs(10),
-        ))
+        .send(request(&format!("http://{addr}/endless"), Duration::from_secs(10)))
         .await;
     assert_eq!(outcome.status_code, Some(200));
     assert_eq!(outcome.error, None);
-    assert_eq!(
-        outcome.response_excerpt.map(|e| e.len()),
-        Some(EXCERPT_LIMIT)
-    );
+    assert_eq!(outcome.response_excerpt.map(|e| e.len()), Some(EXCERPT_LIMIT));
     assert!(
         outcome.duration_ms < 5_000,
         "it stopped reading: {} ms",
@@ -262,10 +276,7 @@ async fn given_two_sends_to_one_host_then_the_connection_is_reused() {
     }
     let peers = receiver.peers.lock().unwrap();
     assert_eq!(peers.len(), 3);
-    assert!(
-        peers.iter().all(|p| *p == peers[0]),
-        "one pooled connection: {peers:?}"
-    );
+    assert!(peers.iter().all(|p| *p == peers[0]), "one pooled connection: {peers:?}");
 }
 
 #[tokio::test]
@@ -302,9 +313,7 @@ async fn given_a_private_address_then_the_send_is_blocked_unless_its_cidr_is_all
     })
     .unwrap();
     assert!(allowed.guard().is_allowed("10.0.0.1".parse().unwrap()));
-    assert!(!allowed
-        .guard()
-        .is_allowed("169.254.169.254".parse().unwrap()));
+    assert!(!allowed.guard().is_allowed("169.254.169.254".parse().unwrap()));
     assert!(!SsrfGuard::default().is_allowed("10.0.0.1".parse().unwrap()));
 }
 
@@ -354,8 +363,5 @@ async fn given_a_batch_then_outcomes_come_in_order_with_concurrency_bounded() {
     let statuses: Vec<_> = outcomes.iter().map(|o| o.status_code.unwrap()).collect();
     assert_eq!(statuses, [200, 200, 200, 200, 500, 200, 200, 200, 200, 200]);
     let max = receiver.max_in_flight.load(Ordering::SeqCst);
-    assert!(
-        (2..=3).contains(&max),
-        "at most 3 at once, and some at once: {max}"
-    );
+    assert!((2..=3).contains(&max), "at most 3 at once, and some at once: {max}");
 }

@@ -19,7 +19,11 @@ use rand::SeedableRng;
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let n: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(10_000);
-    let dir = std::env::args().nth(2).filter(|d| !d.is_empty() && d != "-").map(PathBuf::from).unwrap_or_else(|| std::env::temp_dir().join(format!("hookwise-throughput-{}", std::process::id())));
+    let dir = std::env::args()
+        .nth(2)
+        .filter(|d| !d.is_empty() && d != "-")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("hookwise-throughput-{}", std::process::id())));
     let backend = if std::env::var_os("IN_MEMORY").is_some() {
         LocalBackend::open_in_memory().expect("open")
     } else {
@@ -34,7 +38,10 @@ async fn main() {
         retries_enabled: true,
         created_at: now,
     };
-    backend.create_tenant(&tenant, &format!("bench-{}", tenant.id)).await.unwrap();
+    backend
+        .create_tenant(&tenant, &format!("bench-{}", tenant.id))
+        .await
+        .unwrap();
     let sub = Subscription {
         id: SubscriptionId::generate(now, &mut rng),
         tenant_id: tenant.id.clone(),
@@ -112,8 +119,20 @@ async fn deliver(b: LocalBackend, msg: hookwise_local::Received, tenant_id: Tena
         response_excerpt: Some(String::new()),
         next_attempt_at: None,
     };
-    let next = Delivery { status: DeliveryStatus::Delivered, attempts: 1, next_attempt_at: None, updated_at: at, ..d.clone() };
-    b.apply_change(&DeliveryChange { expected: Expected::of(&d), next, attempt: Some(attempt) }).await.unwrap();
+    let next = Delivery {
+        status: DeliveryStatus::Delivered,
+        attempts: 1,
+        next_attempt_at: None,
+        updated_at: at,
+        ..d.clone()
+    };
+    b.apply_change(&DeliveryChange {
+        expected: Expected::of(&d),
+        next,
+        attempt: Some(attempt),
+    })
+    .await
+    .unwrap();
     health.record(HealthSample { at, success: true });
     b.save_endpoint_health(&sub_id, &health).await.unwrap();
     b.ack(&msg.receipt).await.unwrap();
@@ -154,7 +173,16 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                     updated_at: now,
                 };
                 b.create_event(&event, std::slice::from_ref(&d)).await.unwrap();
-                b.enqueue(&[(DeliveryTask { delivery_id: d.id, round: 0, attempt: 1 }, 0)]).await.unwrap();
+                b.enqueue(&[(
+                    DeliveryTask {
+                        delivery_id: d.id,
+                        round: 0,
+                        attempt: 1,
+                    },
+                    0,
+                )])
+                .await
+                .unwrap();
             }
         }));
     }

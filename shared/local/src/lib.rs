@@ -24,8 +24,8 @@ mod scheduler;
 mod schema;
 mod store;
 
-use std::path::{Path, PathBuf};
 use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
@@ -225,8 +225,18 @@ impl LocalBackend {
     {
         let stopped = || PortError::permanent(what, "the database thread has stopped");
         let (reply, answer) = oneshot::channel();
-        let job = Box::new(Call { what, f: Some(f), result: None, reply });
-        self.inner.jobs.as_ref().ok_or_else(stopped)?.send(job).map_err(|_| stopped())?;
+        let job = Box::new(Call {
+            what,
+            f: Some(f),
+            result: None,
+            reply,
+        });
+        self.inner
+            .jobs
+            .as_ref()
+            .ok_or_else(stopped)?
+            .send(job)
+            .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
@@ -295,8 +305,14 @@ struct BatchFailure {
 
 impl BatchFailure {
     fn of(e: rusqlite::Error) -> Self {
-        let retryable = matches!(e.sqlite_error_code(), Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked));
-        Self { retryable, message: e.to_string() }
+        let retryable = matches!(
+            e.sqlite_error_code(),
+            Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+        );
+        Self {
+            retryable,
+            message: e.to_string(),
+        }
     }
 
     fn to_port_error(&self, what: &'static str) -> PortError {
@@ -331,7 +347,11 @@ fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), BatchF
     conn.execute_batch("BEGIN IMMEDIATE").map_err(BatchFailure::of)?;
     let ran = batch.iter_mut().try_for_each(|job| {
         conn.execute_batch("SAVEPOINT call")?;
-        let end = if job.run(conn) { "RELEASE call" } else { "ROLLBACK TO call; RELEASE call" };
+        let end = if job.run(conn) {
+            "RELEASE call"
+        } else {
+            "ROLLBACK TO call; RELEASE call"
+        };
         conn.execute_batch(end)
     });
     match ran.and_then(|()| conn.execute_batch("COMMIT")) {
@@ -367,7 +387,8 @@ pub(crate) fn is_constraint_violation(e: &rusqlite::Error) -> bool {
 /// Time as an integer column: nanoseconds since the epoch, so ordering matches
 /// `DateTime`'s to the nanosecond. Times beyond 1677..2262 clamp to the ends.
 pub(crate) fn nanos(t: DateTime<Utc>) -> i64 {
-    t.timestamp_nanos_opt().unwrap_or(if t.timestamp() < 0 { i64::MIN } else { i64::MAX })
+    t.timestamp_nanos_opt()
+        .unwrap_or(if t.timestamp() < 0 { i64::MIN } else { i64::MAX })
 }
 
 pub(crate) fn from_nanos(n: i64) -> DateTime<Utc> {
@@ -396,14 +417,21 @@ mod tests {
         assert!(matches!(db_err("x", busy), PortError::Retryable { .. }));
         assert!(matches!(db_err("x", locked), PortError::Retryable { .. }));
         assert!(matches!(db_err("x", corrupt), PortError::Permanent { .. }));
-        assert!(matches!(db_err("x", rusqlite::Error::QueryReturnedNoRows), PortError::Permanent { .. }));
+        assert!(matches!(
+            db_err("x", rusqlite::Error::QueryReturnedNoRows),
+            PortError::Permanent { .. }
+        ));
     }
 
     #[test]
     fn nanosecond_columns_round_trip_and_clamp_out_of_range_times() {
-        let t = DateTime::parse_from_rfc3339("2031-02-03T04:05:06.123456789Z").unwrap().with_timezone(&Utc);
+        let t = DateTime::parse_from_rfc3339("2031-02-03T04:05:06.123456789Z")
+            .unwrap()
+            .with_timezone(&Utc);
         assert_eq!(from_nanos(nanos(t)), t);
-        let far = DateTime::parse_from_rfc3339("9999-01-01T00:00:00Z").unwrap().with_timezone(&Utc);
+        let far = DateTime::parse_from_rfc3339("9999-01-01T00:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
         assert_eq!(nanos(far), i64::MAX);
     }
 

@@ -36,7 +36,9 @@ impl LocalBackend {
         self.with_conn("read the outbox", move |conn| {
             let err = |e| db_err("read the outbox", e);
             let mut stmt = conn
-                .prepare_cached("SELECT message_id, sent_at, from_addr, to_addr, subject, body, file FROM outbox ORDER BY id")
+                .prepare_cached(
+                    "SELECT message_id, sent_at, from_addr, to_addr, subject, body, file FROM outbox ORDER BY id",
+                )
                 .map_err(err)?;
             let rows = stmt
                 .query_map([], |row| {
@@ -81,7 +83,11 @@ impl Mailer for LocalBackend {
         let sent_at = nanos(now);
         let from = self.inner.config.mail_from.clone();
         // Unique without asking the database: time, process and a counter.
-        let unique = format!("{sent_at}.{}.{}", std::process::id(), SEQ.fetch_add(1, Ordering::Relaxed));
+        let unique = format!(
+            "{sent_at}.{}.{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
         let message_id = format!("<{unique}@{}>", domain_of(&from));
         let file = format!("{}-{unique}.eml", now.format("%Y%m%dT%H%M%S"));
 
@@ -108,7 +114,17 @@ impl Mailer for LocalBackend {
                     "INSERT INTO outbox (message_id, sent_at, from_addr, to_addr, subject, body, file)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                 )
-                .and_then(|mut s| s.execute(params![message_id, sent_at, from, email.to.as_str(), email.subject, email.text, file]))
+                .and_then(|mut s| {
+                    s.execute(params![
+                        message_id,
+                        sent_at,
+                        from,
+                        email.to.as_str(),
+                        email.subject,
+                        email.text,
+                        file
+                    ])
+                })
                 .map_err(|e| db_err("send email to the outbox", e))?;
                 Ok(())
             })
@@ -122,12 +138,19 @@ impl Mailer for LocalBackend {
 
 fn domain_of(address: &str) -> &str {
     let addr = address.rsplit('<').next().unwrap_or(address).trim_end_matches('>');
-    addr.rsplit_once('@').map(|(_, d)| d).filter(|d| !d.is_empty()).unwrap_or("hookwise.local")
+    addr.rsplit_once('@')
+        .map(|(_, d)| d)
+        .filter(|d| !d.is_empty())
+        .unwrap_or("hookwise.local")
 }
 
 /// RFC 5322 with a UTF-8 plain-text body (RFC 6532/2045 `8bit`), CRLF line ends.
 fn format_eml(from: &str, email: &OutgoingEmail, date: DateTime<Utc>, message_id: &str) -> String {
-    let body = email.text.replace("\r\n", "\n").replace('\r', "\n").replace('\n', "\r\n");
+    let body = email
+        .text
+        .replace("\r\n", "\n")
+        .replace('\r', "\n")
+        .replace('\n', "\r\n");
     format!(
         "From: {from}\r\nTo: {to}\r\nSubject: {subject}\r\nDate: {date}\r\nMessage-ID: {message_id}\r\n\
          MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n\r\n{body}{end}",

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult};
 use hookwise_core::PortError;
-use rusqlite::{params};
+use rusqlite::params;
 
 use crate::{db_err, from_nanos, nanos, to_json, LocalBackend};
 
@@ -80,7 +80,10 @@ impl LocalBackend {
     }
 
     pub async fn ack_dead(&self, receipt: &Receipt) -> PortResult<bool> {
-        Ok(self.ack_in(QueueName::DeadLetter, std::slice::from_ref(receipt)).await? == 1)
+        Ok(self
+            .ack_in(QueueName::DeadLetter, std::slice::from_ref(receipt))
+            .await?
+            == 1)
     }
 
     pub async fn ack_dead_many(&self, receipts: &[Receipt]) -> PortResult<usize> {
@@ -90,9 +93,11 @@ impl LocalBackend {
     /// Messages in a queue, visible or not.
     pub async fn queue_len(&self, queue: QueueName) -> PortResult<u64> {
         self.with_conn("count queue messages", move |conn| {
-            conn.query_row("SELECT COUNT(*) FROM queue WHERE queue = ?1", [queue.as_str()], |row| row.get::<_, i64>(0))
-                .map(|n| n as u64)
-                .map_err(|e| db_err("count queue messages", e))
+            conn.query_row("SELECT COUNT(*) FROM queue WHERE queue = ?1", [queue.as_str()], |row| {
+                row.get::<_, i64>(0)
+            })
+            .map(|n| n as u64)
+            .map_err(|e| db_err("count queue messages", e))
         })
         .await
     }
@@ -101,9 +106,13 @@ impl LocalBackend {
     /// `None` when the queue is empty.
     pub async fn next_visible_at(&self, queue: QueueName) -> PortResult<Option<DateTime<Utc>>> {
         self.with_conn("peek at the queue", move |conn| {
-            conn.query_row("SELECT MIN(visible_at) FROM queue WHERE queue = ?1", [queue.as_str()], |row| row.get::<_, Option<i64>>(0))
-                .map(|at| at.map(from_nanos))
-                .map_err(|e| db_err("peek at the queue", e))
+            conn.query_row(
+                "SELECT MIN(visible_at) FROM queue WHERE queue = ?1",
+                [queue.as_str()],
+                |row| row.get::<_, Option<i64>>(0),
+            )
+            .map(|at| at.map(from_nanos))
+            .map_err(|e| db_err("peek at the queue", e))
         })
         .await
     }
@@ -134,13 +143,21 @@ impl LocalBackend {
         Ok(())
     }
 
-    async fn receive_from(&self, queue: QueueName, max: usize, visibility_timeout: Duration) -> PortResult<Vec<Received>> {
+    async fn receive_from(
+        &self,
+        queue: QueueName,
+        max: usize,
+        visibility_timeout: Duration,
+    ) -> PortResult<Vec<Received>> {
         if max == 0 {
             return Ok(Vec::new());
         }
         let now = self.now();
         let now_ns = nanos(now);
-        let hidden_until = nanos(later(now, chrono::Duration::from_std(visibility_timeout).unwrap_or(chrono::Duration::MAX)));
+        let hidden_until = nanos(later(
+            now,
+            chrono::Duration::from_std(visibility_timeout).unwrap_or(chrono::Duration::MAX),
+        ));
         let redrive = match queue {
             QueueName::Delivery => self.inner.config.max_receive_count,
             QueueName::DeadLetter => None,
@@ -193,7 +210,10 @@ impl LocalBackend {
             })
             .await?;
         if redriven > 0 {
-            tracing::warn!(count = redriven, "delivery messages received too often moved to the dead-letter queue");
+            tracing::warn!(
+                count = redriven,
+                "delivery messages received too often moved to the dead-letter queue"
+            );
             self.inner.dead_ready.notify_waiters();
         }
         Ok(received)
@@ -203,7 +223,12 @@ impl LocalBackend {
         if let Some(r) = receipts.iter().find(|r| r.queue != queue) {
             return Err(PortError::permanent(
                 "ack a message",
-                format!("receipt for message {} of the {} queue used on the {} queue", r.id, r.queue.as_str(), queue.as_str()),
+                format!(
+                    "receipt for message {} of the {} queue used on the {} queue",
+                    r.id,
+                    r.queue.as_str(),
+                    queue.as_str()
+                ),
             ));
         }
         let keys: Vec<(i64, u32)> = receipts.iter().map(|r| (r.id, r.receive_count)).collect();
@@ -235,7 +260,8 @@ impl LocalBackend {
                     .prepare_cached("INSERT INTO queue (queue, doc, visible_at, enqueued_at) VALUES (?1, ?2, ?3, ?4)")
                     .map_err(err)?;
                 for (doc, visible_at) in tasks {
-                    stmt.execute(params![queue.as_str(), doc, visible_at, now]).map_err(err)?;
+                    stmt.execute(params![queue.as_str(), doc, visible_at, now])
+                        .map_err(err)?;
                 }
             }
             Ok(())
@@ -260,20 +286,31 @@ impl DeliveryQueue for LocalBackend {
         if let Some((task, delay)) = tasks.iter().find(|(_, delay)| *delay > max) {
             return Err(PortError::permanent(
                 "enqueue",
-                format!("delivery `{}`: a delay of {delay} s is longer than the queue's {max} s", task.delivery_id),
+                format!(
+                    "delivery `{}`: a delay of {delay} s is longer than the queue's {max} s",
+                    task.delivery_id
+                ),
             ));
         }
         let now = self.now();
         let rows = tasks
             .iter()
-            .map(|(task, delay)| Ok((to_json("delivery task", task)?, nanos(later(now, chrono::Duration::seconds(i64::from(*delay)))))))
+            .map(|(task, delay)| {
+                Ok((
+                    to_json("delivery task", task)?,
+                    nanos(later(now, chrono::Duration::seconds(i64::from(*delay)))),
+                ))
+            })
             .collect::<PortResult<Vec<_>>>()?;
         self.push(QueueName::Delivery, rows).await
     }
 
     async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()> {
         let now = nanos(self.now());
-        let rows = tasks.iter().map(|task| Ok((to_json("delivery task", task)?, now))).collect::<PortResult<Vec<_>>>()?;
+        let rows = tasks
+            .iter()
+            .map(|task| Ok((to_json("delivery task", task)?, now)))
+            .collect::<PortResult<Vec<_>>>()?;
         self.push(QueueName::DeadLetter, rows).await
     }
 }

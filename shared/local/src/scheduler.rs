@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hookwise_core::ports::{PortResult, ScheduledTask, SchedulerTable};
-use rusqlite::{params};
+use rusqlite::params;
 
 use crate::{db_err, from_json, nanos, to_json, LocalBackend};
 
@@ -16,9 +16,11 @@ impl SchedulerTable for LocalBackend {
         let doc = to_json("scheduled task", item)?;
         self.with_conn("schedule a retry", move |conn| {
             // The same item scheduled twice is one item.
-            conn.prepare_cached("INSERT OR REPLACE INTO scheduled (due, delivery_id, round, attempt, doc) VALUES (?1, ?2, ?3, ?4, ?5)")
-                .and_then(|mut s| s.execute(params![due, id, round, attempt, doc]))
-                .map_err(|e| db_err("schedule a retry", e))?;
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO scheduled (due, delivery_id, round, attempt, doc) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .and_then(|mut s| s.execute(params![due, id, round, attempt, doc]))
+            .map_err(|e| db_err("schedule a retry", e))?;
             Ok(())
         })
         .await
@@ -42,13 +44,24 @@ impl SchedulerTable for LocalBackend {
     }
 
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
-        let keys: Vec<(i64, String, u32, u32)> =
-            items.iter().map(|i| (nanos(i.due), i.task.delivery_id.to_string(), i.task.round, i.task.attempt)).collect();
+        let keys: Vec<(i64, String, u32, u32)> = items
+            .iter()
+            .map(|i| {
+                (
+                    nanos(i.due),
+                    i.task.delivery_id.to_string(),
+                    i.task.round,
+                    i.task.attempt,
+                )
+            })
+            .collect();
         self.with_conn("remove scheduled retries", move |conn| {
             let err = |e| db_err("remove scheduled retries", e);
             {
                 let mut stmt = conn
-                    .prepare_cached("DELETE FROM scheduled WHERE due = ?1 AND delivery_id = ?2 AND round = ?3 AND attempt = ?4")
+                    .prepare_cached(
+                        "DELETE FROM scheduled WHERE due = ?1 AND delivery_id = ?2 AND round = ?3 AND attempt = ?4",
+                    )
                     .map_err(err)?;
                 for (due, id, round, attempt) in keys {
                     stmt.execute(params![due, id, round, attempt]).map_err(err)?;

@@ -108,14 +108,18 @@ CREATE TABLE IF NOT EXISTS outbox (
 /// Pragmas and tables. WAL with `synchronous = NORMAL` survives a killed process (only a
 /// power cut can lose the last commits) and lets readers in other processes work alongside.
 pub(crate) fn prepare(conn: &Connection) -> PortResult<()> {
-    conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| db_err("set busy_timeout", e))?;
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| db_err("set busy_timeout", e))?;
     // An in-memory database answers `memory`; that is fine.
     let _mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
         .map_err(|e| db_err("set journal_mode", e))?;
-    conn.pragma_update(None, "synchronous", "NORMAL").map_err(|e| db_err("set synchronous", e))?;
+    conn.pragma_update(None, "synchronous", "NORMAL")
+        .map_err(|e| db_err("set synchronous", e))?;
 
-    let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0)).map_err(|e| db_err("read user_version", e))?;
+    let version: i64 = conn
+        .pragma_query_value(None, "user_version", |row| row.get(0))
+        .map_err(|e| db_err("read user_version", e))?;
     if version > VERSION {
         return Err(PortError::permanent(
             "open the database",
@@ -123,6 +127,7 @@ pub(crate) fn prepare(conn: &Connection) -> PortResult<()> {
         ));
     }
     conn.execute_batch(SCHEMA).map_err(|e| db_err("create the tables", e))?;
-    conn.pragma_update(None, "user_version", VERSION).map_err(|e| db_err("set user_version", e))?;
+    conn.pragma_update(None, "user_version", VERSION)
+        .map_err(|e| db_err("set user_version", e))?;
     Ok(())
 }

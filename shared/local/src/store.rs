@@ -80,7 +80,10 @@ fn query_doc<T: serde::de::DeserializeOwned>(
     params: impl rusqlite::Params,
 ) -> PortResult<Option<T>> {
     let mut stmt = conn.prepare_cached(sql).map_err(|e| db_err(what, e))?;
-    let doc: Option<String> = stmt.query_row(params, |row| row.get(0)).optional().map_err(|e| db_err(what, e))?;
+    let doc: Option<String> = stmt
+        .query_row(params, |row| row.get(0))
+        .optional()
+        .map_err(|e| db_err(what, e))?;
     doc.map(|d| from_json(what, &d)).transpose()
 }
 
@@ -91,11 +94,14 @@ impl Store for LocalBackend {
         let hash = api_key_hash.to_owned();
         let doc = to_json("tenant", tenant)?;
         self.with_conn("create tenant", move |conn| {
-            match conn.execute("INSERT INTO tenants (id, api_key_hash, doc) VALUES (?1, ?2, ?3)", params![id, hash, doc]) {
+            match conn.execute(
+                "INSERT INTO tenants (id, api_key_hash, doc) VALUES (?1, ?2, ?3)",
+                params![id, hash, doc],
+            ) {
                 Ok(_) => Ok(()),
-                Err(e) if is_constraint_violation(&e) => {
-                    Err(PortError::ConditionFailed(format!("tenant `{id}` or its API key already exists")))
-                }
+                Err(e) if is_constraint_violation(&e) => Err(PortError::ConditionFailed(format!(
+                    "tenant `{id}` or its API key already exists"
+                ))),
                 Err(e) => Err(db_err("create tenant", e)),
             }
         })
@@ -105,14 +111,22 @@ impl Store for LocalBackend {
     async fn tenant_by_api_key(&self, api_key_hash: &str) -> PortResult<Option<Tenant>> {
         let hash = api_key_hash.to_owned();
         self.with_conn("find tenant by API key", move |conn| {
-            query_doc(conn, "tenant", "SELECT doc FROM tenants WHERE api_key_hash = ?1", [hash])
+            query_doc(
+                conn,
+                "tenant",
+                "SELECT doc FROM tenants WHERE api_key_hash = ?1",
+                [hash],
+            )
         })
         .await
     }
 
     async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
         let id = id.to_string();
-        self.with_conn("get tenant", move |conn| query_doc(conn, "tenant", "SELECT doc FROM tenants WHERE id = ?1", [id])).await
+        self.with_conn("get tenant", move |conn| {
+            query_doc(conn, "tenant", "SELECT doc FROM tenants WHERE id = ?1", [id])
+        })
+        .await
     }
 
     async fn put_subscription(&self, sub: &Subscription) -> PortResult<()> {
@@ -131,7 +145,9 @@ impl Store for LocalBackend {
                 .and_then(|mut s| s.execute(params![id, tenant, created_at, doc]))
                 .map_err(|e| db_err("put subscription", e))?;
             if changed == 0 {
-                return Err(PortError::ConditionFailed(format!("subscription `{id}` belongs to another tenant")));
+                return Err(PortError::ConditionFailed(format!(
+                    "subscription `{id}` belongs to another tenant"
+                )));
             }
             Ok(())
         })
@@ -141,7 +157,12 @@ impl Store for LocalBackend {
     async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
         self.with_conn("get subscription", move |conn| {
-            query_doc(conn, "subscription", "SELECT doc FROM subscriptions WHERE id = ?1 AND tenant_id = ?2", [id, tenant])
+            query_doc(
+                conn,
+                "subscription",
+                "SELECT doc FROM subscriptions WHERE id = ?1 AND tenant_id = ?2",
+                [id, tenant],
+            )
         })
         .await
     }
@@ -149,7 +170,12 @@ impl Store for LocalBackend {
     async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
         let tenant = tenant.to_string();
         self.with_conn("list subscriptions", move |conn| {
-            query_docs(conn, "subscription", "SELECT doc FROM subscriptions WHERE tenant_id = ?1 ORDER BY created_at, id", [tenant])
+            query_docs(
+                conn,
+                "subscription",
+                "SELECT doc FROM subscriptions WHERE tenant_id = ?1 ORDER BY created_at, id",
+                [tenant],
+            )
         })
         .await
     }
@@ -158,7 +184,10 @@ impl Store for LocalBackend {
         let (tenant, id) = (tenant.to_string(), id.to_string());
         self.with_conn("delete subscription", move |conn| {
             let deleted = conn
-                .execute("DELETE FROM subscriptions WHERE id = ?1 AND tenant_id = ?2", [&id, &tenant])
+                .execute(
+                    "DELETE FROM subscriptions WHERE id = ?1 AND tenant_id = ?2",
+                    [&id, &tenant],
+                )
                 .map_err(|e| db_err("delete subscription", e))?;
             if deleted > 0 {
                 conn.execute("DELETE FROM endpoint_health WHERE subscription_id = ?1", [&id])
@@ -170,10 +199,16 @@ impl Store for LocalBackend {
     }
 
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
-        if let Some(d) = deliveries.iter().find(|d| d.event_id != event.id || d.tenant_id != event.tenant_id) {
+        if let Some(d) = deliveries
+            .iter()
+            .find(|d| d.event_id != event.id || d.tenant_id != event.tenant_id)
+        {
             return Err(PortError::permanent(
                 "create event",
-                format!("delivery `{}` does not belong to event `{}` of its tenant", d.id, event.id),
+                format!(
+                    "delivery `{}` does not belong to event `{}` of its tenant",
+                    d.id, event.id
+                ),
             ));
         }
         let event_id = event.id.to_string();
@@ -189,7 +224,8 @@ impl Store for LocalBackend {
                     .and_then(|mut s| s.query_row([&tenant, key], |row| row.get(0)).optional())
                     .map_err(err)?;
                 if let Some(existing) = existing {
-                    let id = EventId::parse(&existing).map_err(|e| PortError::permanent("decode a stored event id", e))?;
+                    let id =
+                        EventId::parse(&existing).map_err(|e| PortError::permanent("decode a stored event id", e))?;
                     return Ok(Created::Existing(id));
                 }
             }
@@ -227,7 +263,10 @@ impl Store for LocalBackend {
                     match result {
                         Ok(_) => {}
                         Err(e) if is_constraint_violation(&e) => {
-                            return Err(PortError::ConditionFailed(format!("delivery `{}` already exists", r.id)))
+                            return Err(PortError::ConditionFailed(format!(
+                                "delivery `{}` already exists",
+                                r.id
+                            )))
                         }
                         Err(e) => return Err(err(e)),
                     }
@@ -241,7 +280,12 @@ impl Store for LocalBackend {
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
         self.with_conn("get event", move |conn| {
-            query_doc(conn, "event", "SELECT doc FROM events WHERE id = ?1 AND tenant_id = ?2", [id, tenant])
+            query_doc(
+                conn,
+                "event",
+                "SELECT doc FROM events WHERE id = ?1 AND tenant_id = ?2",
+                [id, tenant],
+            )
         })
         .await
     }
@@ -261,7 +305,10 @@ impl Store for LocalBackend {
 
     async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>> {
         let id = id.to_string();
-        self.with_conn("get delivery", move |conn| query_doc(conn, "delivery", "SELECT doc FROM deliveries WHERE id = ?1", [id])).await
+        self.with_conn("get delivery", move |conn| {
+            query_doc(conn, "delivery", "SELECT doc FROM deliveries WHERE id = ?1", [id])
+        })
+        .await
     }
 
     async fn list_deliveries(&self, tenant: &TenantId, query: &DeliveryQuery) -> PortResult<DeliveryPage> {
@@ -310,7 +357,10 @@ impl Store for LocalBackend {
             if a.delivery_id != change.next.id {
                 return Err(PortError::permanent(
                     "apply delivery change",
-                    format!("attempt of `{}` recorded against delivery `{}`", a.delivery_id, change.next.id),
+                    format!(
+                        "attempt of `{}` recorded against delivery `{}`",
+                        a.delivery_id, change.next.id
+                    ),
                 ));
             }
         }
@@ -379,7 +429,12 @@ impl Store for LocalBackend {
     async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>> {
         let id = delivery.to_string();
         self.with_conn("list attempts", move |conn| {
-            query_docs(conn, "attempt", "SELECT doc FROM attempts WHERE delivery_id = ?1 ORDER BY round, attempt", [id])
+            query_docs(
+                conn,
+                "attempt",
+                "SELECT doc FROM attempts WHERE delivery_id = ?1 ORDER BY round, attempt",
+                [id],
+            )
         })
         .await
     }
@@ -402,8 +457,13 @@ impl Store for LocalBackend {
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {
         let id = sub.to_string();
         self.with_conn("read endpoint health", move |conn| {
-            Ok(query_doc(conn, "endpoint health", "SELECT doc FROM endpoint_health WHERE subscription_id = ?1", [id])?
-                .unwrap_or_default())
+            Ok(query_doc(
+                conn,
+                "endpoint health",
+                "SELECT doc FROM endpoint_health WHERE subscription_id = ?1",
+                [id],
+            )?
+            .unwrap_or_default())
         })
         .await
     }
@@ -428,7 +488,9 @@ impl Store for LocalBackend {
         let now = nanos(self.now());
         self.with_conn("claim dead-delivery notice", move |conn| {
             let inserted = conn
-                .prepare_cached("INSERT OR IGNORE INTO dead_notices (delivery_id, round, claimed_at) VALUES (?1, ?2, ?3)")
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO dead_notices (delivery_id, round, claimed_at) VALUES (?1, ?2, ?3)",
+                )
                 .and_then(|mut s| s.execute(params![id, round, now]))
                 .map_err(|e| db_err("claim dead-delivery notice", e))?;
             Ok(inserted == 1)

@@ -17,8 +17,14 @@ struct Sqlite {
 
 async fn sqlite() -> Sqlite {
     let clock = Arc::new(ManualClock::new("2030-06-01T11:00:00Z".parse().expect("a valid time")));
-    let config = LocalConfig { clock: clock.clone(), ..LocalConfig::default() };
-    Sqlite { backend: LocalBackend::open_in_memory_with(config).expect("open"), clock }
+    let config = LocalConfig {
+        clock: clock.clone(),
+        ..LocalConfig::default()
+    };
+    Sqlite {
+        backend: LocalBackend::open_in_memory_with(config).expect("open"),
+        clock,
+    }
 }
 
 impl Sqlite {
@@ -62,7 +68,8 @@ impl ContractBackend for Sqlite {
         self.take(QueueName::DeadLetter).await
     }
     async fn advance(&self, by: Duration) {
-        self.clock.advance(chrono::Duration::from_std(by).expect("a short duration"));
+        self.clock
+            .advance(chrono::Duration::from_std(by).expect("a short duration"));
     }
 }
 

@@ -19,7 +19,13 @@ fn start() -> DateTime<Utc> {
 
 fn clocked() -> (Arc<ManualClock>, LocalConfig) {
     let clock = Arc::new(ManualClock::new(start()));
-    (clock.clone(), LocalConfig { clock, ..LocalConfig::default() })
+    (
+        clock.clone(),
+        LocalConfig {
+            clock,
+            ..LocalConfig::default()
+        },
+    )
 }
 
 fn secs(n: i64) -> chrono::Duration {
@@ -27,7 +33,11 @@ fn secs(n: i64) -> chrono::Duration {
 }
 
 fn task(rng: &mut StdRng) -> DeliveryTask {
-    DeliveryTask { delivery_id: DeliveryId::generate(start(), rng), round: 0, attempt: 1 }
+    DeliveryTask {
+        delivery_id: DeliveryId::generate(start(), rng),
+        round: 0,
+        attempt: 1,
+    }
 }
 
 /// A tenant, a subscription, and an event with one delivery, all written.
@@ -83,7 +93,13 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         created_at: now,
         updated_at: now,
     };
-    assert_eq!(store.create_event(&event, std::slice::from_ref(&delivery)).await.unwrap(), Created::New);
+    assert_eq!(
+        store
+            .create_event(&event, std::slice::from_ref(&delivery))
+            .await
+            .unwrap(),
+        Created::New
+    );
     (tenant, sub, event, delivery)
 }
 
@@ -98,9 +114,15 @@ async fn a_received_message_is_hidden_until_its_visibility_timeout_then_comes_ba
     let first = backend.receive(10, Duration::from_secs(30)).await.unwrap();
     assert_eq!(first.len(), 1);
     assert_eq!((first[0].task.clone(), first[0].receive_count), (t.clone(), 1));
-    assert!(backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty(), "hidden while handled");
+    assert!(
+        backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty(),
+        "hidden while handled"
+    );
     clock.advance(secs(29));
-    assert!(backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty(), "still hidden at 29 s");
+    assert!(
+        backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty(),
+        "still hidden at 29 s"
+    );
 
     // The handler died: after the timeout the message is back, received a second time.
     clock.advance(secs(2));
@@ -108,10 +130,16 @@ async fn a_received_message_is_hidden_until_its_visibility_timeout_then_comes_ba
     assert_eq!(second.len(), 1);
     assert_eq!((second[0].task.clone(), second[0].receive_count), (t, 2));
 
-    assert!(!backend.ack(&first[0].receipt).await.unwrap(), "the first handler's receipt is stale");
+    assert!(
+        !backend.ack(&first[0].receipt).await.unwrap(),
+        "the first handler's receipt is stale"
+    );
     assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap(), 1);
     assert!(backend.ack(&second[0].receipt).await.unwrap());
-    assert!(!backend.ack(&second[0].receipt).await.unwrap(), "acking twice deletes nothing more");
+    assert!(
+        !backend.ack(&second[0].receipt).await.unwrap(),
+        "acking twice deletes nothing more"
+    );
     assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap(), 0);
     clock.advance(secs(60));
     assert!(backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty());
@@ -128,10 +156,16 @@ async fn receive_takes_at_most_max_messages_oldest_first() {
         clock.advance(secs(1));
     }
     let got = backend.receive(3, Duration::from_secs(30)).await.unwrap();
-    assert_eq!(got.iter().map(|r| r.task.clone()).collect::<Vec<_>>(), tasks[..3].to_vec());
+    assert_eq!(
+        got.iter().map(|r| r.task.clone()).collect::<Vec<_>>(),
+        tasks[..3].to_vec()
+    );
     assert!(backend.receive(0, Duration::from_secs(30)).await.unwrap().is_empty());
     let rest = backend.receive(10, Duration::from_secs(30)).await.unwrap();
-    assert_eq!(rest.iter().map(|r| r.task.clone()).collect::<Vec<_>>(), tasks[3..].to_vec());
+    assert_eq!(
+        rest.iter().map(|r| r.task.clone()).collect::<Vec<_>>(),
+        tasks[3..].to_vec()
+    );
 }
 
 #[tokio::test]
@@ -148,12 +182,18 @@ async fn a_message_received_too_often_moves_to_the_dead_letter_queue() {
         assert_eq!(got.len(), 1, "receive #{n}");
         clock.advance(secs(11));
     }
-    assert!(backend.receive(10, Duration::from_secs(10)).await.unwrap().is_empty(), "redriven, not received");
+    assert!(
+        backend.receive(10, Duration::from_secs(10)).await.unwrap().is_empty(),
+        "redriven, not received"
+    );
     let dead = backend.receive_dead(10, Duration::from_secs(10)).await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].task, poison);
     assert!(backend.ack_dead(&dead[0].receipt).await.unwrap());
-    assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap() + backend.queue_len(QueueName::DeadLetter).await.unwrap(), 0);
+    assert_eq!(
+        backend.queue_len(QueueName::Delivery).await.unwrap() + backend.queue_len(QueueName::DeadLetter).await.unwrap(),
+        0
+    );
 }
 
 #[tokio::test]
@@ -175,13 +215,23 @@ async fn a_lowered_max_delay_is_honoured_to_the_second() {
     assert_eq!(backend.max_delay_seconds(), 5);
     let t = task(&mut rng);
     backend.enqueue(&[(t.clone(), 5)]).await.unwrap();
-    let err = backend.enqueue(&[(task(&mut rng), 0), (task(&mut rng), 6)]).await.unwrap_err();
+    let err = backend
+        .enqueue(&[(task(&mut rng), 0), (task(&mut rng), 6)])
+        .await
+        .unwrap_err();
     assert!(matches!(err, hookwise_core::PortError::Permanent { .. }), "{err}");
-    assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap(), 1, "a refused batch writes nothing");
+    assert_eq!(
+        backend.queue_len(QueueName::Delivery).await.unwrap(),
+        1,
+        "a refused batch writes nothing"
+    );
 
     clock.advance(secs(4));
     assert!(backend.receive(10, Duration::from_secs(30)).await.unwrap().is_empty());
-    assert_eq!(backend.next_visible_at(QueueName::Delivery).await.unwrap(), Some(start() + secs(5)));
+    assert_eq!(
+        backend.next_visible_at(QueueName::Delivery).await.unwrap(),
+        Some(start() + secs(5))
+    );
     clock.advance(secs(1));
     let got = backend.receive(10, Duration::from_secs(30)).await.unwrap();
     assert_eq!(got.into_iter().map(|r| r.task).collect::<Vec<_>>(), vec![t]);
@@ -214,40 +264,74 @@ async fn reopening_the_data_dir_loses_nothing() {
         ..delivery.clone()
     };
     first
-        .apply_change(&DeliveryChange { expected: Expected::of(&delivery), next: retrying.clone(), attempt: Some(attempt.clone()) })
+        .apply_change(&DeliveryChange {
+            expected: Expected::of(&delivery),
+            next: retrying.clone(),
+            attempt: Some(attempt.clone()),
+        })
         .await
         .unwrap();
     let in_flight = task(&mut rng);
     let delayed = task(&mut rng);
-    first.enqueue(&[(in_flight.clone(), 0), (delayed.clone(), 120)]).await.unwrap();
+    first
+        .enqueue(&[(in_flight.clone(), 0), (delayed.clone(), 120)])
+        .await
+        .unwrap();
     let received = first.receive(10, Duration::from_secs(60)).await.unwrap();
     assert_eq!(received.len(), 1, "only the undelayed one is visible");
-    let later = ScheduledTask { task: task(&mut rng), due: start() + secs(3600) };
+    let later = ScheduledTask {
+        task: task(&mut rng),
+        due: start() + secs(3600),
+    };
     first.schedule(&later).await.unwrap();
     assert!(first.claim_dead_notice(&delivery.id, 0).await.unwrap());
     first
-        .send(&OutgoingEmail { to: Email::parse("ops@acme.example").unwrap(), subject: "Dead".into(), text: "gone".into() })
+        .send(&OutgoingEmail {
+            to: Email::parse("ops@acme.example").unwrap(),
+            subject: "Dead".into(),
+            text: "gone".into(),
+        })
         .await
         .unwrap();
     // The process dies with the message received but not acked.
     drop(first);
 
     let again = LocalBackend::open_with(dir.path(), config).unwrap();
-    assert_eq!(again.tenant_by_api_key("hash-of-key").await.unwrap(), Some(tenant.clone()));
+    assert_eq!(
+        again.tenant_by_api_key("hash-of-key").await.unwrap(),
+        Some(tenant.clone())
+    );
     assert_eq!(again.get_subscription(&tenant.id, &sub.id).await.unwrap(), Some(sub));
-    assert_eq!(again.get_event(&tenant.id, &event.id).await.unwrap(), Some(event.clone()));
+    assert_eq!(
+        again.get_event(&tenant.id, &event.id).await.unwrap(),
+        Some(event.clone())
+    );
     assert_eq!(again.get_delivery(&delivery.id).await.unwrap(), Some(retrying));
     assert_eq!(again.attempts(&delivery.id).await.unwrap(), vec![attempt]);
     assert!(!again.claim_dead_notice(&delivery.id, 0).await.unwrap());
     assert_eq!(again.due(start() + secs(3600), 10).await.unwrap(), vec![later]);
     assert_eq!(again.outbox().await.unwrap().len(), 1);
-    let dup = Event { id: EventId::generate(start(), &mut rng), ..event.clone() };
-    assert_eq!(again.create_event(&dup, &[]).await.unwrap(), Created::Existing(event.id));
+    let dup = Event {
+        id: EventId::generate(start(), &mut rng),
+        ..event.clone()
+    };
+    assert_eq!(
+        again.create_event(&dup, &[]).await.unwrap(),
+        Created::Existing(event.id)
+    );
 
-    assert!(again.receive(10, Duration::from_secs(60)).await.unwrap().is_empty(), "still hidden after the restart");
+    assert!(
+        again.receive(10, Duration::from_secs(60)).await.unwrap().is_empty(),
+        "still hidden after the restart"
+    );
     clock.advance(secs(61));
     let back = again.receive(10, Duration::from_secs(60)).await.unwrap();
-    assert_eq!(back.iter().map(|r| (r.task.clone(), r.receive_count)).collect::<Vec<_>>(), vec![(in_flight, 2)]);
+    assert_eq!(
+        back.iter()
+            .map(|r| (r.task.clone(), r.receive_count))
+            .collect::<Vec<_>>(),
+        vec![(in_flight, 2)]
+    );
     assert!(again.ack(&back[0].receipt).await.unwrap());
     clock.advance(secs(60));
     let next = again.receive(10, Duration::from_secs(60)).await.unwrap();
@@ -276,22 +360,31 @@ async fn each_mail_is_an_rfc_5322_eml_file_in_the_outbox() {
     let email = OutgoingEmail {
         to: Email::parse("owner@acme.example").unwrap(),
         subject: "Delivery dead: order.created → café\r\nBcc: evil@x.example".into(),
-        text: "Event evt_1 could not be delivered.\nLast error: HTTP 500\n\nReplay: POST /v1/deliveries/dlv_1/replay".into(),
+        text: "Event evt_1 could not be delivered.\nLast error: HTTP 500\n\nReplay: POST /v1/deliveries/dlv_1/replay"
+            .into(),
     };
     backend.send(&email).await.unwrap();
 
     let sent = backend.outbox().await.unwrap();
     assert_eq!(sent.len(), 1);
     let mail = &sent[0];
-    assert_eq!((mail.to.clone(), mail.subject.clone(), mail.text.clone()), (email.to.clone(), email.subject.clone(), email.text.clone()));
+    assert_eq!(
+        (mail.to.clone(), mail.subject.clone(), mail.text.clone()),
+        (email.to.clone(), email.subject.clone(), email.text.clone())
+    );
     assert_eq!(mail.sent_at, start());
     let path = mail.path.clone().expect("a file");
     assert_eq!(path.parent(), backend.outbox_dir());
     assert_eq!(path.extension().and_then(|e| e.to_str()), Some("eml"));
 
     let eml = std::fs::read_to_string(&path).unwrap();
-    let (head, body) = eml.split_once("\r\n\r\n").expect("a blank line between headers and body");
-    let headers: Vec<(&str, &str)> = head.split("\r\n").map(|l| l.split_once(": ").expect("a header line")).collect();
+    let (head, body) = eml
+        .split_once("\r\n\r\n")
+        .expect("a blank line between headers and body");
+    let headers: Vec<(&str, &str)> = head
+        .split("\r\n")
+        .map(|l| l.split_once(": ").expect("a header line"))
+        .collect();
     let header = |name: &str| headers.iter().find(|(n, _)| *n == name).map(|(_, v)| *v);
     assert_eq!(header("From"), Some("Hookwise <hookwise@hookwise.local>"));
     assert_eq!(header("To"), Some("owner@acme.example"));
@@ -300,20 +393,33 @@ async fn each_mail_is_an_rfc_5322_eml_file_in_the_outbox() {
     assert!(mail.message_id.starts_with('<') && mail.message_id.ends_with("@hookwise.local>"));
     assert_eq!(header("Content-Type"), Some("text/plain; charset=utf-8"));
     assert_eq!(header("MIME-Version"), Some("1.0"));
-    assert!(header("Bcc").is_none(), "a line break in the subject cannot add a header");
+    assert!(
+        header("Bcc").is_none(),
+        "a line break in the subject cannot add a header"
+    );
     let subject = header("Subject").unwrap();
-    assert!(subject.starts_with("=?UTF-8?B?"), "non-ASCII subjects are encoded: {subject}");
+    assert!(
+        subject.starts_with("=?UTF-8?B?"),
+        "non-ASCII subjects are encoded: {subject}"
+    );
     assert_eq!(
         body,
         "Event evt_1 could not be delivered.\r\nLast error: HTTP 500\r\n\r\nReplay: POST /v1/deliveries/dlv_1/replay\r\n"
     );
 
     backend
-        .send(&OutgoingEmail { to: email.to.clone(), subject: "Second".into(), text: "two".into() })
+        .send(&OutgoingEmail {
+            to: email.to.clone(),
+            subject: "Second".into(),
+            text: "two".into(),
+        })
         .await
         .unwrap();
     let sent = backend.outbox().await.unwrap();
-    assert_eq!(sent.iter().map(|m| m.subject.as_str()).collect::<Vec<_>>(), vec![email.subject.as_str(), "Second"]);
+    assert_eq!(
+        sent.iter().map(|m| m.subject.as_str()).collect::<Vec<_>>(),
+        vec![email.subject.as_str(), "Second"]
+    );
     assert_ne!(sent[0].message_id, sent[1].message_id);
     assert_ne!(sent[0].path, sent[1].path);
     let files = std::fs::read_dir(backend.outbox_dir().unwrap()).unwrap().count();
@@ -323,7 +429,11 @@ async fn each_mail_is_an_rfc_5322_eml_file_in_the_outbox() {
 #[tokio::test]
 async fn an_in_memory_backend_keeps_mail_as_rows_only() {
     let backend = LocalBackend::open_in_memory().unwrap();
-    let email = OutgoingEmail { to: Email::parse("a@b.example").unwrap(), subject: "s".into(), text: "t".into() };
+    let email = OutgoingEmail {
+        to: Email::parse("a@b.example").unwrap(),
+        subject: "s".into(),
+        text: "t".into(),
+    };
     backend.send(&email).await.unwrap();
     let sent = backend.outbox().await.unwrap();
     assert_eq!(sent.len(), 1);
@@ -339,13 +449,19 @@ async fn a_waiting_worker_wakes_when_a_message_is_enqueued() {
         let backend = backend.clone();
         tokio::spawn(async move {
             let began = std::time::Instant::now();
-            backend.wait_for_messages(QueueName::Delivery, Duration::from_secs(30)).await.unwrap();
+            backend
+                .wait_for_messages(QueueName::Delivery, Duration::from_secs(30))
+                .await
+                .unwrap();
             began.elapsed()
         })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
     backend.enqueue(&[(task(&mut rng), 0)]).await.unwrap();
-    let waited = tokio::time::timeout(Duration::from_secs(5), waiter).await.expect("woken").unwrap();
+    let waited = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("woken")
+        .unwrap();
     assert!(waited < Duration::from_secs(5), "waited {waited:?}");
     assert_eq!(backend.receive(10, Duration::from_secs(30)).await.unwrap().len(), 1);
 }
@@ -378,7 +494,9 @@ async fn two_handles_on_one_file_and_concurrent_writers_lose_nothing() {
         for r in &batch {
             assert!(seen.insert(r.task.clone()), "a message was received twice");
         }
-        a.ack_many(&batch.iter().map(|r| r.receipt.clone()).collect::<Vec<_>>()).await.unwrap();
+        a.ack_many(&batch.iter().map(|r| r.receipt.clone()).collect::<Vec<_>>())
+            .await
+            .unwrap();
     }
     assert_eq!(seen.len(), 200);
     assert_eq!(b.queue_len(QueueName::Delivery).await.unwrap(), 0);
@@ -400,8 +518,20 @@ async fn concurrent_calls_that_fail_undo_only_their_own_writes() {
         let d = d.clone();
         calls.push(tokio::spawn(async move {
             let stale = i % 2 == 1;
-            let expected = if stale { Expected { attempts: 7, ..Expected::of(&d) } } else { Expected::of(&d) };
-            let next = Delivery { status: DeliveryStatus::Delivered, attempts: 1, next_attempt_at: None, ..d.clone() };
+            let expected = if stale {
+                Expected {
+                    attempts: 7,
+                    ..Expected::of(&d)
+                }
+            } else {
+                Expected::of(&d)
+            };
+            let next = Delivery {
+                status: DeliveryStatus::Delivered,
+                attempts: 1,
+                next_attempt_at: None,
+                ..d.clone()
+            };
             let attempt = Attempt {
                 delivery_id: d.id.clone(),
                 round: 0,
@@ -413,19 +543,35 @@ async fn concurrent_calls_that_fail_undo_only_their_own_writes() {
                 response_excerpt: None,
                 next_attempt_at: None,
             };
-            (stale, b.apply_change(&DeliveryChange { expected, next, attempt: Some(attempt) }).await)
+            (
+                stale,
+                b.apply_change(&DeliveryChange {
+                    expected,
+                    next,
+                    attempt: Some(attempt),
+                })
+                .await,
+            )
         }));
     }
     for call in calls {
         let (stale, result) = call.await.unwrap();
-        assert_eq!(stale, matches!(result, Err(hookwise_core::PortError::ConditionFailed(_))), "{result:?}");
+        assert_eq!(
+            stale,
+            matches!(result, Err(hookwise_core::PortError::ConditionFailed(_))),
+            "{result:?}"
+        );
         assert!(stale || result.is_ok());
     }
     for (i, d) in deliveries.iter().enumerate() {
         let now = backend.get_delivery(&d.id).await.unwrap().unwrap();
         let attempts = backend.attempts(&d.id).await.unwrap();
         if i % 2 == 1 {
-            assert_eq!((now.status, attempts.len()), (DeliveryStatus::Pending, 0), "a failed change left a trace");
+            assert_eq!(
+                (now.status, attempts.len()),
+                (DeliveryStatus::Pending, 0),
+                "a failed change left a trace"
+            );
         } else {
             assert_eq!((now.status, attempts.len()), (DeliveryStatus::Delivered, 1));
         }
@@ -461,6 +607,9 @@ async fn seed_delivery(store: &LocalBackend, rng: &mut StdRng) -> Delivery {
         created_at: now,
         updated_at: now,
     };
-    store.create_event(&event, std::slice::from_ref(&delivery)).await.unwrap();
+    store
+        .create_event(&event, std::slice::from_ref(&delivery))
+        .await
+        .unwrap();
     delivery
 }

@@ -76,8 +76,7 @@ pub fn workspace_root() -> PathBuf {
 
 pub fn template() -> TemplateResources {
     let path = workspace_root().join("template.yaml");
-    let yaml = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    let yaml = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
     TemplateResources::parse(&yaml).expect("template.yaml parses")
 }
 
@@ -227,10 +226,7 @@ impl LambdaHost {
             http: reqwest::Client::new(),
         };
         let start = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
+        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
             assert!(
                 start.elapsed() < Duration::from_secs(30),
                 "cargo lambda watch did not listen on {port}"
@@ -240,10 +236,7 @@ impl LambdaHost {
         for name in FUNCTIONS {
             let child = Command::new(bins.join(name))
                 .envs(fn_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .env(
-                    "AWS_LAMBDA_RUNTIME_API",
-                    format!("http://127.0.0.1:{port}/.rt/{name}"),
-                )
+                .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt/{name}"))
                 .env("AWS_LAMBDA_FUNCTION_NAME", name)
                 .env("AWS_LAMBDA_FUNCTION_VERSION", "1")
                 .env("AWS_LAMBDA_FUNCTION_MEMORY_SIZE", "256")
@@ -267,10 +260,7 @@ impl LambdaHost {
     pub async fn try_invoke(&self, function: &str, payload: &Value) -> (bool, Value) {
         let resp = self
             .http
-            .post(format!(
-                "{}/2015-03-31/functions/{function}/invocations",
-                self.base
-            ))
+            .post(format!("{}/2015-03-31/functions/{function}/invocations", self.base))
             .json(payload)
             .timeout(Duration::from_secs(60))
             .send()
@@ -285,11 +275,7 @@ impl LambdaHost {
 
 impl Drop for LambdaHost {
     fn drop(&mut self) {
-        for c in self
-            .functions
-            .iter_mut()
-            .chain(std::iter::once(&mut self.watch))
-        {
+        for c in self.functions.iter_mut().chain(std::iter::once(&mut self.watch)) {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -335,20 +321,12 @@ pub struct EventSources {
 }
 
 impl EventSources {
-    pub fn start(
-        host: Arc<LambdaHost>,
-        sqs: aws_sdk_sqs::Client,
-        provisioned: &Provisioned,
-    ) -> Self {
+    pub fn start(host: Arc<LambdaHost>, sqs: aws_sdk_sqs::Client, provisioned: &Provisioned) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let log = Arc::new(Mutex::new(SourceLog::default()));
         let mut tasks = Vec::new();
         for (label, url, function) in [
-            (
-                "delivery",
-                provisioned.delivery_queue_url.clone(),
-                "hookwise-deliver",
-            ),
+            ("delivery", provisioned.delivery_queue_url.clone(), "hookwise-deliver"),
             (
                 "dead-letter",
                 provisioned.dead_letter_queue_url.clone(),
@@ -366,10 +344,7 @@ impl EventSources {
             }));
         }
         let tick: Value = serde_json::from_str(
-            &std::fs::read_to_string(
-                workspace_root().join("infra/events/scheduler-scheduled.json"),
-            )
-            .unwrap(),
+            &std::fs::read_to_string(workspace_root().join("infra/events/scheduler-scheduled.json")).unwrap(),
         )
         .unwrap();
         let (h, s, l) = (host.clone(), stop.clone(), log.clone());
@@ -468,9 +443,7 @@ async fn poll_once(
                 .map(|m| (label.to_owned(), m.body().unwrap_or_default().to_owned())),
         );
     }
-    let (ok, response) = host
-        .try_invoke(function, &json!({ "Records": records }))
-        .await;
+    let (ok, response) = host.try_invoke(function, &json!({ "Records": records })).await;
     if !ok {
         // As Lambda does: a failed invocation leaves the whole batch to come back.
         return Err(format!("{function} failed: {response}"));
@@ -531,10 +504,7 @@ impl Gateway {
             (Some(b), _) => b.to_owned(),
             (None, _) => String::new(),
         };
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
     }
 
     pub async fn post(&self, path: &str, body: Value) -> Value {
@@ -544,9 +514,7 @@ impl Gateway {
     }
 
     pub async fn delivery(&self, id: &str) -> Value {
-        let (status, d) = self
-            .call("GET", &format!("/v1/deliveries/{id}"), None)
-            .await;
+        let (status, d) = self.call("GET", &format!("/v1/deliveries/{id}"), None).await;
         assert_eq!(status, 200, "{d}");
         d
     }

@@ -43,8 +43,16 @@ pub fn template() -> TemplateResources {
 /// A prefix no other test (or test run on the same server) uses.
 pub fn unique_prefix() -> String {
     static SEQ: AtomicU32 = AtomicU32::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    format!("hwt-{}-{:x}-{}", std::process::id(), nanos % 0xffff_ffff, SEQ.fetch_add(1, Ordering::Relaxed))
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "hwt-{}-{:x}-{}",
+        std::process::id(),
+        nanos % 0xffff_ffff,
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// Tables on `dynamodb_url`, queues and SES on `moto_url` (DynamoDB Local has no SQS).
@@ -59,11 +67,26 @@ pub struct Env {
 pub async fn env(moto_url: &str, dynamodb_url: &str, counter: Option<&RequestCounter>) -> Env {
     let moto = AwsClients::for_endpoint(moto_url, counter).await;
     let dynamodb = AwsClients::for_endpoint(dynamodb_url, counter).await;
-    let clients = AwsClients { dynamodb: dynamodb.dynamodb, ..moto };
-    let provisioned = provision(&clients, &template(), &unique_prefix()).await.expect("tables and queues from template.yaml");
-    let config = provisioned.config(SENDER).queue_max_delay_seconds(5).build().expect("config");
+    let clients = AwsClients {
+        dynamodb: dynamodb.dynamodb,
+        ..moto
+    };
+    let provisioned = provision(&clients, &template(), &unique_prefix())
+        .await
+        .expect("tables and queues from template.yaml");
+    let config = provisioned
+        .config(SENDER)
+        .queue_max_delay_seconds(5)
+        .build()
+        .expect("config");
     let adapters = AwsAdapters::new(&clients, &config);
-    Env { clients, provisioned, config, adapters, moto_url: moto_url.to_owned() }
+    Env {
+        clients,
+        provisioned,
+        config,
+        adapters,
+        moto_url: moto_url.to_owned(),
+    }
 }
 
 pub struct AwsBackend {
@@ -125,12 +148,16 @@ impl ContractBackend for AwsBackend {
 /// Everything on moto.
 pub async fn moto_backend() -> Option<AwsBackend> {
     let moto = endpoint(MOTO_URL)?;
-    Some(AwsBackend { env: env(&moto, &moto, None).await })
+    Some(AwsBackend {
+        env: env(&moto, &moto, None).await,
+    })
 }
 
 /// Tables on DynamoDB Local, queues on moto.
 pub async fn dynamodb_local_backend() -> Option<AwsBackend> {
     let ddb = endpoint(DYNAMODB_LOCAL_URL)?;
     let moto = endpoint(MOTO_URL)?;
-    Some(AwsBackend { env: env(&moto, &ddb, None).await })
+    Some(AwsBackend {
+        env: env(&moto, &ddb, None).await,
+    })
 }

@@ -73,7 +73,9 @@ impl EndpointUrl {
 /// Letters, digits, `-` and `_` in dot-separated labels (what DNS can resolve).
 fn valid_hostname(host: &str) -> bool {
     host.trim_end_matches('.').split('.').all(|label| {
-        !label.is_empty() && label.len() <= 63 && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        !label.is_empty()
+            && label.len() <= 63
+            && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
     })
 }
 
@@ -84,7 +86,8 @@ pub struct EventType(String);
 string_newtype!(EventType);
 
 fn valid_segments(s: &str) -> bool {
-    s.split('.').all(|seg| !seg.is_empty() && seg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+    s.split('.')
+        .all(|seg| !seg.is_empty() && seg.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
 }
 
 impl EventType {
@@ -151,8 +154,12 @@ impl Email {
         let bad = || ValidationError::new("invalid_email", format!("`{s}` is not a valid email address"));
         let (local, domain) = s.split_once('@').ok_or_else(bad)?;
         let domain_ok = domain.contains('.')
-            && domain.split('.').all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
-        let local_ok = !local.is_empty() && local.len() <= 64 && !local.chars().any(|c| c.is_whitespace() || c == '@' || c.is_control());
+            && domain
+                .split('.')
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+        let local_ok = !local.is_empty()
+            && local.len() <= 64
+            && !local.chars().any(|c| c.is_whitespace() || c == '@' || c.is_control());
         if s.len() > 254 || !local_ok || !domain_ok {
             return Err(bad());
         }
@@ -184,8 +191,12 @@ impl Secret {
 
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
         let bad = |why: &str| ValidationError::new("invalid_secret", format!("not a valid signing secret: {why}"));
-        let body = s.strip_prefix(Self::PREFIX).ok_or_else(|| bad("it must start with `whsec_`"))?;
-        let key = B64.decode(body).map_err(|_| bad("the part after `whsec_` must be base64"))?;
+        let body = s
+            .strip_prefix(Self::PREFIX)
+            .ok_or_else(|| bad("it must start with `whsec_`"))?;
+        let key = B64
+            .decode(body)
+            .map_err(|_| bad("the part after `whsec_` must be base64"))?;
         if !(24..=64).contains(&key.len()) {
             return Err(bad("the key must be 24 to 64 bytes"));
         }
@@ -206,7 +217,16 @@ mod tests {
     fn urls_must_be_absolute_http_with_a_host() {
         assert!(EndpointUrl::parse("https://example.com/hooks").is_ok());
         assert!(EndpointUrl::parse("http://127.0.0.1:9000/x").is_ok());
-        for bad in ["example.com", "ftp://example.com", "not a url", "https://", "https://a.com/#frag", "", "http://a*b/", "http://a..b/"] {
+        for bad in [
+            "example.com",
+            "ftp://example.com",
+            "not a url",
+            "https://",
+            "https://a.com/#frag",
+            "",
+            "http://a*b/",
+            "http://a..b/",
+        ] {
             let err = EndpointUrl::parse(bad).unwrap_err();
             assert_eq!(err.code, "invalid_url", "{bad}");
         }
@@ -240,7 +260,15 @@ mod tests {
     #[test]
     fn emails_need_a_local_part_and_a_dotted_domain() {
         assert!(Email::parse("ops@example.com").is_ok());
-        for bad in ["", "ops", "ops@", "@example.com", "ops@example", "o ps@example.com", "a@b@c.com"] {
+        for bad in [
+            "",
+            "ops",
+            "ops@",
+            "@example.com",
+            "ops@example",
+            "o ps@example.com",
+            "a@b@c.com",
+        ] {
             assert!(Email::parse(bad).is_err(), "{bad}");
         }
     }

@@ -28,11 +28,17 @@ impl Services {
         let store = &self.ports.store;
         let mut by_owner: BTreeMap<String, (Email, Vec<Notice>)> = BTreeMap::new();
         for task in tasks {
-            let Some(mut delivery) = store.get_delivery(&task.delivery_id).await? else { continue };
+            let Some(mut delivery) = store.get_delivery(&task.delivery_id).await? else {
+                continue;
+            };
             if delivery.round != task.round {
                 continue; // replayed since: this round's death is old news
             }
-            if let Some(change) = give_up(&delivery, "the delivery handler failed on every redelivery of this message", self.now()) {
+            if let Some(change) = give_up(
+                &delivery,
+                "the delivery handler failed on every redelivery of this message",
+                self.now(),
+            ) {
                 // A poison message that exhausted the queue's own redrive.
                 match store.apply_change(&change).await {
                     Ok(()) => delivery = change.next,
@@ -40,18 +46,38 @@ impl Services {
                     Err(e) => return Err(e.into()),
                 }
             }
-            if delivery.status != DeliveryStatus::Dead || !store.claim_dead_notice(&delivery.id, delivery.round).await? {
+            if delivery.status != DeliveryStatus::Dead || !store.claim_dead_notice(&delivery.id, delivery.round).await?
+            {
                 continue;
             }
-            let sub = store.get_subscription(&delivery.tenant_id, &delivery.subscription_id).await?;
+            let sub = store
+                .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
+                .await?;
             let tenant = store.get_tenant(&delivery.tenant_id).await?;
-            let Some(to) = sub.as_ref().and_then(|s| s.owner_email.clone()).or(tenant.map(|t| t.owner_email)) else {
+            let Some(to) = sub
+                .as_ref()
+                .and_then(|s| s.owner_email.clone())
+                .or(tenant.map(|t| t.owner_email))
+            else {
                 tracing::warn!(delivery_id = %delivery.id, "dead delivery has no owner to tell");
                 continue;
             };
-            let attempts = store.attempts(&delivery.id).await?.into_iter().filter(|a| a.round == delivery.round).collect();
+            let attempts = store
+                .attempts(&delivery.id)
+                .await?
+                .into_iter()
+                .filter(|a| a.round == delivery.round)
+                .collect();
             let url = sub.map_or_else(|| "(deleted subscription)".to_owned(), |s| s.url.to_string());
-            by_owner.entry(to.to_string()).or_insert_with(|| (to, Vec::new())).1.push(Notice { delivery, url, attempts });
+            by_owner
+                .entry(to.to_string())
+                .or_insert_with(|| (to, Vec::new()))
+                .1
+                .push(Notice {
+                    delivery,
+                    url,
+                    attempts,
+                });
         }
 
         let mut report = DeadLetterReport::default();
@@ -91,15 +117,27 @@ impl Services {
             d.last_error.as_deref().unwrap_or("-"),
         );
         for a in &n.attempts {
-            text.push_str(&format!("  #{} at {}: {}\n", a.attempt, a.started_at.to_rfc3339(), attempt_result(a)));
+            text.push_str(&format!(
+                "  #{} at {}: {}\n",
+                a.attempt,
+                a.started_at.to_rfc3339(),
+                attempt_result(a)
+            ));
         }
         text.push('\n');
         text.push_str(&self.replay_hint(d));
-        OutgoingEmail { to: to.clone(), subject: format!("[Hookwise] Delivery of {} to {} failed", d.event_type, n.url), text }
+        OutgoingEmail {
+            to: to.clone(),
+            subject: format!("[Hookwise] Delivery of {} to {} failed", d.event_type, n.url),
+            text,
+        }
     }
 
     fn digest_email(&self, to: &Email, notices: &[Notice]) -> OutgoingEmail {
-        let mut text = format!("{} webhook deliveries could not be delivered and Hookwise has stopped retrying them.\n\n", notices.len());
+        let mut text = format!(
+            "{} webhook deliveries could not be delivered and Hookwise has stopped retrying them.\n\n",
+            notices.len()
+        );
         for n in notices {
             let d = &n.delivery;
             text.push_str(&format!(
@@ -112,7 +150,11 @@ impl Services {
             ));
             text.push_str(&self.replay_hint(d));
         }
-        OutgoingEmail { to: to.clone(), subject: format!("[Hookwise] {} webhook deliveries failed", notices.len()), text }
+        OutgoingEmail {
+            to: to.clone(),
+            subject: format!("[Hookwise] {} webhook deliveries failed", notices.len()),
+            text,
+        }
     }
 }
 

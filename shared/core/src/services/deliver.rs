@@ -16,7 +16,9 @@ use crate::state::{self, after_attempt, decide, give_up, is_due_attempt, Attempt
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum DeliverOutcome {
     Delivered,
-    Retrying { at: DateTime<Utc> },
+    Retrying {
+        at: DateTime<Utc>,
+    },
     Dead,
     /// The delivery had moved on (a duplicate or late message): nothing done.
     Stale,
@@ -33,9 +35,15 @@ pub fn webhook_request(sub: &Subscription, event: &Event, now: DateTime<Utc>) ->
             ("content-type".into(), "application/json".into()),
             ("webhook-id".into(), id.to_owned()),
             ("webhook-timestamp".into(), timestamp.to_string()),
-            ("webhook-signature".into(), signature_header(&sub.signing_secrets(now), id, timestamp, &body)),
+            (
+                "webhook-signature".into(),
+                signature_header(&sub.signing_secrets(now), id, timestamp, &body),
+            ),
             ("idempotency-key".into(), id.to_owned()),
-            ("user-agent".into(), concat!("Hookwise/", env!("CARGO_PKG_VERSION")).into()),
+            (
+                "user-agent".into(),
+                concat!("Hookwise/", env!("CARGO_PKG_VERSION")).into(),
+            ),
         ],
         body,
         timeout: std::time::Duration::from_millis(sub.timeout_ms.into()),
@@ -49,7 +57,10 @@ impl Services {
         // The futures are built first (they do nothing until polled) so the stream's type
         // names no closure: a closure there trips the compiler's Send check under tokio::spawn.
         let calls: Vec<_> = tasks.iter().map(|t| self.deliver(t)).collect();
-        futures::stream::iter(calls).buffered(self.config.deliver_concurrency.max(1)).collect().await
+        futures::stream::iter(calls)
+            .buffered(self.config.deliver_concurrency.max(1))
+            .collect()
+            .await
     }
 
     #[tracing::instrument(skip_all, fields(delivery_id = %task.delivery_id, attempt = task.attempt))]
@@ -138,7 +149,8 @@ impl Services {
     /// dead-letter hand-off may be what failed last time: do it again (the owner is still
     /// told only once).
     async fn finish_stale(&self, delivery: &Delivery, task: &DeliveryTask) -> Result<DeliverOutcome> {
-        if delivery.status == DeliveryStatus::Dead && delivery.round == task.round && delivery.attempts == task.attempt {
+        if delivery.status == DeliveryStatus::Dead && delivery.round == task.round && delivery.attempts == task.attempt
+        {
             self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;
         }
         tracing::debug!(status = delivery.status.as_str(), "stale message");
@@ -147,7 +159,9 @@ impl Services {
 
     /// Dead without an attempt.
     async fn abandon(&self, delivery: &Delivery, task: &DeliveryTask, reason: &str) -> Result<DeliverOutcome> {
-        let Some(change) = give_up(delivery, reason, self.now()) else { return Ok(DeliverOutcome::Stale) };
+        let Some(change) = give_up(delivery, reason, self.now()) else {
+            return Ok(DeliverOutcome::Stale);
+        };
         match self.ports.store.apply_change(&change).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return Ok(DeliverOutcome::Stale),
@@ -176,5 +190,9 @@ impl Services {
 }
 
 fn dead_task(delivery: &Delivery) -> DeliveryTask {
-    DeliveryTask { delivery_id: delivery.id.clone(), round: delivery.round, attempt: delivery.attempts }
+    DeliveryTask {
+        delivery_id: delivery.id.clone(),
+        round: delivery.round,
+        attempt: delivery.attempts,
+    }
 }

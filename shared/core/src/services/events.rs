@@ -41,7 +41,11 @@ impl Services {
         }
         if let Some(key) = &idempotency_key {
             if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
-                return Err(ValidationError::new("invalid_idempotency_key", "Idempotency-Key must be 1 to 255 characters").into());
+                return Err(ValidationError::new(
+                    "invalid_idempotency_key",
+                    "Idempotency-Key must be 1 to 255 characters",
+                )
+                .into());
             }
         }
         let now = self.now();
@@ -63,18 +67,31 @@ impl Services {
         // Stored before any attempt (seed 000): once this returns, the event is durable.
         if let Created::Existing(id) = self.ports.store.create_event(&event, &deliveries).await? {
             let existing = self.get_event(tenant, &id).await?;
-            return Ok(Ingested { event: existing.event, deliveries: existing.deliveries, created: false });
+            return Ok(Ingested {
+                event: existing.event,
+                deliveries: existing.deliveries,
+                created: false,
+            });
         }
         let tasks: Vec<_> = deliveries.iter().map(|d| (next_task(d), 0)).collect();
         if let Err(err) = self.ports.queue.enqueue(&tasks).await {
             // The deliveries are pending and due now: the scheduler's sweep queues them.
             tracing::warn!(event_id = %event.id, error = %err, "enqueue after ingest failed; the sweep will pick the deliveries up");
         }
-        Ok(Ingested { event, deliveries, created: true })
+        Ok(Ingested {
+            event,
+            deliveries,
+            created: true,
+        })
     }
 
     pub async fn get_event(&self, tenant: &Tenant, id: &EventId) -> Result<EventWithDeliveries> {
-        let event = self.ports.store.get_event(&tenant.id, id).await?.ok_or_else(|| Error::not_found("event", id))?;
+        let event = self
+            .ports
+            .store
+            .get_event(&tenant.id, id)
+            .await?
+            .ok_or_else(|| Error::not_found("event", id))?;
         let deliveries = self.ports.store.event_deliveries(&tenant.id, id).await?;
         Ok(EventWithDeliveries { event, deliveries })
     }

@@ -75,7 +75,11 @@ pub struct Services {
 impl Services {
     /// `rng` seeds ids, secrets, API keys and jitter: from the OS in production, fixed in tests.
     pub fn new(ports: Ports, config: Config, rng: StdRng) -> Self {
-        Self { ports, config, rng: Mutex::new(rng) }
+        Self {
+            ports,
+            config,
+            rng: Mutex::new(rng),
+        }
     }
 
     pub fn ports(&self) -> &Ports {

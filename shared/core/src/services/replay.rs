@@ -19,18 +19,29 @@ impl Services {
             )));
         }
         let mut replayed = self.replay_all(vec![delivery]).await?;
-        replayed.pop().ok_or_else(|| Error::conflict(format!("delivery {id} changed while it was being replayed; try again")))
+        replayed
+            .pop()
+            .ok_or_else(|| Error::conflict(format!("delivery {id} changed while it was being replayed; try again")))
     }
 
     /// Every dead delivery of the event.
     pub async fn replay_event(&self, tenant: &Tenant, id: &EventId) -> Result<Vec<Delivery>> {
         let found = self.get_event(tenant, id).await?;
-        let dead = found.deliveries.into_iter().filter(|d| d.status == DeliveryStatus::Dead).collect();
+        let dead = found
+            .deliveries
+            .into_iter()
+            .filter(|d| d.status == DeliveryStatus::Dead)
+            .collect();
         self.replay_all(dead).await
     }
 
     /// The subscription's deliveries that died at or after `since`.
-    pub async fn recover_subscription(&self, tenant: &Tenant, id: &SubscriptionId, since: DateTime<Utc>) -> Result<Vec<Delivery>> {
+    pub async fn recover_subscription(
+        &self,
+        tenant: &Tenant,
+        id: &SubscriptionId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<Delivery>> {
         self.get_subscription(tenant, id).await?;
         let mut dead = Vec::new();
         let mut query = DeliveryQuery {

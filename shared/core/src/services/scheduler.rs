@@ -46,7 +46,9 @@ impl Services {
             let tasks: Vec<_> = due
                 .iter()
                 .map(|item| {
-                    let residual = ((item.due - now).num_milliseconds().max(0) as u64).div_ceil(1000).min(u64::from(max_delay));
+                    let residual = ((item.due - now).num_milliseconds().max(0) as u64)
+                        .div_ceil(1000)
+                        .min(u64::from(max_delay));
                     (item.task.clone(), residual as u32)
                 })
                 .collect();

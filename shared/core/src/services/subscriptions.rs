@@ -53,7 +53,9 @@ pub struct SubscriptionPatch {
 
 /// A field that is there, `null` or not: with `#[serde(default)]` an absent field stays
 /// `None`, so `Some(None)` is an explicit `null`.
-fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> std::result::Result<Option<Option<T>>, D::Error> {
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> std::result::Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)
 }
 
@@ -69,14 +71,20 @@ fn check_event_types(types: &[EventTypeFilter]) -> Result<(), ValidationError> {
 
 fn check_timeout(ms: u32) -> Result<u32, ValidationError> {
     if ms == 0 || ms > MAX_TIMEOUT_MS {
-        return Err(ValidationError::new("invalid_timeout", format!("timeout_ms must be 1 to {MAX_TIMEOUT_MS}")));
+        return Err(ValidationError::new(
+            "invalid_timeout",
+            format!("timeout_ms must be 1 to {MAX_TIMEOUT_MS}"),
+        ));
     }
     Ok(ms)
 }
 
 fn check_description(d: &str) -> Result<(), ValidationError> {
     if d.chars().count() > MAX_DESCRIPTION_LEN {
-        return Err(ValidationError::new("invalid_description", format!("description is longer than {MAX_DESCRIPTION_LEN} characters")));
+        return Err(ValidationError::new(
+            "invalid_description",
+            format!("description is longer than {MAX_DESCRIPTION_LEN} characters"),
+        ));
     }
     Ok(())
 }
@@ -100,7 +108,11 @@ impl Services {
         for (slot, status) in counts.iter_mut().zip(DeliveryStatus::ALL) {
             *slot = store.count_deliveries(&tenant.id, id, status).await?;
         }
-        Ok(SubscriptionOverview { subscription, health, counts })
+        Ok(SubscriptionOverview {
+            subscription,
+            health,
+            counts,
+        })
     }
 
     /// The new subscription, its `secret` included (the only time it is shown, with rotation).
@@ -123,7 +135,9 @@ impl Services {
             secret,
             previous_secret: None,
             previous_secret_expires_at: None,
-            retry_policy: new.retry_policy.unwrap_or_else(|| self.config.default_retry_policy.clone()),
+            retry_policy: new
+                .retry_policy
+                .unwrap_or_else(|| self.config.default_retry_policy.clone()),
             timeout_ms,
             status: SubscriptionStatus::Active,
             disabled_reason: None,
@@ -141,10 +155,19 @@ impl Services {
     }
 
     pub async fn get_subscription(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<Subscription> {
-        self.ports.store.get_subscription(&tenant.id, id).await?.ok_or_else(|| Error::not_found("subscription", id))
+        self.ports
+            .store
+            .get_subscription(&tenant.id, id)
+            .await?
+            .ok_or_else(|| Error::not_found("subscription", id))
     }
 
-    pub async fn update_subscription(&self, tenant: &Tenant, id: &SubscriptionId, patch: SubscriptionPatch) -> Result<Subscription> {
+    pub async fn update_subscription(
+        &self,
+        tenant: &Tenant,
+        id: &SubscriptionId,
+        patch: SubscriptionPatch,
+    ) -> Result<Subscription> {
         let mut sub = self.get_subscription(tenant, id).await?;
         if let Some(url) = patch.url {
             sub.url = url;

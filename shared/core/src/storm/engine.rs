@@ -57,7 +57,10 @@ pub fn simulate_with_rng(config: &StormConfig, rng: &mut impl Rng) -> Result<Sto
 }
 
 /// Run one storm, reporting progress now and then.
-pub fn simulate_with_progress(config: &StormConfig, progress: &mut dyn FnMut(Progress)) -> Result<StormReport, ValidationError> {
+pub fn simulate_with_progress(
+    config: &StormConfig,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<StormReport, ValidationError> {
     config.validate()?;
     let mut sim = Sim::new(config);
     sim.run(progress);
@@ -125,9 +128,17 @@ impl Pool {
             return None;
         }
         let rate = self.rate.max(0.0);
-        let p = if t >= self.last || rate >= self.expected || self.expected <= 1e-9 { 1.0 } else { rate / self.expected };
+        let p = if t >= self.last || rate >= self.expected || self.expected <= 1e-9 {
+            1.0
+        } else {
+            rate / self.expected
+        };
         let n = binomial(rng, self.pending, p);
-        let mean_offset = if rate > 1e-12 { t as f64 - self.rate_by_source / rate } else { 0.0 };
+        let mean_offset = if rate > 1e-12 {
+            t as f64 - self.rate_by_source / rate
+        } else {
+            0.0
+        };
         self.expected = (self.expected - rate).max(0.0);
         self.pending -= n;
         if self.pending == 0 {
@@ -173,8 +184,11 @@ impl HealthWindow {
         if self.total <= 0.0 {
             return None;
         }
-        let decayed: f64 =
-            self.samples.iter().map(|(at, ok, _)| ok * (-DECAY_PER_HOUR * (t - at) as f64 / 3_600.0).exp()).sum();
+        let decayed: f64 = self
+            .samples
+            .iter()
+            .map(|(at, ok, _)| ok * (-DECAY_PER_HOUR * (t - at) as f64 / 3_600.0).exp())
+            .sum();
         Some(decayed / self.total)
     }
 }
@@ -285,7 +299,12 @@ struct Streams {
 impl Streams {
     fn new(cfg: &StormConfig, t: u64) -> Self {
         let shared = cfg.shards == 1 || cfg.shard_seeds == ShardSeeds::Shared;
-        Self { seed: cfg.seed, t, shared, rngs: (0..cfg.shards).map(|_| None).collect() }
+        Self {
+            seed: cfg.seed,
+            t,
+            shared,
+            rngs: (0..cfg.shards).map(|_| None).collect(),
+        }
     }
 
     /// A shard's stream for this second: seeded from (seed, stream, second), so shards that
@@ -293,8 +312,11 @@ impl Streams {
     fn get(&mut self, shard: u32) -> &mut StdRng {
         let (seed, t) = (self.seed, self.t);
         let stream = if self.shared { 0 } else { shard as u64 + 1 };
-        self.rngs[shard as usize]
-            .get_or_insert_with(|| StdRng::seed_from_u64(splitmix(seed ^ splitmix(stream.wrapping_mul(0xA24B_AED4_963E_E407) ^ splitmix(t)))))
+        self.rngs[shard as usize].get_or_insert_with(|| {
+            StdRng::seed_from_u64(splitmix(
+                seed ^ splitmix(stream.wrapping_mul(0xA24B_AED4_963E_E407) ^ splitmix(t)),
+            ))
+        })
     }
 }
 
@@ -311,7 +333,11 @@ impl<'a> Sim<'a> {
             consumer: StdRng::seed_from_u64(splitmix(cfg.seed ^ 0x636F_6E73_756D_6572)),
             health: HealthWindow::default(),
             series: Series::default(),
-            shard_offered: if cfg.shards > 1 { vec![Vec::new(); cfg.shards as usize] } else { Vec::new() },
+            shard_offered: if cfg.shards > 1 {
+                vec![Vec::new(); cfg.shards as usize]
+            } else {
+                Vec::new()
+            },
             delivered_initial: Vec::new(),
             total_attempts: 0,
             delivered: 0,
@@ -341,7 +367,11 @@ impl<'a> Sim<'a> {
             return None;
         }
         let b = bucket as u64;
-        let size = if b <= 128 { 1 } else { 1u64 << (63 - b.leading_zeros() - 6) };
+        let size = if b <= 128 {
+            1
+        } else {
+            1u64 << (63 - b.leading_zeros() - 6)
+        };
         Some(b as f64 - 1.0 + size as f64 / 2.0)
     }
 
@@ -367,16 +397,32 @@ impl<'a> Sim<'a> {
         let policy = &cfg.policy;
         let failures = key.attempt;
         let previous_delay = Self::previous_delay(key.prev);
-        let multiplier = if policy.adaptive { adaptive_multiplier(health) } else { 1.0 };
+        let multiplier = if policy.adaptive {
+            adaptive_multiplier(health)
+        } else {
+            1.0
+        };
         let range = policy.delay_range(failures, previous_delay).expect("attempts are left");
-        let kernel = Kernel::new(DelayRange { lo: range.lo * multiplier, hi: range.hi * multiplier });
-        let next = |bucket: u32| Key { attempt: failures + 1, prev: bucket, ..key };
+        let kernel = Kernel::new(DelayRange {
+            lo: range.lo * multiplier,
+            hi: range.hi * multiplier,
+        });
+        let next = |bucket: u32| Key {
+            attempt: failures + 1,
+            prev: bucket,
+            ..key
+        };
 
         if kernel.width() == 1 {
             let o = kernel.first;
             self.push(t + o, next(self.bucket(o)), count);
         } else if count <= SMALL_COHORT {
-            let ctx = RetryContext { failures, previous_delay, health, retry_after: None };
+            let ctx = RetryContext {
+                failures,
+                previous_delay,
+                health,
+                retry_after: None,
+            };
             for _ in 0..count {
                 let delay = policy.next_delay(ctx, true, rng).expect("attempts are left");
                 let o = landing_offset(delay);
@@ -389,7 +435,11 @@ impl<'a> Sim<'a> {
                     break;
                 }
                 let p = kernel.prob(o);
-                let n = if o == kernel.last || p >= rest { left } else { binomial(rng, left, p / rest) };
+                let n = if o == kernel.last || p >= rest {
+                    left
+                } else {
+                    binomial(rng, left, p / rest)
+                };
                 rest -= p;
                 left -= n;
                 if n > 0 {
@@ -397,7 +447,10 @@ impl<'a> Sim<'a> {
                 }
             }
         } else {
-            self.pools.entry((key.shard, failures + 1, key.initial)).or_default().add(t, count, &kernel);
+            self.pools
+                .entry((key.shard, failures + 1, key.initial))
+                .or_default()
+                .add(t, count, &kernel);
         }
     }
 
@@ -420,7 +473,12 @@ impl<'a> Sim<'a> {
         for shard in 0..cfg.shards {
             let n = share(cfg.population, cfg.shards, shard);
             if n > 0 {
-                let key = Key { shard, attempt: 1, prev: 0, initial: true };
+                let key = Key {
+                    shard,
+                    attempt: 1,
+                    prev: 0,
+                    initial: true,
+                };
                 self.fail(key, n, 0, health, streams.get(shard));
             }
         }
@@ -436,7 +494,10 @@ impl<'a> Sim<'a> {
                 progress(Progress { second: t, horizon });
             }
         }
-        progress(Progress { second: horizon, horizon });
+        progress(Progress {
+            second: horizon,
+            horizon,
+        });
     }
 
     fn step(&mut self, t: u64) {
@@ -446,8 +507,20 @@ impl<'a> Sim<'a> {
         for (&(shard, attempt, initial), pool) in self.pools.iter_mut() {
             if let Some((n, mean_offset)) = pool.land(t, streams.get(shard)) {
                 if n > 0 {
-                    let prev = if self.decorrelated { mean_offset.round().max(1.0) as u64 } else { 0 };
-                    offered.push((Key { shard, attempt, prev: prev as u32, initial }, n));
+                    let prev = if self.decorrelated {
+                        mean_offset.round().max(1.0) as u64
+                    } else {
+                        0
+                    };
+                    offered.push((
+                        Key {
+                            shard,
+                            attempt,
+                            prev: prev as u32,
+                            initial,
+                        },
+                        n,
+                    ));
                 }
             }
         }
@@ -460,7 +533,15 @@ impl<'a> Sim<'a> {
             for shard in 0..cfg.shards {
                 let n = share(cfg.first_attempt_rps, cfg.shards, shard);
                 if n > 0 {
-                    offered.push((Key { shard, attempt: 1, prev: 0, initial: false }, n));
+                    offered.push((
+                        Key {
+                            shard,
+                            attempt: 1,
+                            prev: 0,
+                            initial: false,
+                        },
+                        n,
+                    ));
                 }
             }
         }
@@ -521,7 +602,12 @@ impl<'a> Sim<'a> {
     fn report(mut self) -> StormReport {
         let drain = self.series.offered.iter().rposition(|n| *n > 0).unwrap_or(0) as u64;
         let len = drain as usize + 1;
-        for v in [&mut self.series.offered, &mut self.series.served, &mut self.series.failed, &mut self.series.capacity] {
+        for v in [
+            &mut self.series.offered,
+            &mut self.series.served,
+            &mut self.series.failed,
+            &mut self.series.capacity,
+        ] {
             v.truncate(len);
         }
         for v in &mut self.shard_offered {
@@ -576,19 +662,37 @@ mod tests {
     #[test]
     fn given_two_equal_cohorts_when_half_fail_then_the_failures_split_evenly_on_average() {
         let mut rng = StdRng::seed_from_u64(1);
-        for (total, sample) in [(2_000u64, 1_000u64), (2_000_000_000, 1_999_999_000), (10_000, 3), (2_000_000_000, 7), (2_000_000_000, 500_000)] {
+        for (total, sample) in [
+            (2_000u64, 1_000u64),
+            (2_000_000_000, 1_999_999_000),
+            (10_000, 3),
+            (2_000_000_000, 7),
+            (2_000_000_000, 500_000),
+        ] {
             let marked = total / 2;
             let runs = 400;
-            let mean = (0..runs).map(|_| hypergeometric(&mut rng, total, marked, sample) as f64).sum::<f64>() / runs as f64;
+            let mean = (0..runs)
+                .map(|_| hypergeometric(&mut rng, total, marked, sample) as f64)
+                .sum::<f64>()
+                / runs as f64;
             let expected = sample as f64 * marked as f64 / total as f64;
             let sd = (expected * 0.5).sqrt().max(0.5);
-            assert!((mean - expected).abs() < 5.0 * sd / (runs as f64).sqrt() + 1e-6, "{total} {sample}: {mean} vs {expected}");
+            assert!(
+                (mean - expected).abs() < 5.0 * sd / (runs as f64).sqrt() + 1e-6,
+                "{total} {sample}: {mean} vs {expected}"
+            );
         }
         // A small cohort among a billion offered: a handful of failures, mean kept.
         let runs = 2_000;
-        let mean = (0..runs).map(|_| hypergeometric(&mut rng, 1_000_000_000, 10, 600_000_000) as f64).sum::<f64>() / runs as f64;
+        let mean = (0..runs)
+            .map(|_| hypergeometric(&mut rng, 1_000_000_000, 10, 600_000_000) as f64)
+            .sum::<f64>()
+            / runs as f64;
         assert!((mean - 6.0).abs() < 0.2, "{mean}");
-        let mean = (0..runs).map(|_| hypergeometric(&mut rng, 1_000_000_000, 999_999_990, 600_000_000) as f64).sum::<f64>() / runs as f64;
+        let mean = (0..runs)
+            .map(|_| hypergeometric(&mut rng, 1_000_000_000, 999_999_990, 600_000_000) as f64)
+            .sum::<f64>()
+            / runs as f64;
         assert!((mean - 599_999_994.0).abs() < 0.2, "{mean}");
         assert_eq!(hypergeometric(&mut rng, 10, 10, 4), 4);
         assert_eq!(hypergeometric(&mut rng, 10, 3, 10), 3);

@@ -22,7 +22,11 @@ impl Kernel {
     pub fn new(range: DelayRange) -> Self {
         let first = landing_offset(range.lo);
         // A draw is in [lo, hi): hi itself is never drawn, but the seconds up to it are.
-        let last = if range.hi > range.lo { landing_offset(range.hi).max(first) } else { first };
+        let last = if range.hi > range.lo {
+            landing_offset(range.hi).max(first)
+        } else {
+            first
+        };
         Self { range, first, last }
     }
 
@@ -40,7 +44,11 @@ impl Kernel {
             return 1.0;
         }
         // Delays in (offset − 1, offset] land at `offset`; everything up to 1 s lands at 1.
-        let lower = if offset == 1 { f64::NEG_INFINITY } else { offset as f64 - 1.0 };
+        let lower = if offset == 1 {
+            f64::NEG_INFINITY
+        } else {
+            offset as f64 - 1.0
+        };
         let upper = offset as f64;
         ((upper.min(hi) - lower.max(lo)).max(0.0)) / (hi - lo)
     }
@@ -68,7 +76,11 @@ mod tests {
         let k = Kernel::new(DelayRange::fixed(4.0));
         assert_eq!((k.first, k.last, k.prob(4)), (4, 4, 1.0));
         let zero = Kernel::new(DelayRange::fixed(0.0));
-        assert_eq!((zero.first, zero.prob(1)), (1, 1.0), "a retry never lands in its failure's second");
+        assert_eq!(
+            (zero.first, zero.prob(1)),
+            (1, 1.0),
+            "a retry never lands in its failure's second"
+        );
     }
 
     #[test]

@@ -41,12 +41,19 @@ pub struct CapacityStep {
 
 impl Capacity {
     pub fn constant(rps: u64) -> Self {
-        Self { base_rps: rps, steps: Vec::new() }
+        Self {
+            base_rps: rps,
+            steps: Vec::new(),
+        }
     }
 
     /// Attempts the consumer serves in second `t`.
     pub fn at(&self, t: u64) -> u64 {
-        self.steps.iter().take_while(|s| s.from_second <= t).last().map_or(self.base_rps, |s| s.rps)
+        self.steps
+            .iter()
+            .take_while(|s| s.from_second <= t)
+            .last()
+            .map_or(self.base_rps, |s| s.rps)
     }
 }
 
@@ -102,13 +109,22 @@ impl StormConfig {
     /// Seed 003's parameters: retries r = 1 ..= m+1, retry r waiting b^(r−1) s, not adaptive.
     pub fn seed_policy(base: u64, max_tier: u32, jitter: Jitter) -> Result<RetryPolicy, ValidationError> {
         if base < 1 {
-            return Err(ValidationError::new("invalid_storm", "backoff_base_seconds must be at least 1"));
+            return Err(ValidationError::new(
+                "invalid_storm",
+                "backoff_base_seconds must be at least 1",
+            ));
         }
         let mut delays = Vec::with_capacity(max_tier as usize + 1);
         for r in 0..=max_tier {
-            let d = base.checked_pow(r).filter(|d| *d <= RetryPolicy::MAX_DELAY_SECONDS).ok_or_else(|| {
-                ValidationError::new("invalid_storm", format!("max_tier: {base}^{r} s is longer than the 30 days a delay may last"))
-            })?;
+            let d = base
+                .checked_pow(r)
+                .filter(|d| *d <= RetryPolicy::MAX_DELAY_SECONDS)
+                .ok_or_else(|| {
+                    ValidationError::new(
+                        "invalid_storm",
+                        format!("max_tier: {base}^{r} s is longer than the 30 days a delay may last"),
+                    )
+                })?;
             delays.push(d);
         }
         RetryPolicy::custom(delays, jitter, false)
@@ -139,7 +155,12 @@ impl StormConfig {
                 return bad(format!("adaptive_health: {h} is not a score between 0 and 1"));
             }
         }
-        if self.capacity.steps.windows(2).any(|w| w[0].from_second >= w[1].from_second) {
+        if self
+            .capacity
+            .steps
+            .windows(2)
+            .any(|w| w[0].from_second >= w[1].from_second)
+        {
             return bad("capacity_schedule: steps must be in increasing from_second order".into());
         }
         self.policy.jitter.validate()?;
@@ -157,7 +178,10 @@ impl StormConfig {
         let multiplier = if self.policy.adaptive { 2.0 } else { 1.0 };
         let mut total = 0.0;
         for k in 1..self.policy.max_attempts() {
-            let hi = self.policy.delay_range(k, Some(self.policy.max_delay())).map_or(0.0, |r| r.hi);
+            let hi = self
+                .policy
+                .delay_range(k, Some(self.policy.max_delay()))
+                .map_or(0.0, |r| r.hi);
             total += (hi * multiplier).ceil().max(1.0);
         }
         self.traffic_seconds + total as u64 + 1
@@ -203,7 +227,13 @@ pub struct StormReport {
 
 /// The jitter strategies `--compare` runs, the policy's own first when it is another.
 pub fn comparison_jitters(own: Jitter) -> Vec<Jitter> {
-    let mut all = vec![Jitter::None, Jitter::Full, Jitter::Equal, Jitter::Decorrelated, Jitter::Proportional(0.1)];
+    let mut all = vec![
+        Jitter::None,
+        Jitter::Full,
+        Jitter::Equal,
+        Jitter::Decorrelated,
+        Jitter::Proportional(0.1),
+    ];
     if !all.contains(&own) {
         all.push(own);
     }

@@ -21,14 +21,28 @@ fn run(c: &StormConfig) -> StormReport {
 #[test]
 fn given_no_jitter_when_10000_fail_at_b2_m6_then_the_waves_are_exact() {
     let r = run(&seed003(10_000, Jitter::None, 1));
-    let waves = [(1, 10_000), (3, 9_500), (7, 9_000), (15, 8_500), (31, 8_000), (63, 7_500), (127, 7_000)];
+    let waves = [
+        (1, 10_000),
+        (3, 9_500),
+        (7, 9_000),
+        (15, 8_500),
+        (31, 8_000),
+        (63, 7_500),
+        (127, 7_000),
+    ];
     for (t, n) in waves {
         assert_eq!(r.series.offered[t], n, "offered at t = {t}");
         assert_eq!(r.series.served[t], 500, "served at t = {t}");
         assert_eq!(r.series.failed[t], n - 500, "failed at t = {t}");
     }
-    let busy: Vec<usize> = (0..r.series.offered.len()).filter(|t| r.series.offered[*t] > 0).collect();
-    assert_eq!(busy, waves.iter().map(|w| w.0).collect::<Vec<_>>(), "nothing lands between the waves");
+    let busy: Vec<usize> = (0..r.series.offered.len())
+        .filter(|t| r.series.offered[*t] > 0)
+        .collect();
+    assert_eq!(
+        busy,
+        waves.iter().map(|w| w.0).collect::<Vec<_>>(),
+        "nothing lands between the waves"
+    );
     assert_eq!(r.total_attempts, 69_500, "the 10 000 first attempts included");
     assert_eq!((r.delivered, r.dead), (3_500, 6_500));
     assert_eq!((r.peak_offered_rps, r.peak_second, r.drain_seconds), (10_000, 1, 127));
@@ -42,7 +56,10 @@ fn given_no_jitter_when_the_seed_changes_then_nothing_does() {
     let a = run(&seed003(10_000, Jitter::None, 1));
     let b = run(&seed003(10_000, Jitter::None, 99));
     assert_eq!(a.series, b.series);
-    assert_eq!((a.delivered, a.dead, a.total_attempts), (b.delivered, b.dead, b.total_attempts));
+    assert_eq!(
+        (a.delivered, a.dead, a.total_attempts),
+        (b.delivered, b.dead, b.total_attempts)
+    );
 }
 
 #[test]
@@ -77,9 +94,21 @@ fn given_b2_when_jitter_is_full_then_the_gains_are_in_attempts_deliveries_and_dr
     for seed in [11, 12, 13] {
         for jitter in [Jitter::Full, Jitter::Equal] {
             let r = run(&seed003(10_000, jitter, seed));
-            assert!(r.delivered > none.delivered + 500, "{jitter:?} seed {seed}: {} delivered", r.delivered);
-            assert!(r.total_attempts < none.total_attempts, "{jitter:?} seed {seed}: {} attempts", r.total_attempts);
-            assert!(r.drain_seconds < none.drain_seconds, "{jitter:?} seed {seed}: drains at {}", r.drain_seconds);
+            assert!(
+                r.delivered > none.delivered + 500,
+                "{jitter:?} seed {seed}: {} delivered",
+                r.delivered
+            );
+            assert!(
+                r.total_attempts < none.total_attempts,
+                "{jitter:?} seed {seed}: {} attempts",
+                r.total_attempts
+            );
+            assert!(
+                r.drain_seconds < none.drain_seconds,
+                "{jitter:?} seed {seed}: drains at {}",
+                r.drain_seconds
+            );
             assert_eq!(r.delivered + r.dead, 10_000);
         }
     }
@@ -88,18 +117,34 @@ fn given_b2_when_jitter_is_full_then_the_gains_are_in_attempts_deliveries_and_dr
 #[test]
 fn given_an_outage_then_a_recovery_when_the_storm_runs_then_it_drains() {
     let mut c = standard(10_000, Jitter::Additive(0.1), 8);
-    c.capacity = Capacity { base_rps: 0, steps: vec![CapacityStep { from_second: 600, rps: 400 }] };
+    c.capacity = Capacity {
+        base_rps: 0,
+        steps: vec![CapacityStep {
+            from_second: 600,
+            rps: 400,
+        }],
+    };
     let r = run(&c);
     assert_eq!((r.delivered, r.dead), (10_000, 0));
-    assert!(r.series.served[..600].iter().all(|n| *n == 0), "nothing is served during the outage");
+    assert!(
+        r.series.served[..600].iter().all(|n| *n == 0),
+        "nothing is served during the outage"
+    );
     let failed_after: u64 = r.series.failed[600..].iter().sum();
     assert_eq!(failed_after, 0, "after the recovery, every retry is served");
-    assert!(r.drain_seconds > 600 && r.drain_seconds < 1_000, "drained at {}", r.drain_seconds);
+    assert!(
+        r.drain_seconds > 600 && r.drain_seconds < 1_000,
+        "drained at {}",
+        r.drain_seconds
+    );
 }
 
 #[test]
 fn given_the_same_seed_when_run_twice_then_the_results_are_identical() {
-    for c in [standard(1_000_000, Jitter::Full, 42), seed003(1_000_000, Jitter::Decorrelated, 42)] {
+    for c in [
+        standard(1_000_000, Jitter::Full, 42),
+        seed003(1_000_000, Jitter::Decorrelated, 42),
+    ] {
         let a = run(&c);
         let b = run(&c);
         assert_eq!(a, b);
@@ -119,9 +164,18 @@ fn given_shards_when_they_share_a_seed_then_they_land_together_and_independent_o
     c.shard_seeds = ShardSeeds::Independent;
     let independent = run(&c);
 
-    assert!(shared.shard_offered.windows(2).all(|w| w[0] == w[1]), "shared seed: every shard draws the same seconds");
-    assert_eq!(shared.peak_offered_rps, 4 * shared.shard_offered[0].iter().max().unwrap());
-    assert!(independent.shard_offered.windows(2).all(|w| w[0] != w[1]), "independent streams differ");
+    assert!(
+        shared.shard_offered.windows(2).all(|w| w[0] == w[1]),
+        "shared seed: every shard draws the same seconds"
+    );
+    assert_eq!(
+        shared.peak_offered_rps,
+        4 * shared.shard_offered[0].iter().max().unwrap()
+    );
+    assert!(
+        independent.shard_offered.windows(2).all(|w| w[0] != w[1]),
+        "independent streams differ"
+    );
     assert!(
         shared.peak_offered_rps > independent.peak_offered_rps,
         "shared {} vs independent {}",
@@ -142,7 +196,13 @@ fn given_any_strategy_when_the_storm_ends_then_every_delivery_is_delivered_or_de
             assert_eq!(r.total_attempts, 123_457 + offered);
             let served: u64 = r.series.served.iter().sum();
             assert_eq!(served, r.delivered);
-            assert!(r.series.offered.iter().zip(&r.series.capacity).zip(&r.series.served).all(|((o, c), s)| *s == (*o).min(*c)));
+            assert!(r
+                .series
+                .offered
+                .iter()
+                .zip(&r.series.capacity)
+                .zip(&r.series.served)
+                .all(|((o, c), s)| *s == (*o).min(*c)));
         }
     }
 }

@@ -115,7 +115,9 @@ macro_rules! __contract_tests {
 
 /// Far from any real clock, so a stray `now` in a backend shows up as a wrong answer.
 fn t0() -> DateTime<Utc> {
-    Utc.with_ymd_and_hms(2030, 6, 1, 12, 0, 0).single().expect("a valid time")
+    Utc.with_ymd_and_hms(2030, 6, 1, 12, 0, 0)
+        .single()
+        .expect("a valid time")
 }
 
 fn minutes(n: i64) -> chrono::Duration {
@@ -129,7 +131,9 @@ struct Fixture {
 
 impl Fixture {
     fn new() -> Self {
-        Self { rng: StdRng::from_os_rng() }
+        Self {
+            rng: StdRng::from_os_rng(),
+        }
     }
 
     fn tenant(&mut self) -> Tenant {
@@ -146,7 +150,10 @@ impl Fixture {
     async fn stored_tenant(&mut self, b: &dyn ContractBackend) -> Tenant {
         let t = self.tenant();
         let key = format!("hwk_{}", t.id);
-        b.store().create_tenant(&t, &crate::auth::hash_api_key(&key)).await.expect("create tenant");
+        b.store()
+            .create_tenant(&t, &crate::auth::hash_api_key(&key))
+            .await
+            .expect("create tenant");
         t
     }
 
@@ -183,7 +190,11 @@ impl Fixture {
 
     /// A fresh pending delivery of `event` to `sub`, due at once.
     fn delivery(&mut self, event: &Event, sub: &SubscriptionId) -> Delivery {
-        Delivery::new(DeliveryId::generate(event.created_at, &mut self.rng), event, sub.clone())
+        Delivery::new(
+            DeliveryId::generate(event.created_at, &mut self.rng),
+            event,
+            sub.clone(),
+        )
     }
 
     /// An event written with one delivery per subscription id.
@@ -206,7 +217,11 @@ impl Fixture {
     }
 
     fn task(&mut self) -> DeliveryTask {
-        DeliveryTask { delivery_id: DeliveryId::generate(t0(), &mut self.rng), round: 0, attempt: 1 }
+        DeliveryTask {
+            delivery_id: DeliveryId::generate(t0(), &mut self.rng),
+            round: 0,
+            attempt: 1,
+        }
     }
 }
 
@@ -239,13 +254,23 @@ fn failed(d: &Delivery, at: DateTime<Utc>, delay_minutes: i64) -> Delivery {
 }
 
 fn finished(d: &Delivery, status: DeliveryStatus, at: DateTime<Utc>) -> Delivery {
-    Delivery { status, attempts: d.attempts + 1, next_attempt_at: None, updated_at: at, ..d.clone() }
+    Delivery {
+        status,
+        attempts: d.attempts + 1,
+        next_attempt_at: None,
+        updated_at: at,
+        ..d.clone()
+    }
 }
 
 /// Apply a change that must succeed; returns the new state.
 async fn change(b: &dyn ContractBackend, from: &Delivery, next: Delivery, attempt: Option<Attempt>) -> Delivery {
     b.store()
-        .apply_change(&DeliveryChange { expected: Expected::of(from), next: next.clone(), attempt })
+        .apply_change(&DeliveryChange {
+            expected: Expected::of(from),
+            next: next.clone(),
+            attempt,
+        })
         .await
         .expect("apply change");
     next
@@ -278,11 +303,22 @@ async fn all_pages(b: &dyn ContractBackend, tenant: &TenantId, query: DeliveryQu
     let mut query = query;
     let mut items = Vec::new();
     for _ in 0..1000 {
-        let page = b.store().list_deliveries(tenant, &query).await.expect("list deliveries");
-        assert!(page.items.len() <= query.limit as usize, "a page is larger than its limit");
+        let page = b
+            .store()
+            .list_deliveries(tenant, &query)
+            .await
+            .expect("list deliveries");
+        assert!(
+            page.items.len() <= query.limit as usize,
+            "a page is larger than its limit"
+        );
         match page.next_cursor {
             Some(cursor) => {
-                assert_eq!(page.items.len(), query.limit as usize, "a page with a next cursor must be full");
+                assert_eq!(
+                    page.items.len(),
+                    query.limit as usize,
+                    "a page with a next cursor must be full"
+                );
                 items.extend(page.items);
                 query.cursor = Some(cursor);
             }
@@ -304,10 +340,19 @@ pub async fn tenants_are_found_by_id_and_by_api_key_hash(b: &dyn ContractBackend
     let hash = crate::auth::hash_api_key("hwk_contract_key_one");
     b.store().create_tenant(&tenant, &hash).await.expect("create tenant");
 
-    assert_eq!(b.store().get_tenant(&tenant.id).await.expect("get"), Some(tenant.clone()));
-    assert_eq!(b.store().tenant_by_api_key(&hash).await.expect("by key"), Some(tenant.clone()));
+    assert_eq!(
+        b.store().get_tenant(&tenant.id).await.expect("get"),
+        Some(tenant.clone())
+    );
+    assert_eq!(
+        b.store().tenant_by_api_key(&hash).await.expect("by key"),
+        Some(tenant.clone())
+    );
     let other_hash = crate::auth::hash_api_key("hwk_contract_key_two");
-    assert_eq!(b.store().tenant_by_api_key(&other_hash).await.expect("by unknown key"), None);
+    assert_eq!(
+        b.store().tenant_by_api_key(&other_hash).await.expect("by unknown key"),
+        None
+    );
     assert_eq!(b.store().get_tenant(&fx.tenant().id).await.expect("get unknown"), None);
 }
 
@@ -324,11 +369,32 @@ pub async fn subscriptions_are_listed_oldest_first_within_their_tenant(b: &dyn C
         b.store().put_subscription(s).await.expect("put");
     }
 
-    assert_eq!(b.store().list_subscriptions(&a.id).await.expect("list"), vec![s1.clone(), s2, s3]);
-    assert_eq!(b.store().list_subscriptions(&other.id).await.expect("list"), vec![theirs.clone()]);
-    assert_eq!(b.store().get_subscription(&a.id, &s1.id).await.expect("get"), Some(s1.clone()));
-    assert_eq!(b.store().get_subscription(&other.id, &s1.id).await.expect("get across tenants"), None);
-    assert_eq!(b.store().get_subscription(&a.id, &theirs.id).await.expect("get across tenants"), None);
+    assert_eq!(
+        b.store().list_subscriptions(&a.id).await.expect("list"),
+        vec![s1.clone(), s2, s3]
+    );
+    assert_eq!(
+        b.store().list_subscriptions(&other.id).await.expect("list"),
+        vec![theirs.clone()]
+    );
+    assert_eq!(
+        b.store().get_subscription(&a.id, &s1.id).await.expect("get"),
+        Some(s1.clone())
+    );
+    assert_eq!(
+        b.store()
+            .get_subscription(&other.id, &s1.id)
+            .await
+            .expect("get across tenants"),
+        None
+    );
+    assert_eq!(
+        b.store()
+            .get_subscription(&a.id, &theirs.id)
+            .await
+            .expect("get across tenants"),
+        None
+    );
 }
 
 pub async fn put_subscription_replaces_the_stored_subscription(b: &dyn ContractBackend) {
@@ -350,7 +416,10 @@ pub async fn put_subscription_replaces_the_stored_subscription(b: &dyn ContractB
     };
     b.store().put_subscription(&changed).await.expect("put again");
 
-    assert_eq!(b.store().get_subscription(&a.id, &original.id).await.expect("get"), Some(changed.clone()));
+    assert_eq!(
+        b.store().get_subscription(&a.id, &original.id).await.expect("get"),
+        Some(changed.clone())
+    );
     assert_eq!(b.store().list_subscriptions(&a.id).await.expect("list"), vec![changed]);
 }
 
@@ -361,12 +430,23 @@ pub async fn delete_subscription_reports_whether_it_deleted_and_respects_tenants
     let sub = fx.subscription(&a.id, t0());
     b.store().put_subscription(&sub).await.expect("put");
 
-    assert!(!b.store().delete_subscription(&other.id, &sub.id).await.expect("delete across tenants"));
-    assert_eq!(b.store().get_subscription(&a.id, &sub.id).await.expect("get"), Some(sub.clone()));
+    assert!(!b
+        .store()
+        .delete_subscription(&other.id, &sub.id)
+        .await
+        .expect("delete across tenants"));
+    assert_eq!(
+        b.store().get_subscription(&a.id, &sub.id).await.expect("get"),
+        Some(sub.clone())
+    );
     assert!(b.store().delete_subscription(&a.id, &sub.id).await.expect("delete"));
     assert_eq!(b.store().get_subscription(&a.id, &sub.id).await.expect("get"), None);
     assert!(b.store().list_subscriptions(&a.id).await.expect("list").is_empty());
-    assert!(!b.store().delete_subscription(&a.id, &sub.id).await.expect("delete again"));
+    assert!(!b
+        .store()
+        .delete_subscription(&a.id, &sub.id)
+        .await
+        .expect("delete again"));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -378,14 +458,24 @@ pub async fn create_event_writes_the_event_and_all_its_deliveries(b: &dyn Contra
     let subs = fx.sub_ids(3);
     let (event, deliveries) = fx.stored_event(b, &a.id, t0(), &subs).await;
 
-    assert_eq!(b.store().get_event(&a.id, &event.id).await.expect("get event"), Some(event.clone()));
-    let mut stored = b.store().event_deliveries(&a.id, &event.id).await.expect("event deliveries");
+    assert_eq!(
+        b.store().get_event(&a.id, &event.id).await.expect("get event"),
+        Some(event.clone())
+    );
+    let mut stored = b
+        .store()
+        .event_deliveries(&a.id, &event.id)
+        .await
+        .expect("event deliveries");
     stored.sort_by(|x, y| x.id.cmp(&y.id));
     let mut expected = deliveries.clone();
     expected.sort_by(|x, y| x.id.cmp(&y.id));
     assert_eq!(stored, expected);
     for d in &deliveries {
-        assert_eq!(b.store().get_delivery(&d.id).await.expect("get delivery").as_ref(), Some(d));
+        assert_eq!(
+            b.store().get_delivery(&d.id).await.expect("get delivery").as_ref(),
+            Some(d)
+        );
         assert!(b.store().attempts(&d.id).await.expect("attempts").is_empty());
     }
 }
@@ -398,7 +488,10 @@ pub async fn a_reused_idempotency_key_returns_the_first_event_and_writes_nothing
 
     let first = fx.event(&a.id, t0(), Some("order-17"));
     let first_deliveries: Vec<Delivery> = subs.iter().map(|s| fx.delivery(&first, s)).collect();
-    assert_eq!(b.store().create_event(&first, &first_deliveries).await.expect("first"), Created::New);
+    assert_eq!(
+        b.store().create_event(&first, &first_deliveries).await.expect("first"),
+        Created::New
+    );
 
     let again = fx.event(&a.id, t0() + minutes(1), Some("order-17"));
     let again_deliveries: Vec<Delivery> = subs.iter().map(|s| fx.delivery(&again, s)).collect();
@@ -408,21 +501,39 @@ pub async fn a_reused_idempotency_key_returns_the_first_event_and_writes_nothing
     );
     assert_eq!(b.store().get_event(&a.id, &again.id).await.expect("get"), None);
     for d in &again_deliveries {
-        assert_eq!(b.store().get_delivery(&d.id).await.expect("get delivery"), None, "a duplicate's delivery was written");
+        assert_eq!(
+            b.store().get_delivery(&d.id).await.expect("get delivery"),
+            None,
+            "a duplicate's delivery was written"
+        );
     }
     assert_eq!(
-        sorted(ids(&b.store().event_deliveries(&a.id, &first.id).await.expect("deliveries"))),
+        sorted(ids(&b
+            .store()
+            .event_deliveries(&a.id, &first.id)
+            .await
+            .expect("deliveries"))),
         sorted(ids(&first_deliveries))
     );
-    let listed = b.store().list_deliveries(&a.id, &DeliveryQuery::default()).await.expect("list");
+    let listed = b
+        .store()
+        .list_deliveries(&a.id, &DeliveryQuery::default())
+        .await
+        .expect("list");
     assert_eq!(sorted(ids(&listed.items)), sorted(ids(&first_deliveries)));
 
     // Keys are per tenant; events without a key never clash.
     let theirs = fx.event(&other.id, t0(), Some("order-17"));
-    assert_eq!(b.store().create_event(&theirs, &[]).await.expect("other tenant"), Created::New);
+    assert_eq!(
+        b.store().create_event(&theirs, &[]).await.expect("other tenant"),
+        Created::New
+    );
     for _ in 0..2 {
         let unkeyed = fx.event(&a.id, t0(), None);
-        assert_eq!(b.store().create_event(&unkeyed, &[]).await.expect("no key"), Created::New);
+        assert_eq!(
+            b.store().create_event(&unkeyed, &[]).await.expect("no key"),
+            Created::New
+        );
     }
 }
 
@@ -434,14 +545,38 @@ pub async fn another_tenants_ids_are_not_found(b: &dyn ContractBackend) {
     b.store().put_subscription(&sub).await.expect("put");
     let (event, deliveries) = fx.stored_event(b, &a.id, t0(), std::slice::from_ref(&sub.id)).await;
 
-    assert_eq!(b.store().get_event(&other.id, &event.id).await.expect("get event"), None);
-    assert!(b.store().event_deliveries(&other.id, &event.id).await.expect("deliveries").is_empty());
-    let page = b.store().list_deliveries(&other.id, &DeliveryQuery::default()).await.expect("list");
+    assert_eq!(
+        b.store().get_event(&other.id, &event.id).await.expect("get event"),
+        None
+    );
+    assert!(b
+        .store()
+        .event_deliveries(&other.id, &event.id)
+        .await
+        .expect("deliveries")
+        .is_empty());
+    let page = b
+        .store()
+        .list_deliveries(&other.id, &DeliveryQuery::default())
+        .await
+        .expect("list");
     assert!(page.items.is_empty() && page.next_cursor.is_none());
-    let by_sub = DeliveryQuery { subscription_id: Some(sub.id.clone()), ..Default::default() };
-    assert!(b.store().list_deliveries(&other.id, &by_sub).await.expect("list by sub").items.is_empty());
+    let by_sub = DeliveryQuery {
+        subscription_id: Some(sub.id.clone()),
+        ..Default::default()
+    };
+    assert!(b
+        .store()
+        .list_deliveries(&other.id, &by_sub)
+        .await
+        .expect("list by sub")
+        .items
+        .is_empty());
     // The owner still sees them.
-    assert_eq!(ids(&b.store().list_deliveries(&a.id, &by_sub).await.expect("list").items), ids(&deliveries));
+    assert_eq!(
+        ids(&b.store().list_deliveries(&a.id, &by_sub).await.expect("list").items),
+        ids(&deliveries)
+    );
 }
 
 pub async fn apply_change_moves_the_delivery_and_records_the_attempt(b: &dyn ContractBackend) {
@@ -455,12 +590,21 @@ pub async fn apply_change_moves_the_delivery_and_records_the_attempt(b: &dyn Con
     let mut first = attempt(d, 0, 1, 503, at);
     first.next_attempt_at = Some(at + minutes(1));
     let retrying = change(b, d, failed(d, at, 1), Some(first.clone())).await;
-    assert_eq!(b.store().get_delivery(&d.id).await.expect("get"), Some(retrying.clone()));
+    assert_eq!(
+        b.store().get_delivery(&d.id).await.expect("get"),
+        Some(retrying.clone())
+    );
     assert_eq!(b.store().attempts(&d.id).await.expect("attempts"), vec![first.clone()]);
 
     let at2 = at + minutes(1);
     let second = attempt(d, 0, 2, 200, at2);
-    let delivered = change(b, &retrying, finished(&retrying, DeliveryStatus::Delivered, at2), Some(second.clone())).await;
+    let delivered = change(
+        b,
+        &retrying,
+        finished(&retrying, DeliveryStatus::Delivered, at2),
+        Some(second.clone()),
+    )
+    .await;
     assert_eq!(b.store().get_delivery(&d.id).await.expect("get"), Some(delivered));
     assert_eq!(b.store().attempts(&d.id).await.expect("attempts"), vec![first, second]);
 }
@@ -475,15 +619,50 @@ pub async fn apply_change_with_a_stale_expectation_fails_and_writes_nothing(b: &
     let current = change(b, d, failed(d, t0(), 1), Some(first.clone())).await;
 
     let stale = [
-        ("status and attempts", Expected { status: DeliveryStatus::Pending, round: 0, attempts: 0 }),
-        ("attempts", Expected { status: DeliveryStatus::Retrying, round: 0, attempts: 0 }),
-        ("round", Expected { status: DeliveryStatus::Retrying, round: 1, attempts: 1 }),
-        ("status", Expected { status: DeliveryStatus::Dead, round: 0, attempts: 1 }),
+        (
+            "status and attempts",
+            Expected {
+                status: DeliveryStatus::Pending,
+                round: 0,
+                attempts: 0,
+            },
+        ),
+        (
+            "attempts",
+            Expected {
+                status: DeliveryStatus::Retrying,
+                round: 0,
+                attempts: 0,
+            },
+        ),
+        (
+            "round",
+            Expected {
+                status: DeliveryStatus::Retrying,
+                round: 1,
+                attempts: 1,
+            },
+        ),
+        (
+            "status",
+            Expected {
+                status: DeliveryStatus::Dead,
+                round: 0,
+                attempts: 1,
+            },
+        ),
     ];
     for (n, (what, expected)) in stale.into_iter().enumerate() {
         let next = finished(&current, DeliveryStatus::Delivered, t0() + minutes(1));
         let record = attempt(d, 0, 2 + n as u32, 200, t0() + minutes(1));
-        let result = b.store().apply_change(&DeliveryChange { expected, next, attempt: Some(record) }).await;
+        let result = b
+            .store()
+            .apply_change(&DeliveryChange {
+                expected,
+                next,
+                attempt: Some(record),
+            })
+            .await;
         assert_condition_failed(result, &format!("a stale {what}"));
     }
     assert_eq!(b.store().get_delivery(&d.id).await.expect("get"), Some(current.clone()));
@@ -493,7 +672,11 @@ pub async fn apply_change_with_a_stale_expectation_fails_and_writes_nothing(b: &
     let ghost = fx.delivery(&event, &d.subscription_id);
     let result = b
         .store()
-        .apply_change(&DeliveryChange { expected: Expected::of(&ghost), next: failed(&ghost, t0(), 1), attempt: None })
+        .apply_change(&DeliveryChange {
+            expected: Expected::of(&ghost),
+            next: failed(&ghost, t0(), 1),
+            attempt: None,
+        })
         .await;
     assert_condition_failed(result, "an unknown delivery");
     assert_eq!(b.store().get_delivery(&ghost.id).await.expect("get"), None);
@@ -533,7 +716,13 @@ pub async fn attempts_are_listed_in_the_order_they_were_made(b: &dyn ContractBac
     let r0a1 = attempt(d, 0, 1, 500, t0());
     let s = change(b, d, failed(d, t0(), 1), Some(r0a1.clone())).await;
     let r0a2 = attempt(d, 0, 2, 500, t0() + minutes(1));
-    let s = change(b, &s, finished(&s, DeliveryStatus::Dead, t0() + minutes(1)), Some(r0a2.clone())).await;
+    let s = change(
+        b,
+        &s,
+        finished(&s, DeliveryStatus::Dead, t0() + minutes(1)),
+        Some(r0a2.clone()),
+    )
+    .await;
     // Replay: a new round starts with no attempt made.
     let replayed = Delivery {
         status: DeliveryStatus::Pending,
@@ -545,9 +734,18 @@ pub async fn attempts_are_listed_in_the_order_they_were_made(b: &dyn ContractBac
     };
     let s = change(b, &s, replayed, None).await;
     let r1a1 = attempt(d, 1, 1, 200, t0() + minutes(10));
-    change(b, &s, finished(&s, DeliveryStatus::Delivered, t0() + minutes(10)), Some(r1a1.clone())).await;
+    change(
+        b,
+        &s,
+        finished(&s, DeliveryStatus::Delivered, t0() + minutes(10)),
+        Some(r1a1.clone()),
+    )
+    .await;
 
-    assert_eq!(b.store().attempts(&d.id).await.expect("attempts"), vec![r0a1, r0a2, r1a1]);
+    assert_eq!(
+        b.store().attempts(&d.id).await.expect("attempts"),
+        vec![r0a1, r0a2, r1a1]
+    );
 }
 
 pub async fn list_deliveries_pages_newest_first_without_gaps_or_repeats(b: &dyn ContractBackend) {
@@ -567,11 +765,29 @@ pub async fn list_deliveries_pages_newest_first_without_gaps_or_repeats(b: &dyn 
     let expected = newest_first(all);
 
     for limit in [1, 3, 4, 11, 20] {
-        let got = all_pages(b, &a.id, DeliveryQuery { limit, ..Default::default() }).await;
+        let got = all_pages(
+            b,
+            &a.id,
+            DeliveryQuery {
+                limit,
+                ..Default::default()
+            },
+        )
+        .await;
         assert_eq!(ids(&got), ids(&expected), "pages of {limit}");
     }
     // The last page of an exact multiple has no cursor to an empty page.
-    let whole = b.store().list_deliveries(&a.id, &DeliveryQuery { limit: 11, ..Default::default() }).await.expect("list");
+    let whole = b
+        .store()
+        .list_deliveries(
+            &a.id,
+            &DeliveryQuery {
+                limit: 11,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("list");
     assert_eq!(whole.items, expected);
     assert_eq!(whole.next_cursor, None);
 }
@@ -589,31 +805,73 @@ pub async fn list_deliveries_filters_by_status_and_subscription(b: &dyn Contract
     let mut current = Vec::new();
     for (i, d) in all.iter().enumerate() {
         if [0, 3, 4].contains(&i) {
-            current.push(change(b, d, finished(d, DeliveryStatus::Delivered, t0()), Some(attempt(d, 0, 1, 200, t0()))).await);
+            current.push(
+                change(
+                    b,
+                    d,
+                    finished(d, DeliveryStatus::Delivered, t0()),
+                    Some(attempt(d, 0, 1, 200, t0())),
+                )
+                .await,
+            );
         } else {
             current.push(d.clone());
         }
     }
     let expect = |f: &dyn Fn(&Delivery) -> bool| ids(&newest_first(current.iter().filter(|d| f(d)).cloned().collect()));
 
-    let delivered = DeliveryQuery { status: Some(DeliveryStatus::Delivered), ..Default::default() };
+    let delivered = DeliveryQuery {
+        status: Some(DeliveryStatus::Delivered),
+        ..Default::default()
+    };
     let got = b.store().list_deliveries(&a.id, &delivered).await.expect("by status");
     assert_eq!(ids(&got.items), expect(&|d| d.status == DeliveryStatus::Delivered));
     assert_eq!(got.items.len(), 3);
 
-    let first_sub = DeliveryQuery { subscription_id: Some(subs[0].clone()), ..Default::default() };
-    let got = b.store().list_deliveries(&a.id, &first_sub).await.expect("by subscription");
+    let first_sub = DeliveryQuery {
+        subscription_id: Some(subs[0].clone()),
+        ..Default::default()
+    };
+    let got = b
+        .store()
+        .list_deliveries(&a.id, &first_sub)
+        .await
+        .expect("by subscription");
     assert_eq!(ids(&got.items), expect(&|d| d.subscription_id == subs[0]));
 
-    let both = DeliveryQuery { status: Some(DeliveryStatus::Pending), subscription_id: Some(subs[1].clone()), ..Default::default() };
+    let both = DeliveryQuery {
+        status: Some(DeliveryStatus::Pending),
+        subscription_id: Some(subs[1].clone()),
+        ..Default::default()
+    };
     let got = b.store().list_deliveries(&a.id, &both).await.expect("by both");
-    assert_eq!(ids(&got.items), expect(&|d| d.status == DeliveryStatus::Pending && d.subscription_id == subs[1]));
+    assert_eq!(
+        ids(&got.items),
+        expect(&|d| d.status == DeliveryStatus::Pending && d.subscription_id == subs[1])
+    );
 
     // Filters hold across pages.
-    let paged = all_pages(b, &a.id, DeliveryQuery { limit: 2, ..delivered.clone() }).await;
+    let paged = all_pages(
+        b,
+        &a.id,
+        DeliveryQuery {
+            limit: 2,
+            ..delivered.clone()
+        },
+    )
+    .await;
     assert_eq!(ids(&paged), expect(&|d| d.status == DeliveryStatus::Delivered));
-    let none = DeliveryQuery { status: Some(DeliveryStatus::Dead), ..Default::default() };
-    assert!(b.store().list_deliveries(&a.id, &none).await.expect("none dead").items.is_empty());
+    let none = DeliveryQuery {
+        status: Some(DeliveryStatus::Dead),
+        ..Default::default()
+    };
+    assert!(b
+        .store()
+        .list_deliveries(&a.id, &none)
+        .await
+        .expect("none dead")
+        .items
+        .is_empty());
 }
 
 pub async fn list_deliveries_clamps_the_page_size(b: &dyn ContractBackend) {
@@ -622,7 +880,10 @@ pub async fn list_deliveries_clamps_the_page_size(b: &dyn ContractBackend) {
     let subs = fx.sub_ids(120);
     fx.stored_event(b, &a.id, t0(), &subs).await;
 
-    let page = |limit| DeliveryQuery { limit, ..Default::default() };
+    let page = |limit| DeliveryQuery {
+        limit,
+        ..Default::default()
+    };
     let default = b.store().list_deliveries(&a.id, &page(0)).await.expect("limit 0");
     assert_eq!(default.items.len(), 50, "limit 0 means the default of 50");
     assert!(default.next_cursor.is_some());
@@ -631,12 +892,27 @@ pub async fn list_deliveries_clamps_the_page_size(b: &dyn ContractBackend) {
     assert!(capped.next_cursor.is_some());
     let rest = b
         .store()
-        .list_deliveries(&a.id, &DeliveryQuery { limit: 1000, cursor: capped.next_cursor, ..Default::default() })
+        .list_deliveries(
+            &a.id,
+            &DeliveryQuery {
+                limit: 1000,
+                cursor: capped.next_cursor,
+                ..Default::default()
+            },
+        )
         .await
         .expect("the rest");
     assert_eq!(rest.items.len(), 20);
     assert_eq!(rest.next_cursor, None);
-    assert_eq!(b.store().list_deliveries(&a.id, &page(1)).await.expect("limit 1").items.len(), 1);
+    assert_eq!(
+        b.store()
+            .list_deliveries(&a.id, &page(1))
+            .await
+            .expect("limit 1")
+            .items
+            .len(),
+        1
+    );
 }
 
 pub async fn a_cursor_the_store_did_not_hand_out_is_refused(b: &dyn ContractBackend) {
@@ -644,7 +920,11 @@ pub async fn a_cursor_the_store_did_not_hand_out_is_refused(b: &dyn ContractBack
     let a = fx.stored_tenant(b).await;
     let subs = fx.sub_ids(3);
     fx.stored_event(b, &a.id, t0(), &subs).await;
-    let page = |cursor: &str| DeliveryQuery { limit: 2, cursor: Some(cursor.to_owned()), ..Default::default() };
+    let page = |cursor: &str| DeliveryQuery {
+        limit: 2,
+        cursor: Some(cursor.to_owned()),
+        ..Default::default()
+    };
     for garbage in ["nonsense", "12.x", "2030-06-01#x", "%00"] {
         match b.store().list_deliveries(&a.id, &page(garbage)).await {
             Err(PortError::InvalidCursor(c)) => assert_eq!(c, garbage),
@@ -652,9 +932,27 @@ pub async fn a_cursor_the_store_did_not_hand_out_is_refused(b: &dyn ContractBack
         }
     }
     // The one it did hand out still works.
-    let first = b.store().list_deliveries(&a.id, &DeliveryQuery { limit: 2, ..Default::default() }).await.expect("page 1");
+    let first = b
+        .store()
+        .list_deliveries(
+            &a.id,
+            &DeliveryQuery {
+                limit: 2,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("page 1");
     let next = first.next_cursor.expect("a second page");
-    assert_eq!(b.store().list_deliveries(&a.id, &page(&next)).await.expect("page 2").items.len(), 1);
+    assert_eq!(
+        b.store()
+            .list_deliveries(&a.id, &page(&next))
+            .await
+            .expect("page 2")
+            .items
+            .len(),
+        1
+    );
 }
 
 pub async fn overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the_time(b: &dyn ContractBackend) {
@@ -663,29 +961,61 @@ pub async fn overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the
     let cut = t0() + chrono::Duration::hours(1);
     let subs = fx.sub_ids(6);
     let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
-    let with_due = |d: &Delivery, due: DateTime<Utc>| Delivery { next_attempt_at: Some(due), ..d.clone() };
+    let with_due = |d: &Delivery, due: DateTime<Utc>| Delivery {
+        next_attempt_at: Some(due),
+        ..d.clone()
+    };
 
     // Pending, due before the cut.
     let pending_due = change(b, &ds[0], with_due(&ds[0], cut - minutes(10)), None).await;
     // Retrying, due before the cut.
     let retrying = failed(&ds[1], t0(), 1);
-    let retrying_due =
-        change(b, &ds[1], with_due(&retrying, cut - minutes(5)), Some(attempt(&ds[1], 0, 1, 500, t0()))).await;
+    let retrying_due = change(
+        b,
+        &ds[1],
+        with_due(&retrying, cut - minutes(5)),
+        Some(attempt(&ds[1], 0, 1, 500, t0())),
+    )
+    .await;
     // Pending, due exactly at the cut and after it: not yet.
     change(b, &ds[2], with_due(&ds[2], cut), None).await;
     change(b, &ds[3], with_due(&ds[3], cut + minutes(1)), None).await;
     // Delivered and dead: never overdue, whatever their time says.
     let delivered = finished(&ds[4], DeliveryStatus::Delivered, t0());
-    change(b, &ds[4], with_due(&delivered, cut - minutes(30)), Some(attempt(&ds[4], 0, 1, 200, t0()))).await;
+    change(
+        b,
+        &ds[4],
+        with_due(&delivered, cut - minutes(30)),
+        Some(attempt(&ds[4], 0, 1, 200, t0())),
+    )
+    .await;
     let dead = finished(&ds[5], DeliveryStatus::Dead, t0());
-    change(b, &ds[5], with_due(&dead, cut - minutes(30)), Some(attempt(&ds[5], 0, 1, 500, t0()))).await;
+    change(
+        b,
+        &ds[5],
+        with_due(&dead, cut - minutes(30)),
+        Some(attempt(&ds[5], 0, 1, 500, t0())),
+    )
+    .await;
 
     let mine = |list: Vec<Delivery>| -> Vec<Delivery> { list.into_iter().filter(|d| d.tenant_id == a.id).collect() };
     let overdue = mine(b.store().overdue_deliveries(cut, 100).await.expect("overdue"));
-    assert_eq!(sorted(ids(&overdue)), sorted(vec![pending_due.id.clone(), retrying_due.id.clone()]));
-    assert!(overdue.contains(&pending_due) && overdue.contains(&retrying_due), "overdue deliveries come back whole");
+    assert_eq!(
+        sorted(ids(&overdue)),
+        sorted(vec![pending_due.id.clone(), retrying_due.id.clone()])
+    );
+    assert!(
+        overdue.contains(&pending_due) && overdue.contains(&retrying_due),
+        "overdue deliveries come back whole"
+    );
     assert_eq!(b.store().overdue_deliveries(cut, 1).await.expect("limit 1").len(), 1);
-    assert!(mine(b.store().overdue_deliveries(t0() - minutes(1), 100).await.expect("none yet")).is_empty());
+    assert!(mine(
+        b.store()
+            .overdue_deliveries(t0() - minutes(1), 100)
+            .await
+            .expect("none yet")
+    )
+    .is_empty());
 }
 
 pub async fn a_dead_notice_is_claimed_once_per_round(b: &dyn ContractBackend) {
@@ -697,25 +1027,48 @@ pub async fn a_dead_notice_is_claimed_once_per_round(b: &dyn ContractBackend) {
     assert!(b.store().claim_dead_notice(&ds[0].id, 0).await.expect("first claim"));
     assert!(!b.store().claim_dead_notice(&ds[0].id, 0).await.expect("second claim"));
     assert!(b.store().claim_dead_notice(&ds[0].id, 1).await.expect("next round"));
-    assert!(!b.store().claim_dead_notice(&ds[0].id, 1).await.expect("next round again"));
-    assert!(b.store().claim_dead_notice(&ds[1].id, 0).await.expect("another delivery"));
+    assert!(!b
+        .store()
+        .claim_dead_notice(&ds[0].id, 1)
+        .await
+        .expect("next round again"));
+    assert!(b
+        .store()
+        .claim_dead_notice(&ds[1].id, 0)
+        .await
+        .expect("another delivery"));
 }
 
 pub async fn endpoint_health_starts_empty_and_round_trips(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let sub = fx.sub_ids(1).remove(0);
-    assert_eq!(b.store().endpoint_health(&sub).await.expect("no history"), EndpointHealth::default());
+    assert_eq!(
+        b.store().endpoint_health(&sub).await.expect("no history"),
+        EndpointHealth::default()
+    );
 
     let mut health = EndpointHealth::default();
-    health.record(HealthSample { at: t0() + chrono::Duration::nanoseconds(123_456_789), success: true });
-    health.record(HealthSample { at: t0() + minutes(1), success: false });
+    health.record(HealthSample {
+        at: t0() + chrono::Duration::nanoseconds(123_456_789),
+        success: true,
+    });
+    health.record(HealthSample {
+        at: t0() + minutes(1),
+        success: false,
+    });
     b.store().save_endpoint_health(&sub, &health).await.expect("save");
     assert_eq!(b.store().endpoint_health(&sub).await.expect("read"), health);
 
-    health.record(HealthSample { at: t0() + minutes(2), success: true });
+    health.record(HealthSample {
+        at: t0() + minutes(2),
+        success: true,
+    });
     b.store().save_endpoint_health(&sub, &health).await.expect("save again");
     assert_eq!(b.store().endpoint_health(&sub).await.expect("read again"), health);
-    assert_eq!(b.store().endpoint_health(&fx.sub_ids(1)[0]).await.expect("another"), EndpointHealth::default());
+    assert_eq!(
+        b.store().endpoint_health(&fx.sub_ids(1)[0]).await.expect("another"),
+        EndpointHealth::default()
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -732,15 +1085,25 @@ pub async fn tasks_enqueued_without_delay_are_visible_at_once(b: &dyn ContractBa
     let mut expected = tasks;
     expected.sort_by(|x, y| x.delivery_id.cmp(&y.delivery_id));
     assert_eq!(got, expected);
-    assert!(b.take_visible().await.expect("take again").is_empty(), "taken messages are gone");
+    assert!(
+        b.take_visible().await.expect("take again").is_empty(),
+        "taken messages are gone"
+    );
     b.queue().enqueue(&[]).await.expect("an empty batch is fine");
 }
 
 pub async fn a_delayed_task_stays_hidden_until_its_delay_has_passed(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let now = fx.task();
-    let later = DeliveryTask { round: 2, attempt: 3, ..fx.task() };
-    b.queue().enqueue(&[(now.clone(), 0), (later.clone(), 2)]).await.expect("enqueue");
+    let later = DeliveryTask {
+        round: 2,
+        attempt: 3,
+        ..fx.task()
+    };
+    b.queue()
+        .enqueue(&[(now.clone(), 0), (later.clone(), 2)])
+        .await
+        .expect("enqueue");
 
     assert_eq!(b.take_visible().await.expect("take"), vec![now]);
     b.advance(Duration::from_secs(3)).await;
@@ -753,11 +1116,20 @@ pub async fn the_queue_accepts_its_max_delay_and_refuses_longer(b: &dyn Contract
     assert!((1..=900).contains(&max), "max delay {max} s: SQS allows at most 900");
 
     let at_max = fx.task();
-    b.queue().enqueue(&[(at_max.clone(), max)]).await.expect("a delay of exactly the max");
+    b.queue()
+        .enqueue(&[(at_max.clone(), max)])
+        .await
+        .expect("a delay of exactly the max");
     let too_long = fx.task();
-    assert!(b.queue().enqueue(&[(too_long.clone(), max + 1)]).await.is_err(), "a delay over the max is refused");
+    assert!(
+        b.queue().enqueue(&[(too_long.clone(), max + 1)]).await.is_err(),
+        "a delay over the max is refused"
+    );
     let visible = b.take_visible().await.expect("take");
-    assert!(!visible.contains(&at_max), "a task at the max delay is not visible at once");
+    assert!(
+        !visible.contains(&at_max),
+        "a task at the max delay is not visible at once"
+    );
     assert!(!visible.contains(&too_long), "a refused task was enqueued");
 }
 
@@ -793,13 +1165,21 @@ pub async fn scheduled_items_come_due_earliest_first(b: &dyn ContractBackend) {
         b.scheduler().schedule(item).await.expect("schedule");
     }
 
-    assert!(b.scheduler().due(t0() + minutes(5), 10).await.expect("none yet").is_empty());
+    assert!(b
+        .scheduler()
+        .due(t0() + minutes(5), 10)
+        .await
+        .expect("none yet")
+        .is_empty());
     assert_eq!(
         b.scheduler().due(t0() + minutes(30), 10).await.expect("due"),
         vec![first.clone(), second.clone(), third.clone()],
         "due at or before `until`, earliest first"
     );
-    assert_eq!(b.scheduler().due(t0() + minutes(30), 2).await.expect("limited"), vec![first, second]);
+    assert_eq!(
+        b.scheduler().due(t0() + minutes(30), 2).await.expect("limited"),
+        vec![first, second]
+    );
 }
 
 pub async fn removed_scheduled_items_are_no_longer_due(b: &dyn ContractBackend) {
@@ -812,7 +1192,10 @@ pub async fn removed_scheduled_items_are_no_longer_due(b: &dyn ContractBackend) 
 
     b.scheduler().remove(std::slice::from_ref(&one)).await.expect("remove");
     assert_eq!(b.scheduler().due(until, 10).await.expect("due"), vec![two.clone()]);
-    b.scheduler().remove(std::slice::from_ref(&one)).await.expect("removing twice is fine");
+    b.scheduler()
+        .remove(std::slice::from_ref(&one))
+        .await
+        .expect("removing twice is fine");
     b.scheduler().remove(&[two]).await.expect("remove the other");
     assert!(b.scheduler().due(until, 10).await.expect("due").is_empty());
 }

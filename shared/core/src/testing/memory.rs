@@ -62,10 +62,19 @@ impl Store for MemoryStore {
         Ok(())
     }
     async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>> {
-        Ok(lock(&self.data).subscriptions.iter().find(|s| &s.id == id && &s.tenant_id == tenant).cloned())
+        Ok(lock(&self.data)
+            .subscriptions
+            .iter()
+            .find(|s| &s.id == id && &s.tenant_id == tenant)
+            .cloned())
     }
     async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
-        let mut subs: Vec<_> = lock(&self.data).subscriptions.iter().filter(|s| &s.tenant_id == tenant).cloned().collect();
+        let mut subs: Vec<_> = lock(&self.data)
+            .subscriptions
+            .iter()
+            .filter(|s| &s.tenant_id == tenant)
+            .cloned()
+            .collect();
         subs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(subs)
     }
@@ -78,7 +87,11 @@ impl Store for MemoryStore {
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
         let mut d = lock(&self.data);
         if let Some(key) = &event.idempotency_key {
-            if let Some(e) = d.events.iter().find(|e| e.tenant_id == event.tenant_id && e.idempotency_key.as_ref() == Some(key)) {
+            if let Some(e) = d
+                .events
+                .iter()
+                .find(|e| e.tenant_id == event.tenant_id && e.idempotency_key.as_ref() == Some(key))
+            {
                 return Ok(Created::Existing(e.id.clone()));
             }
         }
@@ -87,10 +100,19 @@ impl Store for MemoryStore {
         Ok(Created::New)
     }
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {
-        Ok(lock(&self.data).events.iter().find(|e| &e.id == id && &e.tenant_id == tenant).cloned())
+        Ok(lock(&self.data)
+            .events
+            .iter()
+            .find(|e| &e.id == id && &e.tenant_id == tenant)
+            .cloned())
     }
     async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>> {
-        Ok(lock(&self.data).deliveries.iter().filter(|d| &d.event_id == event && &d.tenant_id == tenant).cloned().collect())
+        Ok(lock(&self.data)
+            .deliveries
+            .iter()
+            .filter(|d| &d.event_id == event && &d.tenant_id == tenant)
+            .cloned()
+            .collect())
     }
     async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>> {
         Ok(lock(&self.data).deliveries.iter().find(|d| &d.id == id).cloned())
@@ -125,7 +147,10 @@ impl Store for MemoryStore {
             return Err(PortError::ConditionFailed("delivery changed".into()));
         }
         if let Some(a) = &change.attempt {
-            if d.attempts.iter().any(|x| x.delivery_id == a.delivery_id && x.round == a.round && x.attempt == a.attempt) {
+            if d.attempts
+                .iter()
+                .any(|x| x.delivery_id == a.delivery_id && x.round == a.round && x.attempt == a.attempt)
+            {
                 return Err(PortError::ConditionFailed("attempt already recorded".into()));
             }
             d.attempts.push(a.clone());
@@ -134,7 +159,12 @@ impl Store for MemoryStore {
         Ok(())
     }
     async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>> {
-        Ok(lock(&self.data).attempts.iter().filter(|a| &a.delivery_id == delivery).cloned().collect())
+        Ok(lock(&self.data)
+            .attempts
+            .iter()
+            .filter(|a| &a.delivery_id == delivery)
+            .cloned()
+            .collect())
     }
     async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>> {
         Ok(lock(&self.data)
@@ -170,7 +200,13 @@ pub struct MemoryQueue {
 
 impl MemoryQueue {
     pub fn new(clock: Arc<ManualClock>, max_delay: u32) -> Self {
-        Self { clock, max_delay, ready: Mutex::default(), dead: Mutex::default(), log: Mutex::default() }
+        Self {
+            clock,
+            max_delay,
+            ready: Mutex::default(),
+            dead: Mutex::default(),
+            log: Mutex::default(),
+        }
     }
 
     /// Remove and return the messages visible now.
@@ -198,7 +234,10 @@ impl DeliveryQueue for MemoryQueue {
     }
     async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()> {
         if let Some((_, delay)) = tasks.iter().find(|(_, d)| *d > self.max_delay) {
-            return Err(PortError::permanent("enqueue", format!("a delay of {delay} s exceeds the queue's limit of {} s", self.max_delay)));
+            return Err(PortError::permanent(
+                "enqueue",
+                format!("a delay of {delay} s exceeds the queue's limit of {} s", self.max_delay),
+            ));
         }
         let now = self.clock.now();
         for (task, delay) in tasks {
@@ -258,7 +297,10 @@ pub struct ScriptedSender {
 
 impl ScriptedSender {
     pub fn new(script: impl Fn(&str, usize) -> SendOutcome + Send + Sync + 'static) -> Self {
-        Self { script: Box::new(script), requests: Mutex::default() }
+        Self {
+            script: Box::new(script),
+            requests: Mutex::default(),
+        }
     }
 
     /// Every URL answers `status`.
@@ -268,7 +310,13 @@ impl ScriptedSender {
 }
 
 pub fn status_outcome(status: u16) -> SendOutcome {
-    SendOutcome { status_code: Some(status), error: None, response_excerpt: Some(String::new()), duration_ms: 5, retry_after: None }
+    SendOutcome {
+        status_code: Some(status),
+        error: None,
+        response_excerpt: Some(String::new()),
+        duration_ms: 5,
+        retry_after: None,
+    }
 }
 
 #[async_trait]
@@ -339,12 +387,23 @@ impl Harness {
             clock: clock.clone(),
         };
         let services = Services::new(ports, config, rand::rngs::StdRng::seed_from_u64(42));
-        Self { services, store, queue, scheduler, mailer, sender, clock }
+        Self {
+            services,
+            store,
+            queue,
+            scheduler,
+            mailer,
+            sender,
+            clock,
+        }
     }
 
     /// A tenant and its API key.
     pub async fn tenant(&self, owner: &str) -> (Tenant, String) {
-        self.services.create_tenant("test", Email::parse(owner).expect("a valid email")).await.expect("tenant created")
+        self.services
+            .create_tenant("test", Email::parse(owner).expect("a valid email"))
+            .await
+            .expect("tenant created")
     }
 
     /// Run every worker until nothing is due now: deliveries, then the dead-letter handler.
@@ -362,7 +421,10 @@ impl Harness {
             for r in self.services.deliver_batch(&tasks).await {
                 r.expect("delivery handled");
             }
-            self.services.handle_dead_letters(&dead).await.expect("dead letters handled");
+            self.services
+                .handle_dead_letters(&dead)
+                .await
+                .expect("dead letters handled");
         }
     }
 

@@ -16,11 +16,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    pub fn new(
-        status: StatusCode,
-        code: impl Into<Cow<'static, str>>,
-        message: impl Into<String>,
-    ) -> Self {
+    pub fn new(status: StatusCode, code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         Self {
             status,
             code: code.into(),
@@ -48,10 +44,7 @@ impl ApiError {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
-            format!(
-                "the request body is larger than {} KB",
-                super::MAX_BODY_BYTES / 1024
-            ),
+            format!("the request body is larger than {} KB", super::MAX_BODY_BYTES / 1024),
         )
     }
 }
@@ -125,8 +118,7 @@ mod tests {
 
     #[test]
     fn given_core_errors_then_each_gets_its_status_and_code() {
-        let (s, code, msg) =
-            mapped(ValidationError::new("invalid_url", "`x` is not a valid endpoint URL").into());
+        let (s, code, msg) = mapped(ValidationError::new("invalid_url", "`x` is not a valid endpoint URL").into());
         assert_eq!(
             (s, code.as_str(), msg.as_str()),
             (
@@ -138,10 +130,7 @@ mod tests {
         let (s, code, msg) = mapped(Error::not_found("event", "evt_1"));
         assert_eq!((s, code.as_str()), (StatusCode::NOT_FOUND, "not_found"));
         assert!(msg.contains("evt_1"));
-        assert_eq!(
-            mapped(Error::conflict("only dead deliveries")).0,
-            StatusCode::CONFLICT
-        );
+        assert_eq!(mapped(Error::conflict("only dead deliveries")).0, StatusCode::CONFLICT);
         assert_eq!(mapped(Error::Unauthorized).0, StatusCode::UNAUTHORIZED);
         assert_eq!(
             mapped(PortError::ConditionFailed("moved".into()).into()).0,
@@ -152,20 +141,10 @@ mod tests {
     #[test]
     fn given_port_failures_then_retryable_is_503_and_permanent_is_500_without_details() {
         let (s, code, _) = mapped(PortError::retryable("dynamodb", "throttled").into());
-        assert_eq!(
-            (s, code.as_str()),
-            (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
-        );
-        let (s, code, msg) =
-            mapped(PortError::permanent("sqlite", "disk image is malformed at /var/lib/x").into());
-        assert_eq!(
-            (s, code.as_str()),
-            (StatusCode::INTERNAL_SERVER_ERROR, "internal")
-        );
-        assert!(
-            !msg.contains("/var/lib"),
-            "internals stay in the log: {msg}"
-        );
+        assert_eq!((s, code.as_str()), (StatusCode::SERVICE_UNAVAILABLE, "unavailable"));
+        let (s, code, msg) = mapped(PortError::permanent("sqlite", "disk image is malformed at /var/lib/x").into());
+        assert_eq!((s, code.as_str()), (StatusCode::INTERNAL_SERVER_ERROR, "internal"));
+        assert!(!msg.contains("/var/lib"), "internals stay in the log: {msg}");
     }
 
     #[tokio::test]
@@ -173,9 +152,7 @@ mod tests {
         let resp = ApiError::from(Error::Unauthorized).into_response();
         assert_eq!(resp.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(resp.headers()[header::WWW_AUTHENTICATE], "Bearer");
-        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
-            .await
-            .unwrap();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
         let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
         assert_eq!(
             body,

@@ -29,15 +29,11 @@ where
             .headers
             .get(AUTHORIZATION)
             .ok_or_else(|| ApiError::unauthorized(format!("no API key: {how}")))?;
-        let value = header.to_str().map_err(|_| {
-            ApiError::unauthorized(format!("unreadable Authorization header: {how}"))
-        })?;
+        let value = header
+            .to_str()
+            .map_err(|_| ApiError::unauthorized(format!("unreadable Authorization header: {how}")))?;
         let key = match value.trim().split_once(' ') {
-            Some((scheme, key))
-                if scheme.eq_ignore_ascii_case("bearer") && !key.trim().is_empty() =>
-            {
-                key.trim()
-            }
+            Some((scheme, key)) if scheme.eq_ignore_ascii_case("bearer") && !key.trim().is_empty() => key.trim(),
             _ => {
                 return Err(ApiError::unauthorized(format!(
                     "the Authorization header is not a bearer token: {how}"
@@ -47,9 +43,7 @@ where
         let state = ApiState::from_ref(state);
         match state.services.authenticate(key).await {
             Ok(tenant) => Ok(Self(tenant)),
-            Err(hookwise_core::Error::Unauthorized) => {
-                Err(ApiError::unauthorized("unknown API key"))
-            }
+            Err(hookwise_core::Error::Unauthorized) => Err(ApiError::unauthorized("unknown API key")),
             Err(e) => Err(e.into()),
         }
     }
@@ -78,9 +72,7 @@ where
                 ));
             }
         }
-        let bytes = Bytes::from_request(req, state)
-            .await
-            .map_err(body_rejection)?;
+        let bytes = Bytes::from_request(req, state).await.map_err(body_rejection)?;
         parse_json(&bytes).map(Self)
     }
 }
@@ -101,12 +93,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             "the request body is empty: send a JSON object",
         ));
     }
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::bad_request(
-            "malformed_json",
-            format!("the request body is not valid JSON: {e}"),
-        )
-    })?;
+    let value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request("malformed_json", format!("the request body is not valid JSON: {e}")))?;
     let mut value = value;
     let Some(fields) = value.as_object_mut() else {
         return Err(ApiError::unprocessable(
@@ -199,10 +187,7 @@ where
 }
 
 /// An id from the path. One that is not even well-formed names nothing: 404.
-pub fn path_id<T>(
-    raw: &str,
-    parse: fn(&str) -> Result<T, hookwise_core::ValidationError>,
-) -> Result<T, ApiError> {
+pub fn path_id<T>(raw: &str, parse: fn(&str) -> Result<T, hookwise_core::ValidationError>) -> Result<T, ApiError> {
     parse(raw).map_err(|e| ApiError::not_found(e.message))
 }
 
@@ -234,9 +219,10 @@ mod tests {
     }
 
     #[test]
-    fn given_whole_numbers_written_as_floats_then_they_parse_as_integers_but_the_payload_is_untouched(
-    ) {
-        let b: Body = parse_json(br#"{"timeout_ms": 5000.0, "delays": [1.0, 2], "offset": -3.0, "payload": {"amount": 1.0}}"#).unwrap();
+    fn given_whole_numbers_written_as_floats_then_they_parse_as_integers_but_the_payload_is_untouched() {
+        let b: Body =
+            parse_json(br#"{"timeout_ms": 5000.0, "delays": [1.0, 2], "offset": -3.0, "payload": {"amount": 1.0}}"#)
+                .unwrap();
         assert_eq!((b.timeout_ms, b.delays, b.offset), (5000, vec![1, 2], -3));
         assert_eq!(b.payload, json!({"amount": 1.0}));
         assert!(b.payload["amount"].is_f64());
@@ -244,10 +230,8 @@ mod tests {
 
     #[test]
     fn given_a_fraction_then_it_is_still_refused_for_an_integer_field() {
-        let err = parse_json::<Body>(
-            br#"{"timeout_ms": 5000.5, "delays": [], "offset": 0, "payload": {}}"#,
-        )
-        .unwrap_err();
+        let err =
+            parse_json::<Body>(br#"{"timeout_ms": 5000.5, "delays": [], "offset": 0, "payload": {}}"#).unwrap_err();
         assert_eq!(err.status, StatusCode::UNPROCESSABLE_ENTITY);
         assert!(err.message.contains("timeout_ms"), "{}", err.message);
     }

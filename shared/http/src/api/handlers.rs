@@ -39,10 +39,7 @@ pub async fn create_subscription(
     ApiJson(new): ApiJson<NewSubscription>,
 ) -> ApiResult<(StatusCode, Json<SubscriptionView>)> {
     let sub = s.services.create_subscription(&tenant, new).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(SubscriptionView::with_secret(sub)),
-    ))
+    Ok((StatusCode::CREATED, Json(SubscriptionView::with_secret(sub))))
 }
 
 pub async fn list_subscriptions(
@@ -71,9 +68,7 @@ pub async fn get_subscription(
     PathId(id): PathId,
 ) -> ApiResult<Json<SubscriptionSummary>> {
     let id = path_id(&id, SubscriptionId::parse)?;
-    Ok(Json(
-        s.services.subscription_overview(&tenant, &id).await?.into(),
-    ))
+    Ok(Json(s.services.subscription_overview(&tenant, &id).await?.into()))
 }
 
 pub async fn update_subscription(
@@ -151,10 +146,7 @@ pub async fn ingest_event(
     let key = match headers.get(IDEMPOTENCY_KEY) {
         None => None,
         Some(v) => Some(v.to_str().map(str::to_owned).map_err(|_| {
-            ApiError::unprocessable(
-                "invalid_idempotency_key",
-                "Idempotency-Key must be visible ASCII",
-            )
+            ApiError::unprocessable("invalid_idempotency_key", "Idempotency-Key must be visible ASCII")
         })?),
     };
     let ingested = s.services.ingest(&tenant, new, key).await?;
@@ -193,11 +185,7 @@ pub async fn get_event(
         payload: found.event.payload,
         idempotency_key: found.event.idempotency_key,
         created_at: found.event.created_at,
-        deliveries: found
-            .deliveries
-            .into_iter()
-            .map(DeliveryView::from)
-            .collect(),
+        deliveries: found.deliveries.into_iter().map(DeliveryView::from).collect(),
     }))
 }
 
@@ -207,14 +195,10 @@ pub async fn replay_event(
     PathId(id): PathId,
 ) -> ApiResult<(StatusCode, Json<Replayed>)> {
     let id = path_id(&id, EventId::parse)?;
-    Ok(replayed_response(
-        s.services.replay_event(&tenant, &id).await?,
-    ))
+    Ok(replayed_response(s.services.replay_event(&tenant, &id).await?))
 }
 
-fn replayed_response(
-    replayed: Vec<hookwise_core::model::Delivery>,
-) -> (StatusCode, Json<Replayed>) {
+fn replayed_response(replayed: Vec<hookwise_core::model::Delivery>) -> (StatusCode, Json<Replayed>) {
     (
         StatusCode::ACCEPTED,
         Json(Replayed {
@@ -245,10 +229,7 @@ impl DeliveryListParams {
                 .ok_or_else(|| {
                     ApiError::unprocessable(
                         "invalid_limit",
-                        format!(
-                            "limit must be an integer from 1 to {} (got `{l}`)",
-                            Services::MAX_PAGE
-                        ),
+                        format!("limit must be an integer from 1 to {} (got `{l}`)", Services::MAX_PAGE),
                     )
                 })?,
         };

@@ -82,10 +82,7 @@ impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary
         Self {
             subscription: SubscriptionView::public(o.subscription),
             // A score is a finite fraction; anything else would not be valid JSON.
-            health: o
-                .health
-                .filter(|h| h.is_finite())
-                .map(|h| h.clamp(0.0, 1.0)),
+            health: o.health.filter(|h| h.is_finite()).map(|h| h.clamp(0.0, 1.0)),
             counts: DeliveryCounts {
                 pending,
                 retrying,

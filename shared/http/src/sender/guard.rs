@@ -168,16 +168,11 @@ mod tests {
 
     #[test]
     fn given_a_blocked_address_then_the_error_names_the_address_and_why() {
-        let err = SsrfGuard::default()
-            .check(ip("169.254.169.254"))
-            .unwrap_err();
+        let err = SsrfGuard::default().check(ip("169.254.169.254")).unwrap_err();
         assert_eq!(err.reason, "link-local");
         assert!(err.to_string().contains("169.254.169.254"), "{err}");
         assert_eq!(
-            SsrfGuard::default()
-                .check(ip("10.0.0.1"))
-                .unwrap_err()
-                .reason,
+            SsrfGuard::default().check(ip("10.0.0.1")).unwrap_err().reason,
             "private"
         );
     }

@@ -55,9 +55,7 @@ impl HttpSender {
     pub fn new(config: SenderConfig) -> Result<Self, reqwest::Error> {
         let guard = Arc::new(SsrfGuard::new(config.allow_cidrs));
         let client = reqwest::Client::builder()
-            .dns_resolver(Arc::new(GuardedResolver {
-                guard: guard.clone(),
-            }))
+            .dns_resolver(Arc::new(GuardedResolver { guard: guard.clone() }))
             // A proxy would resolve the name itself, out of the guard's sight.
             .no_proxy()
             .redirect(reqwest::redirect::Policy::none())
@@ -107,9 +105,7 @@ impl HttpSender {
         let mut body = Vec::new();
         while body.len() < EXCERPT_LIMIT {
             match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    body.extend_from_slice(&chunk[..chunk.len().min(EXCERPT_LIMIT - body.len())])
-                }
+                Ok(Some(chunk)) => body.extend_from_slice(&chunk[..chunk.len().min(EXCERPT_LIMIT - body.len())]),
                 Ok(None) | Err(_) => break,
             }
         }
@@ -164,10 +160,8 @@ fn ip_literal(host: &str) -> Option<IpAddr> {
 fn header_map(headers: &[(String, String)]) -> Result<HeaderMap, String> {
     let mut map = HeaderMap::with_capacity(headers.len());
     for (name, value) in headers {
-        let n = HeaderName::from_bytes(name.as_bytes())
-            .map_err(|_| format!("invalid header name `{name}`"))?;
-        let v = HeaderValue::from_str(value)
-            .map_err(|_| format!("invalid value for header `{name}`"))?;
+        let n = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("invalid header name `{name}`"))?;
+        let v = HeaderValue::from_str(value).map_err(|_| format!("invalid value for header `{name}`"))?;
         map.append(n, v);
     }
     Ok(map)
@@ -217,8 +211,7 @@ impl reqwest::dns::Resolve for GuardedResolver {
         let guard = self.guard.clone();
         let host = name.as_str().to_owned();
         Box::pin(async move {
-            let resolved: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let resolved: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
             let mut refused = None;
             let allowed: Vec<SocketAddr> = resolved
                 .into_iter()

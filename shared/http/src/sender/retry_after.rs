@@ -11,11 +11,7 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Seconds> {
         return Some(secs as Seconds);
     }
     let at = httpdate::parse_http_date(value).ok()?;
-    Some(
-        at.duration_since(now)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0),
-    )
+    Some(at.duration_since(now).map(|d| d.as_secs_f64()).unwrap_or(0.0))
 }
 
 #[cfg(test)]
@@ -32,24 +28,12 @@ mod tests {
     #[test]
     fn given_an_http_date_then_the_wait_is_the_time_until_it() {
         let now = httpdate::parse_http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
-        assert_eq!(
-            parse_retry_after("Sun, 06 Nov 1994 08:51:37 GMT", now),
-            Some(120.0)
-        );
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:51:37 GMT", now), Some(120.0));
         // The obsolete formats a server may still send.
+        assert_eq!(parse_retry_after("Sunday, 06-Nov-94 08:50:37 GMT", now), Some(60.0));
+        assert_eq!(parse_retry_after("Sun, 06 Nov 1994 08:40:00 GMT", now), Some(0.0));
         assert_eq!(
-            parse_retry_after("Sunday, 06-Nov-94 08:50:37 GMT", now),
-            Some(60.0)
-        );
-        assert_eq!(
-            parse_retry_after("Sun, 06 Nov 1994 08:40:00 GMT", now),
-            Some(0.0)
-        );
-        assert_eq!(
-            parse_retry_after(
-                "Sun, 06 Nov 1994 08:49:37 GMT",
-                now + Duration::from_secs(5)
-            ),
+            parse_retry_after("Sun, 06 Nov 1994 08:49:37 GMT", now + Duration::from_secs(5)),
             Some(0.0)
         );
     }

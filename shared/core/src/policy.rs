@@ -51,23 +51,24 @@ impl Jitter {
             p.parse::<f64>()
                 .map_err(|_| ValidationError::new("invalid_jitter", format!("`{p}` is not a number")))
         };
-        let j =
-            match s {
-                "none" => Jitter::None,
-                "full" => Jitter::Full,
-                "equal" => Jitter::Equal,
-                "decorrelated" => Jitter::Decorrelated,
-                _ => match s.split_once(':') {
-                    Some(("proportional", p)) => Jitter::Proportional(fraction(p)?),
-                    Some(("additive", p)) => Jitter::Additive(fraction(p)?),
-                    _ => return Err(ValidationError::new(
+        let j = match s {
+            "none" => Jitter::None,
+            "full" => Jitter::Full,
+            "equal" => Jitter::Equal,
+            "decorrelated" => Jitter::Decorrelated,
+            _ => match s.split_once(':') {
+                Some(("proportional", p)) => Jitter::Proportional(fraction(p)?),
+                Some(("additive", p)) => Jitter::Additive(fraction(p)?),
+                _ => {
+                    return Err(ValidationError::new(
                         "invalid_jitter",
                         format!(
                             "unknown jitter `{s}`: use none, full, equal, decorrelated, proportional:P or additive:P"
                         ),
-                    )),
-                },
-            };
+                    ))
+                }
+            },
+        };
         j.validate()
     }
 

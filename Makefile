@@ -2,8 +2,9 @@
 .PHONY: dev test lint bench sam-build
 
 # Run Hookwise locally: API, worker, scheduler and dead-letter handler on an embedded store.
+# It builds what `make test` builds (scripts/build.sh), so after it nothing compiles.
 dev:
-	cargo run -p hookwise-cli -- dev $(ARGS)
+	scripts/dev.sh $(ARGS)
 
 # The whole test suite, installing and starting whatever it needs (CI runs this).
 test:
@@ -15,7 +16,7 @@ sam-build:
 
 lint:
 	cargo fmt --all -- --check
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # Benchmarks (not tests): figures and ratios measured side by side in one run.
 bench:

@@ -10,11 +10,15 @@ step "Python test tools"
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt
 hash -r
 
-step "Build (once, for every test below)"
-cargo build --workspace --all-targets --locked
+step "Format"
+cargo fmt --all -- --check
 
-# Wherever cargo puts it (CARGO_TARGET_DIR may point elsewhere).
-HOOKWISE="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])')/debug/hookwise"
+step "Build (once, for every test below and for make dev)"
+HOOKWISE="$(scripts/build.sh)/debug/hookwise"
+
+step "Clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
 # The end-to-end tests run these binaries rather than building `-p hookwise-cli` on their own
 # (a build of one package resolves features differently and would compile the AWS SDK again).
 export HOOKWISE_BIN="$HOOKWISE"

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_support::{AwsEnv, EventSources, Gateway, LambdaHost, SENDER};
-use hookwise_aws::{decode_task, AwsAdapters, RequestCounter, RequestCounts};
+use hookwise_aws::{decode_task, AwsAdapters, AwsConfig, RequestCounter, RequestCounts};
 use hookwise_core::model::{Email, EventType};
 use hookwise_core::ports::{DeliveryTask, SystemClock};
 use hookwise_core::services::{Config, NewEvent, Services};
@@ -27,12 +27,10 @@ const MAX_DELAY: u32 = 2;
 
 /// Services in the test process on the same tables and queues (operator work: the tenant).
 fn services(env: &AwsEnv, max_delay: u32) -> Services {
-    let config = env
-        .provisioned
-        .config(SENDER)
-        .queue_max_delay_seconds(max_delay)
-        .build()
-        .expect("config");
+    let config = AwsConfig {
+        queue_max_delay_seconds: max_delay,
+        ..env.provisioned.config(SENDER)
+    };
     let adapters = AwsAdapters::new(&env.clients, &config);
     let loopback = SenderConfig {
         allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
@@ -67,7 +65,7 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
         .expect("tenant");
 
     let host = Arc::new(LambdaHost::start(&env.function_env(MAX_DELAY)).await);
-    let sources = EventSources::start(host.clone(), env.clients.sqs.clone(), &env.provisioned);
+    let sources = EventSources::start(host.clone(), env.clients.sqs.clone(), &env.provisioned).await;
     let api = Gateway {
         host: host.clone(),
         key,

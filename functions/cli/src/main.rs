@@ -2,6 +2,7 @@
 
 mod dev;
 mod dev_aws;
+mod dev_host;
 mod policy_cmd;
 mod storm_chart;
 mod storm_cmd;
@@ -14,6 +15,9 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "hookwise", version, about = "Durable, signed webhook delivery")]
 struct Cli {
+    /// What to log, as a tracing filter (`warn`, `info,hookwise_core=debug`).
+    #[arg(long, global = true, env = "HOOKWISE_LOG", default_value = "info")]
+    log: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -25,7 +29,7 @@ enum Command {
     Policy(policy_cmd::PolicyCommand),
     /// Run Hookwise locally: API, delivery worker, scheduler and dead-letter handler on an
     /// embedded store (no AWS, no Docker).
-    Dev(dev::DevArgs),
+    Dev(dev_host::DevArgs),
     /// Manage tenants in a local data dir.
     #[command(subcommand)]
     Tenant(tenant_cmd::TenantCommand),
@@ -45,7 +49,8 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let result = match cli.command {
-        Command::Dev(args) => runtime().and_then(|rt| rt.block_on(dev::run(args))),
+        Command::Dev(args) if args.aws.aws => runtime().and_then(|rt| rt.block_on(dev_aws::run(args.common, args.aws))),
+        Command::Dev(args) => runtime().and_then(|rt| rt.block_on(dev::run(args.common, args.local))),
         Command::Tenant(cmd) => runtime().and_then(|rt| rt.block_on(tenant_cmd::run(cmd))),
         Command::Policy(cmd) => policy_cmd::run(cmd),
         Command::Storm(args) => storm_cmd::run(args),

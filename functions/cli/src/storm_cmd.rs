@@ -140,8 +140,8 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
         Some(path) => {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| bad("--config", format!("cannot read {}: {e}", path.display())))?;
-            serde_yaml::from_str::<ConfigFile>(&text).map_err(|e| {
-                // serde_yaml names the path (`retry_policy.simulation: unknown field ...`).
+            serde_yaml_ng::from_str::<ConfigFile>(&text).map_err(|e| {
+                // serde_yaml_ng names the path (`retry_policy.simulation: unknown field ...`).
                 let msg = e.to_string();
                 match msg.split_once(": ") {
                     Some((path, rest)) if !path.contains(' ') => bad(path, rest),

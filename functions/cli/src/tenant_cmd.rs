@@ -6,10 +6,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Subcommand;
+use hookwise_aws::FunctionConfig;
 use hookwise_core::model::Email;
-use hookwise_core::ports::SystemClock;
+use hookwise_core::ports::{NoSender, SystemClock};
 use hookwise_core::services::{Config, Ports, Services};
-use hookwise_http::{HttpSender, SenderConfig};
 use hookwise_local::LocalBackend;
 use rand::SeedableRng;
 
@@ -40,10 +40,10 @@ pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
         } => {
             let owner = Email::parse(&owner_email).context("--owner-email")?;
             let services = if aws {
-                let sender = Arc::new(HttpSender::new(SenderConfig::default())?);
-                hookwise_aws::services_from_env(sender)
+                FunctionConfig::from_env()
+                    .context("the AWS stack")?
+                    .services(Arc::new(NoSender))
                     .await
-                    .map_err(|e| anyhow::anyhow!("the AWS stack: {e}"))?
             } else {
                 local_services(&data_dir)?
             };
@@ -63,7 +63,7 @@ fn local_services(data_dir: &std::path::Path) -> anyhow::Result<Services> {
         queue: backend.clone(),
         scheduler: backend.clone(),
         mailer: backend,
-        sender: Arc::new(HttpSender::new(SenderConfig::default())?),
+        sender: Arc::new(NoSender),
         clock: Arc::new(SystemClock),
     };
     Ok(Services::new(

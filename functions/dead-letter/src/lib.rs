@@ -1,74 +1,17 @@
-//! The dead-letter function: an SQS batch from the dead-letter queue, handled by
-//! [`Services::handle_dead_letters`] in one go (so many deaths of one owner make one digest).
+//! The dead-letter function: an SQS batch from the dead-letter queue, handled at once (so
+//! many deaths of one owner make one digest) by the core's [`Services::handle_messages`].
 //!
 //! The queue holds two kinds of message with the same body (a delivery task): the ones the
 //! deliver function handed on after the last failed attempt, and the ones SQS's own redrive
-//! moved here after `maxReceiveCount` failed receives (poison messages; they carry a
+//! moved here after `maxReceiveCount` failed receives (they carry a
 //! `DeadLetterQueueSourceArn` attribute). The service tells them apart by the delivery's
 //! state: a delivery not yet dead is marked dead first. Both end with one email.
-//!
-//! If the service fails, every decodable message of the batch is reported, so SQS sends
-//! them again; a notice already claimed is not sent twice. A body that is not a task is
-//! logged and dropped: there is no delivery to mark and no owner to tell, and redelivering
-//! it cannot change it.
 
-use std::sync::Arc;
-
-use aws_lambda_events::sqs::{BatchItemFailure, SqsBatchResponse, SqsEvent};
-use hookwise_aws::decode_task;
-use hookwise_core::services::Services;
-use hookwise_http::{HttpSender, SenderConfig};
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The services on the AWS adapters, built once per container. The sender is never used
-/// here (nothing is POSTed), but the ports carry one.
-pub async fn services_from_env() -> Result<Services, BoxError> {
-    hookwise_aws::services_from_env(Arc::new(HttpSender::new(SenderConfig::default())?)).await
-}
+use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
+use hookwise_core::services::{QueueRole, Services};
 
 pub async fn handle(services: &Services, event: SqsEvent) -> SqsBatchResponse {
-    let mut ids = Vec::new();
-    let mut tasks = Vec::new();
-    for m in &event.records {
-        let id = m.message_id.clone().unwrap_or_default();
-        match decode_task(m.body.as_deref().unwrap_or_default()) {
-            Ok(task) => {
-                let redriven = m.attributes.contains_key("DeadLetterQueueSourceArn");
-                tracing::info!(message_id = %id, delivery_id = %task.delivery_id, attempt = task.attempt, redriven, "dead letter");
-                ids.push(id);
-                tasks.push(task);
-            }
-            Err(err) => {
-                let body: String = m.body.as_deref().unwrap_or_default().chars().take(200).collect();
-                tracing::error!(message_id = %id, error = %err, body, "dead-letter message is not a delivery task; dropping it");
-            }
-        }
-    }
-    let mut out = SqsBatchResponse::default();
-    match services.handle_dead_letters(&tasks).await {
-        Ok(report) => {
-            if report.emails > 0 {
-                tracing::info!(
-                    notified = report.notified,
-                    emails = report.emails,
-                    "owners told of dead deliveries"
-                );
-            }
-        }
-        Err(err) => {
-            tracing::warn!(error = %err, retryable = err.is_retryable(), messages = ids.len(), "dead-letter batch failed; SQS will redeliver it");
-            out.batch_item_failures = ids
-                .into_iter()
-                .map(|id| {
-                    let mut f = BatchItemFailure::default();
-                    f.item_identifier = id;
-                    f
-                })
-                .collect();
-        }
-    }
-    out
+    hookwise_aws::handle_sqs_event(services, QueueRole::DeadLetter, event).await
 }
 
 #[cfg(test)]

@@ -3,12 +3,14 @@
 use std::sync::Arc;
 
 use aws_lambda_events::sqs::SqsEvent;
+use hookwise_aws::FunctionConfig;
+use hookwise_core::ports::NoSender;
 use lambda_runtime::{run, service_fn, tracing, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     tracing::init_default_subscriber();
-    let services = Arc::new(hookwise_dead_letter::services_from_env().await?);
+    let services = Arc::new(FunctionConfig::from_env()?.services(Arc::new(NoSender)).await);
     run(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let services = services.clone();
         async move { Ok::<_, Error>(hookwise_dead_letter::handle(&services, event.payload).await) }

@@ -3,13 +3,20 @@
 use std::sync::Arc;
 
 use aws_lambda_events::sqs::SqsEvent;
+use hookwise_aws::FunctionConfig;
+use hookwise_http::{HttpSender, SenderConfig};
 use lambda_runtime::{run, service_fn, tracing, Error, LambdaEvent};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     tracing::init_default_subscriber();
+    let config = FunctionConfig::from_env()?;
     // Once per container: SDK clients, adapters and the HTTP client's connection pool.
-    let services = Arc::new(hookwise_deliver::services_from_env().await?);
+    let sender = HttpSender::new(SenderConfig {
+        allow_cidrs: config.allowed_target_cidrs.clone(),
+        ..Default::default()
+    })?;
+    let services = Arc::new(config.services(Arc::new(sender)).await);
     run(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let services = services.clone();
         async move { Ok::<_, Error>(hookwise_deliver::handle(&services, event.payload).await) }

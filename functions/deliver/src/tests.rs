@@ -2,10 +2,9 @@ use aws_lambda_events::sqs::SqsEvent;
 use hookwise_aws::encode_task;
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
-use hookwise_core::ports::Store;
+use hookwise_core::ports::{DeliveryTask, Store};
 use hookwise_core::services::{NewEvent, NewSubscription};
 use hookwise_core::testing::memory::{Harness, ScriptedSender};
-use hookwise_core::PortError;
 
 use super::*;
 
@@ -96,26 +95,22 @@ async fn given_a_body_that_is_not_a_task_then_only_that_message_is_reported() {
     );
 }
 
-#[test]
-fn given_any_infrastructure_error_then_the_message_comes_back_and_outcomes_do_not() {
-    let retryable: hookwise_core::Result<DeliverOutcome> =
-        Err(PortError::retryable("get delivery", "throttled").into());
-    let permanent: hookwise_core::Result<DeliverOutcome> =
-        Err(PortError::permanent("get delivery", "access denied").into());
-    assert!(failed(&retryable).unwrap().starts_with("retryable"));
-    assert!(failed(&permanent).unwrap().starts_with("permanent"));
-    for ok in [DeliverOutcome::Delivered, DeliverOutcome::Dead, DeliverOutcome::Stale] {
-        assert_eq!(failed(&Ok(ok)), None);
-    }
-}
-
-#[test]
-fn allowed_cidrs_parse_a_comma_list_and_name_the_variable_on_error() {
-    assert!(allowed_cidrs(None).unwrap().is_empty());
-    assert!(allowed_cidrs(Some("")).unwrap().is_empty());
-    assert_eq!(allowed_cidrs(Some("127.0.0.0/8, 10.0.0.0/8")).unwrap().len(), 2);
-    assert!(allowed_cidrs(Some("nope"))
-        .unwrap_err()
-        .to_string()
-        .contains(env::ALLOWED_TARGET_CIDRS));
+#[tokio::test]
+async fn given_any_infrastructure_error_then_the_message_comes_back_and_outcomes_do_not() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let task = one_queued_delivery(&h).await;
+    h.store.unavailable.store(true, std::sync::atomic::Ordering::SeqCst);
+    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))])).await;
+    let failed: Vec<_> = out
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    assert_eq!(failed, ["m-1"], "a store failure is SQS's to redeliver");
+    h.store.unavailable.store(false, std::sync::atomic::Ordering::SeqCst);
+    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))])).await;
+    assert!(
+        out.batch_item_failures.is_empty(),
+        "an endpoint's 500 is an outcome: {out:?}"
+    );
 }

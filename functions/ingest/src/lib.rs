@@ -6,19 +6,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use hookwise_core::services::Services;
-use hookwise_http::{router, ApiState, HttpSender, SenderConfig};
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+use hookwise_http::{router, ApiState};
 
 /// The API on the services.
 pub fn app(services: Arc<Services>) -> Router {
     router(ApiState::new(services))
-}
-
-/// The services on the AWS adapters, built once per container. The API never POSTs to an
-/// endpoint (deliveries are queued), but the ports carry a sender.
-pub async fn services_from_env() -> Result<Services, BoxError> {
-    hookwise_aws::services_from_env(Arc::new(HttpSender::new(SenderConfig::default())?)).await
 }
 
 #[cfg(test)]

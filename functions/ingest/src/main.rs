@@ -2,12 +2,15 @@
 
 use std::sync::Arc;
 
+use hookwise_aws::FunctionConfig;
+use hookwise_core::ports::NoSender;
 use lambda_http::{run, tracing, Error};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     tracing::init_default_subscriber();
     // Once per container: SDK clients and adapters; the Router shares them across requests.
-    let services = Arc::new(hookwise_ingest::services_from_env().await?);
+    // The API never POSTs to an endpoint (deliveries are queued).
+    let services = Arc::new(FunctionConfig::from_env()?.services(Arc::new(NoSender)).await);
     run(hookwise_ingest::app(services)).await
 }

@@ -6,18 +6,8 @@
 //! manual invoke all mean "tick"). A failed tick is an error for Lambda to record; the next
 //! tick takes up where it stopped (the scheduler table keeps the minutes it has not emptied).
 
-use std::sync::Arc;
-
 use hookwise_core::services::Services;
-use hookwise_http::{HttpSender, SenderConfig};
 use serde_json::{json, Value};
-
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// The services on the AWS adapters, built once per container (the sender is never used).
-pub async fn services_from_env() -> Result<Services, BoxError> {
-    hookwise_aws::services_from_env(Arc::new(HttpSender::new(SenderConfig::default())?)).await
-}
 
 /// One tick; answers what it moved, e.g. `{"moved": 3, "requeued": 0}`.
 pub async fn handle(services: &Services, event: &Value) -> Result<Value, hookwise_core::Error> {

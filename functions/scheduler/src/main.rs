@@ -2,13 +2,15 @@
 
 use std::sync::Arc;
 
+use hookwise_aws::FunctionConfig;
+use hookwise_core::ports::NoSender;
 use lambda_runtime::{run, service_fn, tracing, Error, LambdaEvent};
 use serde_json::Value;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     tracing::init_default_subscriber();
-    let services = Arc::new(hookwise_scheduler::services_from_env().await?);
+    let services = Arc::new(FunctionConfig::from_env()?.services(Arc::new(NoSender)).await);
     run(service_fn(move |event: LambdaEvent<Value>| {
         let services = services.clone();
         async move {

@@ -14,7 +14,7 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_sqs::types::QueueAttributeName;
 use hookwise_core::PortError;
-use serde_yaml::Value;
+use serde_yaml_ng::Value;
 
 use crate::config::{AwsClients, AwsConfig};
 use crate::error::classify;
@@ -28,7 +28,7 @@ pub const DEAD_LETTER_QUEUE: &str = "DeadLetterQueue";
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
     #[error("template.yaml is not YAML: {0}")]
-    Yaml(#[from] serde_yaml::Error),
+    Yaml(#[from] serde_yaml_ng::Error),
     #[error("template.yaml: {0}")]
     Shape(String),
 }
@@ -129,7 +129,7 @@ fn keys(v: Option<&Value>, owner: &str) -> Result<Vec<KeySpec>, TemplateError> {
 
 impl TemplateResources {
     pub fn parse(yaml: &str) -> Result<Self, TemplateError> {
-        let doc: Value = serde_yaml::from_str(yaml)?;
+        let doc: Value = serde_yaml_ng::from_str(yaml)?;
         let resources = field(&doc, "Resources")
             .and_then(Value::as_mapping)
             .ok_or_else(|| shape("no Resources"))?;
@@ -358,14 +358,17 @@ pub struct Provisioned {
 }
 
 impl Provisioned {
-    /// The adapters' configuration for these resources.
-    pub fn config(&self, sender_email: &str) -> crate::config::AwsConfigBuilder {
-        AwsConfig::builder()
-            .table(&self.table)
-            .scheduler_table(&self.scheduler_table)
-            .delivery_queue_url(&self.delivery_queue_url)
-            .dead_letter_queue_url(&self.dead_letter_queue_url)
-            .sender_email(sender_email)
+    /// The adapters' configuration for these resources (SQS's delay limit, 30 days' retention).
+    pub fn config(&self, sender_email: &str) -> AwsConfig {
+        AwsConfig {
+            table: self.table.clone(),
+            scheduler_table: self.scheduler_table.clone(),
+            delivery_queue_url: self.delivery_queue_url.clone(),
+            dead_letter_queue_url: self.dead_letter_queue_url.clone(),
+            sender_email: sender_email.to_owned(),
+            queue_max_delay_seconds: crate::config::SQS_MAX_DELAY_SECONDS,
+            retention: std::time::Duration::from_secs(u64::from(crate::config::DEFAULT_RETENTION_DAYS) * 86_400),
+        }
     }
 }
 
@@ -401,6 +404,19 @@ pub async fn provision(
         dead_letter_queue_url: dead_url,
         ..names
     })
+}
+
+/// Make `email` a verified SES v2 identity (moto and LocalStack verify at once; real SES
+/// sends a confirmation mail first).
+pub async fn verify_sender(clients: &AwsClients, email: &str) -> Result<(), PortError> {
+    clients
+        .sesv2
+        .create_email_identity()
+        .email_identity(email)
+        .send()
+        .await
+        .map_err(|e| classify("verify the sender", e))?;
+    Ok(())
 }
 
 #[cfg(test)]

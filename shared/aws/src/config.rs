@@ -1,5 +1,7 @@
-//! Configuration: table and queue names from the environment (what `template.yaml` sets), a
-//! builder for tests, and the SDK clients built once.
+//! Configuration as data: [`FunctionConfig`] is what every function reads from the
+//! environment `template.yaml` sets (the `HOOKWISE_*` variables, documented in
+//! `docs/configuration.md`); [`AwsConfig`] is the part the adapters need. The SDK clients
+//! are built once.
 
 use std::time::Duration;
 
@@ -7,45 +9,157 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use aws_smithy_runtime_api::client::http::SharedHttpClient;
+use hookwise_core::policy::RetryPolicy;
+use hookwise_core::services::Config;
+use ipnet::IpNet;
+use serde::{Deserialize, Deserializer};
 
 use crate::counter::RequestCounter;
 
-/// The environment variables the functions read. `template.yaml` sets them in `Globals`.
+/// The environment variables, named where the code and the tests need them. Each is
+/// [`ENV_PREFIX`] and a [`FunctionConfig`] field's name in capitals.
 pub mod env {
-    /// The main table's name.
     pub const TABLE: &str = "HOOKWISE_TABLE";
     pub const SCHEDULER_TABLE: &str = "HOOKWISE_SCHEDULER_TABLE";
     pub const DELIVERY_QUEUE_URL: &str = "HOOKWISE_DELIVERY_QUEUE_URL";
     pub const DEAD_LETTER_QUEUE_URL: &str = "HOOKWISE_DEAD_LETTER_QUEUE_URL";
-    /// The SES v2 identity dead-delivery emails come from.
     pub const SENDER_EMAIL: &str = "HOOKWISE_SENDER_EMAIL";
-    /// Optional: lower than 900 only in tests, so the scheduler-table path runs in seconds.
     pub const QUEUE_MAX_DELAY_SECONDS: &str = "HOOKWISE_QUEUE_MAX_DELAY_SECONDS";
-    /// Optional: how long events, deliveries and attempts are kept (DynamoDB TTL). 30 by default.
     pub const RETENTION_DAYS: &str = "HOOKWISE_RETENTION_DAYS";
-    /// Read by the functions rather than this crate, named here so the template and the
-    /// code agree.
-    pub const LOG: &str = "HOOKWISE_LOG";
     pub const DEFAULT_RETRY_POLICY: &str = "HOOKWISE_DEFAULT_RETRY_POLICY";
-    /// Comma-separated CIDRs the SSRF guard lets deliveries reach.
     pub const ALLOWED_TARGET_CIDRS: &str = "HOOKWISE_ALLOWED_TARGET_CIDRS";
     pub const PUBLIC_API_URL: &str = "HOOKWISE_PUBLIC_API_URL";
 }
 
+pub const ENV_PREFIX: &str = "HOOKWISE_";
 /// SQS's limit on `DelaySeconds`.
 pub const SQS_MAX_DELAY_SECONDS: u32 = 900;
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+pub const DEFAULT_RETENTION_DAYS: u32 = 30;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{0} is not set: template.yaml sets it for every function")]
-    Missing(&'static str),
-    #[error("{name} is `{value}`: {why}")]
-    Invalid {
-        name: &'static str,
-        value: String,
-        why: String,
-    },
+    Missing(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Every function's settings, from `HOOKWISE_<FIELD>` (template.yaml's `Globals`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct FunctionConfig {
+    /// The main table's name.
+    pub table: String,
+    pub scheduler_table: String,
+    pub delivery_queue_url: String,
+    pub dead_letter_queue_url: String,
+    /// The SES v2 identity dead-delivery emails come from.
+    pub sender_email: String,
+    /// Lower than 900 only in tests, so the scheduler-table path runs in seconds.
+    #[serde(default = "sqs_max_delay")]
+    pub queue_max_delay_seconds: u32,
+    /// How long events, deliveries and attempts are kept (DynamoDB TTL).
+    #[serde(default = "default_retention_days")]
+    pub retention_days: u32,
+    /// The policy of subscriptions created without one: `standard`, `ledger`, `exponential`.
+    #[serde(default = "standard")]
+    pub default_retry_policy: String,
+    /// Where the API is reached, for the replay instructions in emails.
+    #[serde(default)]
+    pub public_api_url: Option<String>,
+    /// Comma-separated CIDRs the SSRF guard lets deliveries reach.
+    #[serde(default, deserialize_with = "comma_separated")]
+    pub allowed_target_cidrs: Vec<IpNet>,
+}
+
+fn sqs_max_delay() -> u32 {
+    SQS_MAX_DELAY_SECONDS
+}
+fn default_retention_days() -> u32 {
+    DEFAULT_RETENTION_DAYS
+}
+fn standard() -> String {
+    "standard".into()
+}
+
+/// `a, b` as a list; empty as none.
+fn comma_separated<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+    let text = String::deserialize(d)?;
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            s.parse()
+                .map_err(|e| serde::de::Error::custom(format!("`{s}` is not a CIDR: {e}")))
+        })
+        .collect()
+}
+
+impl FunctionConfig {
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_vars(std::env::vars())
+    }
+
+    /// From any set of variables (a list in tests).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Result<Self, ConfigError> {
+        let config: Self = envy::prefixed(ENV_PREFIX).from_iter(vars).map_err(|e| match e {
+            envy::Error::MissingValue(field) => ConfigError::Missing(format!("{ENV_PREFIX}{}", field.to_uppercase())),
+            envy::Error::Custom(why) => ConfigError::Invalid(why),
+        })?;
+        config.validate()
+    }
+
+    fn validate(self) -> Result<Self, ConfigError> {
+        for (name, value) in [
+            (env::TABLE, &self.table),
+            (env::SCHEDULER_TABLE, &self.scheduler_table),
+            (env::DELIVERY_QUEUE_URL, &self.delivery_queue_url),
+            (env::DEAD_LETTER_QUEUE_URL, &self.dead_letter_queue_url),
+            (env::SENDER_EMAIL, &self.sender_email),
+        ] {
+            if value.trim().is_empty() {
+                return Err(ConfigError::Missing(name.into()));
+            }
+        }
+        if !(1..=SQS_MAX_DELAY_SECONDS).contains(&self.queue_max_delay_seconds) {
+            return Err(ConfigError::Invalid(format!(
+                "{} is {}: must be 1 to {SQS_MAX_DELAY_SECONDS} (SQS's limit)",
+                env::QUEUE_MAX_DELAY_SECONDS,
+                self.queue_max_delay_seconds
+            )));
+        }
+        self.retry_policy()?;
+        Ok(self)
+    }
+
+    fn retry_policy(&self) -> Result<RetryPolicy, ConfigError> {
+        RetryPolicy::named(self.default_retry_policy.trim())
+            .map_err(|e| ConfigError::Invalid(format!("{}: {e}", env::DEFAULT_RETRY_POLICY)))
+    }
+
+    /// The adapters' part.
+    pub fn aws(&self) -> AwsConfig {
+        AwsConfig {
+            table: self.table.clone(),
+            scheduler_table: self.scheduler_table.clone(),
+            delivery_queue_url: self.delivery_queue_url.clone(),
+            dead_letter_queue_url: self.dead_letter_queue_url.clone(),
+            sender_email: self.sender_email.clone(),
+            queue_max_delay_seconds: self.queue_max_delay_seconds,
+            retention: Duration::from_secs(u64::from(self.retention_days) * 24 * 3600),
+        }
+    }
+
+    /// The services' part.
+    pub fn service_config(&self) -> Config {
+        let mut config = Config {
+            default_retry_policy: self.retry_policy().expect("validated when read"),
+            ..Config::default()
+        };
+        if let Some(url) = self.public_api_url.as_ref().filter(|u| !u.trim().is_empty()) {
+            config.public_api_url = url.clone();
+        }
+        config
+    }
 }
 
 /// Where the adapters find their tables and queues.
@@ -60,115 +174,6 @@ pub struct AwsConfig {
     pub queue_max_delay_seconds: u32,
     /// TTL of events, deliveries, attempts and notices after their last change.
     pub retention: Duration,
-}
-
-impl AwsConfig {
-    pub fn builder() -> AwsConfigBuilder {
-        AwsConfigBuilder::default()
-    }
-
-    /// From the variables in [`env`].
-    pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
-    }
-
-    /// From any lookup of the variables in [`env`] (a map in tests).
-    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let required = |name: &'static str| {
-            get(name)
-                .filter(|v| !v.trim().is_empty())
-                .ok_or(ConfigError::Missing(name))
-        };
-        let mut b = AwsConfig::builder()
-            .table(required(env::TABLE)?)
-            .scheduler_table(required(env::SCHEDULER_TABLE)?)
-            .delivery_queue_url(required(env::DELIVERY_QUEUE_URL)?)
-            .dead_letter_queue_url(required(env::DEAD_LETTER_QUEUE_URL)?)
-            .sender_email(required(env::SENDER_EMAIL)?);
-        if let Some(v) = get(env::QUEUE_MAX_DELAY_SECONDS).filter(|v| !v.is_empty()) {
-            let n = v.parse().map_err(|e: std::num::ParseIntError| ConfigError::Invalid {
-                name: env::QUEUE_MAX_DELAY_SECONDS,
-                value: v.clone(),
-                why: e.to_string(),
-            })?;
-            b = b.queue_max_delay_seconds(n);
-        }
-        if let Some(v) = get(env::RETENTION_DAYS).filter(|v| !v.is_empty()) {
-            let days: u64 = v.parse().map_err(|e: std::num::ParseIntError| ConfigError::Invalid {
-                name: env::RETENTION_DAYS,
-                value: v.clone(),
-                why: e.to_string(),
-            })?;
-            b = b.retention(Duration::from_secs(days * 24 * 3600));
-        }
-        b.build()
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct AwsConfigBuilder {
-    table: Option<String>,
-    scheduler_table: Option<String>,
-    delivery_queue_url: Option<String>,
-    dead_letter_queue_url: Option<String>,
-    sender_email: Option<String>,
-    queue_max_delay_seconds: Option<u32>,
-    retention: Option<Duration>,
-}
-
-impl AwsConfigBuilder {
-    pub fn table(mut self, name: impl Into<String>) -> Self {
-        self.table = Some(name.into());
-        self
-    }
-    pub fn scheduler_table(mut self, name: impl Into<String>) -> Self {
-        self.scheduler_table = Some(name.into());
-        self
-    }
-    pub fn delivery_queue_url(mut self, url: impl Into<String>) -> Self {
-        self.delivery_queue_url = Some(url.into());
-        self
-    }
-    pub fn dead_letter_queue_url(mut self, url: impl Into<String>) -> Self {
-        self.dead_letter_queue_url = Some(url.into());
-        self
-    }
-    pub fn sender_email(mut self, from: impl Into<String>) -> Self {
-        self.sender_email = Some(from.into());
-        self
-    }
-    pub fn queue_max_delay_seconds(mut self, seconds: u32) -> Self {
-        self.queue_max_delay_seconds = Some(seconds);
-        self
-    }
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = Some(retention);
-        self
-    }
-
-    pub fn build(self) -> Result<AwsConfig, ConfigError> {
-        let max_delay = self.queue_max_delay_seconds.unwrap_or(SQS_MAX_DELAY_SECONDS);
-        if !(1..=SQS_MAX_DELAY_SECONDS).contains(&max_delay) {
-            return Err(ConfigError::Invalid {
-                name: env::QUEUE_MAX_DELAY_SECONDS,
-                value: max_delay.to_string(),
-                why: format!("must be 1 to {SQS_MAX_DELAY_SECONDS} (SQS's limit)"),
-            });
-        }
-        Ok(AwsConfig {
-            table: self.table.ok_or(ConfigError::Missing(env::TABLE))?,
-            scheduler_table: self.scheduler_table.ok_or(ConfigError::Missing(env::SCHEDULER_TABLE))?,
-            delivery_queue_url: self
-                .delivery_queue_url
-                .ok_or(ConfigError::Missing(env::DELIVERY_QUEUE_URL))?,
-            dead_letter_queue_url: self
-                .dead_letter_queue_url
-                .ok_or(ConfigError::Missing(env::DEAD_LETTER_QUEUE_URL))?,
-            sender_email: self.sender_email.ok_or(ConfigError::Missing(env::SENDER_EMAIL))?,
-            queue_max_delay_seconds: max_delay,
-            retention: self.retention.unwrap_or(DEFAULT_RETENTION),
-        })
-    }
 }
 
 /// The SDK's own hyper 1 client on rustls with ring: one TLS stack in the binary.
@@ -253,46 +258,68 @@ impl AwsClients {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
 
-    fn vars(extra: &[(&str, &str)]) -> HashMap<String, String> {
-        let mut m: HashMap<String, String> = [
+    /// The required variables, then `extra` over them, less `without`.
+    fn vars(extra: &[(&str, &str)], without: &[&str]) -> Vec<(String, String)> {
+        let mut v: std::collections::BTreeMap<&str, &str> = [
             (env::TABLE, "main"),
             (env::SCHEDULER_TABLE, "sched"),
             (env::DELIVERY_QUEUE_URL, "http://q/delivery"),
             (env::DEAD_LETTER_QUEUE_URL, "http://q/dlq"),
             (env::SENDER_EMAIL, "hooks@example.com"),
+            ("PATH", "/usr/bin"),
         ]
         .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-        for (k, v) in extra {
-            m.insert((*k).to_owned(), (*v).to_owned());
-        }
-        m
+        v.extend(extra.iter().copied());
+        v.retain(|k, _| !without.contains(k));
+        v.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())).collect()
     }
 
     #[test]
     fn given_every_variable_then_the_config_reads_them_with_defaults_for_the_optional_ones() {
-        let m = vars(&[]);
-        let c = AwsConfig::from_lookup(|k| m.get(k).cloned()).unwrap();
-        assert_eq!(c.table, "main");
-        assert_eq!(c.dead_letter_queue_url, "http://q/dlq");
-        assert_eq!(c.queue_max_delay_seconds, 900);
-        assert_eq!(c.retention, DEFAULT_RETENTION);
+        let c = FunctionConfig::from_vars(vars(&[(env::ALLOWED_TARGET_CIDRS, "")], &[])).unwrap();
+        let aws = c.aws();
+        assert_eq!(aws.table, "main");
+        assert_eq!(aws.dead_letter_queue_url, "http://q/dlq");
+        assert_eq!(aws.queue_max_delay_seconds, 900);
+        assert_eq!(aws.retention, Duration::from_secs(30 * 86_400));
+        assert!(c.allowed_target_cidrs.is_empty());
+        assert_eq!(c.service_config().default_retry_policy, RetryPolicy::standard());
     }
 
     #[test]
     fn given_a_missing_or_out_of_range_variable_then_the_error_names_it() {
-        let mut m = vars(&[]);
-        m.remove(env::SCHEDULER_TABLE);
-        let err = AwsConfig::from_lookup(|k| m.get(k).cloned()).unwrap_err();
+        let err = FunctionConfig::from_vars(vars(&[], &[env::SCHEDULER_TABLE])).unwrap_err();
         assert!(err.to_string().contains(env::SCHEDULER_TABLE), "{err}");
-        let m = vars(&[(env::QUEUE_MAX_DELAY_SECONDS, "901")]);
-        let err = AwsConfig::from_lookup(|k| m.get(k).cloned()).unwrap_err();
+        let err = FunctionConfig::from_vars(vars(&[(env::TABLE, " ")], &[])).unwrap_err();
+        assert!(err.to_string().contains(env::TABLE), "{err}");
+        let err = FunctionConfig::from_vars(vars(&[(env::QUEUE_MAX_DELAY_SECONDS, "901")], &[])).unwrap_err();
         assert!(err.to_string().contains(env::QUEUE_MAX_DELAY_SECONDS), "{err}");
-        let m = vars(&[(env::QUEUE_MAX_DELAY_SECONDS, "5"), (env::RETENTION_DAYS, "2")]);
-        let c = AwsConfig::from_lookup(|k| m.get(k).cloned()).unwrap();
-        assert_eq!((c.queue_max_delay_seconds, c.retention.as_secs()), (5, 2 * 86_400));
+        let err = FunctionConfig::from_vars(vars(&[(env::DEFAULT_RETRY_POLICY, "fastest")], &[])).unwrap_err();
+        assert!(err.to_string().contains(env::DEFAULT_RETRY_POLICY), "{err}");
+        let err = FunctionConfig::from_vars(vars(&[(env::ALLOWED_TARGET_CIDRS, "10.0.0.0/8, nope")], &[])).unwrap_err();
+        assert!(err.to_string().contains("nope"), "{err}");
+    }
+
+    #[test]
+    fn given_the_optional_variables_then_each_reaches_its_setting() {
+        let c = FunctionConfig::from_vars(vars(
+            &[
+                (env::QUEUE_MAX_DELAY_SECONDS, "5"),
+                (env::RETENTION_DAYS, "2"),
+                (env::DEFAULT_RETRY_POLICY, "ledger"),
+                (env::PUBLIC_API_URL, "https://api.example.com"),
+                (env::ALLOWED_TARGET_CIDRS, "10.0.0.0/8, 127.0.0.0/8"),
+            ],
+            &[],
+        ))
+        .unwrap();
+        let aws = c.aws();
+        assert_eq!((aws.queue_max_delay_seconds, aws.retention.as_secs()), (5, 2 * 86_400));
+        let services = c.service_config();
+        assert_eq!(services.default_retry_policy, RetryPolicy::ledger());
+        assert_eq!(services.public_api_url, "https://api.example.com");
+        assert_eq!(c.allowed_target_cidrs.len(), 2);
     }
 }

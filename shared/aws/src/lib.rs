@@ -11,6 +11,7 @@
 //! [`PortError::ConditionFailed`](hookwise_core::PortError), throttling, 5xx and timeouts are
 //! `Retryable`, the rest `Permanent`.
 
+#[cfg(feature = "provision")]
 pub mod bootstrap;
 pub mod config;
 pub mod counter;
@@ -20,6 +21,7 @@ pub mod mailer;
 pub mod queue;
 pub mod scheduler;
 pub mod services;
+pub mod sqs_event;
 pub mod store;
 
 use std::sync::Arc;
@@ -27,12 +29,12 @@ use std::sync::Arc;
 use hookwise_core::ports::{Clock, Sender};
 use hookwise_core::services::Ports;
 
-pub use config::{env, AwsClients, AwsConfig, AwsConfigBuilder, ConfigError};
+pub use config::{env, AwsClients, AwsConfig, ConfigError, FunctionConfig};
 pub use counter::{RequestCounter, RequestCounts};
 pub use mailer::SesMailer;
-pub use queue::{decode_task, encode_task, SqsQueue};
+pub use queue::{decode_task, encode_task, SqsConsumer, SqsQueue};
 pub use scheduler::DynamoScheduler;
-pub use services::services_from_env;
+pub use sqs_event::handle_sqs_event;
 pub use store::DynamoStore;
 
 /// The four AWS adapters, built once and shared.

@@ -2,11 +2,16 @@
 //! [`DeliveryTask`] as JSON ([`encode_task`] / [`decode_task`]), on both queues: a message
 //! SQS itself moved to the dead-letter queue after too many receives reads the same.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
-use aws_sdk_sqs::types::SendMessageBatchRequestEntry;
+use aws_sdk_sqs::types::{
+    ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry, MessageSystemAttributeName,
+    QueueAttributeName, SendMessageBatchRequestEntry,
+};
 use aws_sdk_sqs::Client;
 use futures::{StreamExt, TryStreamExt};
-use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult};
+use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult, QueueConsumer, QueueMessage, Received};
 use hookwise_core::PortError;
 
 use crate::config::AwsConfig;
@@ -128,6 +133,155 @@ impl DeliveryQueue for SqsQueue {
             "dead letter",
         )
         .await
+    }
+}
+
+/// The receiving end of one SQS queue, for hosts that poll it themselves (`hookwise dev
+/// --aws`, the tests' event-source emulator); on Lambda the event source mapping polls.
+#[derive(Clone, Debug)]
+pub struct SqsConsumer {
+    client: Client,
+    queue_url: String,
+    visibility_timeout: Duration,
+}
+
+impl SqsConsumer {
+    /// A consumer of `queue_url`, which reads the queue's own visibility timeout.
+    pub async fn connect(client: Client, queue_url: &str) -> PortResult<Self> {
+        let out = client
+            .get_queue_attributes()
+            .queue_url(queue_url)
+            .attribute_names(QueueAttributeName::VisibilityTimeout)
+            .send()
+            .await
+            .map_err(|e| classify("read the queue's visibility timeout", e))?;
+        let seconds = out
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::VisibilityTimeout))
+            .and_then(|v| v.parse::<u64>().ok())
+            .ok_or_else(|| {
+                PortError::permanent("read the queue's visibility timeout", format!("none for {queue_url}"))
+            })?;
+        Ok(Self {
+            client,
+            queue_url: queue_url.to_owned(),
+            visibility_timeout: Duration::from_secs(seconds),
+        })
+    }
+
+    /// Receipt handles ten a request (SQS's batch limit), `what` for errors.
+    async fn in_batches<F, Fut>(&self, receipts: &[String], what: &str, call: F) -> PortResult<()>
+    where
+        F: Fn(Vec<(String, String)>) -> Fut,
+        Fut: std::future::Future<Output = PortResult<usize>>,
+    {
+        for chunk in receipts.chunks(MAX_BATCH) {
+            let entries: Vec<(String, String)> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (i.to_string(), r.clone()))
+                .collect();
+            let failed = call(entries).await?;
+            if failed > 0 {
+                // A receipt gone stale (the message came back and was received again) fails here.
+                tracing::warn!(failed, queue = %self.queue_url, "{what}: some entries failed");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl QueueConsumer for SqsConsumer {
+    /// The receipt handle.
+    type Receipt = String;
+
+    async fn receive(&self, max: usize, wait: Duration) -> PortResult<Vec<Received<String>>> {
+        let out = self
+            .client
+            .receive_message()
+            .queue_url(&self.queue_url)
+            .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
+            .wait_time_seconds(wait.as_secs().min(20) as i32)
+            .message_system_attribute_names(MessageSystemAttributeName::DeadLetterQueueSourceArn)
+            .send()
+            .await
+            .map_err(|e| classify("receive", e))?;
+        Ok(out
+            .messages
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| {
+                let redriven = m
+                    .attributes()
+                    .is_some_and(|a| a.contains_key(&MessageSystemAttributeName::DeadLetterQueueSourceArn));
+                Received {
+                    message: QueueMessage {
+                        message_id: m.message_id().unwrap_or_default().to_owned(),
+                        task: decode_task(m.body().unwrap_or_default()).map_err(|e| e.to_string()),
+                        redriven,
+                    },
+                    receipt: m.receipt_handle.unwrap_or_default(),
+                }
+            })
+            .collect())
+    }
+
+    async fn ack(&self, receipts: &[String]) -> PortResult<()> {
+        self.in_batches(receipts, "delete", |entries| async move {
+            let entries = entries
+                .into_iter()
+                .map(|(id, handle)| {
+                    DeleteMessageBatchRequestEntry::builder()
+                        .id(id)
+                        .receipt_handle(handle)
+                        .build()
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| PortError::permanent("delete", e))?;
+            let out = self
+                .client
+                .delete_message_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| classify("delete", e))?;
+            Ok(out.failed().len())
+        })
+        .await
+    }
+
+    async fn change_visibility(&self, receipts: &[String], hidden_for: Duration) -> PortResult<()> {
+        // SQS takes whole seconds, at most 12 hours.
+        let seconds = hidden_for.as_secs().min(12 * 3600) as i32;
+        self.in_batches(receipts, "change visibility", |entries| async move {
+            let entries = entries
+                .into_iter()
+                .map(|(id, handle)| {
+                    ChangeMessageVisibilityBatchRequestEntry::builder()
+                        .id(id)
+                        .receipt_handle(handle)
+                        .visibility_timeout(seconds)
+                        .build()
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| PortError::permanent("change visibility", e))?;
+            let out = self
+                .client
+                .change_message_visibility_batch()
+                .queue_url(&self.queue_url)
+                .set_entries(Some(entries))
+                .send()
+                .await
+                .map_err(|e| classify("change visibility", e))?;
+            Ok(out.failed().len())
+        })
+        .await
+    }
+
+    fn visibility_timeout(&self) -> Duration {
+        self.visibility_timeout
     }
 }
 

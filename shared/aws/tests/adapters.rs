@@ -120,14 +120,15 @@ async fn given_a_missing_table_the_error_is_permanent_and_given_no_server_it_is_
         return;
     };
     let clients = AwsClients::for_endpoint(&moto, None).await;
-    let config = hookwise_aws::AwsConfig::builder()
-        .table("no-such-table")
-        .scheduler_table("no-such-table")
-        .delivery_queue_url(format!("{moto}/123456789012/no-such-queue"))
-        .dead_letter_queue_url(format!("{moto}/123456789012/no-such-queue"))
-        .sender_email(support::SENDER)
-        .build()
-        .unwrap();
+    let config = hookwise_aws::AwsConfig {
+        table: "no-such-table".into(),
+        scheduler_table: "no-such-table".into(),
+        delivery_queue_url: format!("{moto}/123456789012/no-such-queue"),
+        dead_letter_queue_url: format!("{moto}/123456789012/no-such-queue"),
+        sender_email: support::SENDER.into(),
+        queue_max_delay_seconds: 900,
+        retention: std::time::Duration::from_secs(30 * 86_400),
+    };
     let store = hookwise_aws::DynamoStore::new(clients.dynamodb.clone(), &config);
     match store
         .get_delivery(&DeliveryId::generate(Utc::now(), &mut rand::rng()))

@@ -158,6 +158,44 @@ pub trait DeliveryQueue: Send + Sync {
     async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()>;
 }
 
+/// One message taken from a queue, as every queue hands it over: the backend's id (for
+/// logs and for Lambda's batch response), the task it carries or why it does not decode, and
+/// whether the queue's own redrive moved it here after too many receives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueMessage {
+    pub message_id: String,
+    pub task: Result<DeliveryTask, String>,
+    /// SQS marks a message it moved to the dead-letter queue (`DeadLetterQueueSourceArn`).
+    pub redriven: bool,
+}
+
+/// A message received from a [`QueueConsumer`], with the receipt that acknowledges it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Received<R> {
+    pub receipt: R,
+    pub message: QueueMessage,
+}
+
+/// The receiving end of a queue (the delivery queue or its dead-letter queue): what a
+/// long-running worker drains. SQS and the SQLite queue implement it; on Lambda the event
+/// source mapping does this part and hands the function the messages.
+#[async_trait]
+pub trait QueueConsumer: Send + Sync {
+    type Receipt: Clone + Send + Sync;
+    /// Up to `max` messages, each hidden from other consumers for the queue's visibility
+    /// timeout; waits up to `wait` for the first one to arrive.
+    async fn receive(&self, max: usize, wait: Duration) -> PortResult<Vec<Received<Self::Receipt>>>;
+    /// Done with these: delete them. A receipt that is stale (the message came back and was
+    /// received again) deletes nothing.
+    async fn ack(&self, receipts: &[Self::Receipt]) -> PortResult<()>;
+    /// Keep these hidden for `hidden_for` from now: to return them for redelivery later, or
+    /// to extend a message still being worked on past its visibility timeout. The receive
+    /// count is unchanged.
+    async fn change_visibility(&self, receipts: &[Self::Receipt], hidden_for: Duration) -> PortResult<()>;
+    /// How long a received message stays hidden unless told otherwise.
+    fn visibility_timeout(&self) -> Duration;
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct ScheduledTask {
     pub task: DeliveryTask,
@@ -247,6 +285,24 @@ impl SendOutcome {
 #[async_trait]
 pub trait Sender: Send + Sync {
     async fn send(&self, request: WebhookRequest) -> SendOutcome;
+}
+
+/// The sender of a host that never POSTs (the API, the scheduler, the dead-letter handler):
+/// every call is an error outcome, so a wiring mistake shows up as a recorded failure.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoSender;
+
+#[async_trait]
+impl Sender for NoSender {
+    async fn send(&self, _request: WebhookRequest) -> SendOutcome {
+        SendOutcome {
+            status_code: None,
+            error: Some((SendErrorKind::Other, "this host does not send webhooks".into())),
+            response_excerpt: None,
+            duration_ms: 0,
+            retry_after: None,
+        }
+    }
 }
 
 pub trait Clock: Send + Sync {

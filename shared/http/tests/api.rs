@@ -861,3 +861,21 @@ async fn given_another_tenants_ids_then_every_route_answers_404_and_nothing_chan
         "dead"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn given_a_client_that_never_finishes_its_body_then_it_gets_408_after_the_request_timeout() {
+    let app = app().await;
+    let never = futures::stream::pending::<Result<Vec<u8>, std::io::Error>>();
+    let request = Request::post("/v1/events")
+        .header(header::AUTHORIZATION, format!("Bearer {}", app.a))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(never))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let response = app.router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::REQUEST_TIMEOUT);
+    assert_eq!(started.elapsed(), hookwise_http::api::REQUEST_TIMEOUT);
+    let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(body["error"]["code"], "request_timeout");
+}

@@ -40,7 +40,7 @@ use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
 pub use outbox::SentEmail;
-pub use queue::{QueueName, Receipt, Received};
+pub use queue::{LocalConsumer, QueueName, Receipt, Received};
 
 /// The database file inside the data dir.
 pub const DB_FILE: &str = "hookwise.db";

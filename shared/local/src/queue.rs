@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult};
+use hookwise_core::ports::{self, DeliveryQueue, DeliveryTask, PortResult, QueueConsumer, QueueMessage};
 use hookwise_core::PortError;
 use rusqlite::params;
 
@@ -88,6 +88,40 @@ impl LocalBackend {
 
     pub async fn ack_dead_many(&self, receipts: &[Receipt]) -> PortResult<usize> {
         self.ack_in(QueueName::DeadLetter, receipts).await
+    }
+
+    /// Keep received messages hidden for `hidden_for` from now (to return them later, or to
+    /// extend one still being worked on); how many were still held by these receipts.
+    pub async fn hide(&self, receipts: &[Receipt], hidden_for: Duration) -> PortResult<usize> {
+        let until = nanos(later(
+            self.now(),
+            chrono::Duration::from_std(hidden_for).unwrap_or(chrono::Duration::MAX),
+        ));
+        let keys: Vec<(i64, &'static str, u32)> = receipts
+            .iter()
+            .map(|r| (r.id, r.queue.as_str(), r.receive_count))
+            .collect();
+        self.with_conn("change a message's visibility", move |conn| {
+            let err = |e| db_err("change a message's visibility", e);
+            let mut stmt = conn
+                .prepare_cached("UPDATE queue SET visible_at = ?1 WHERE id = ?2 AND queue = ?3 AND receive_count = ?4")
+                .map_err(err)?;
+            let mut changed = 0;
+            for (id, queue, count) in keys {
+                changed += stmt.execute(params![until, id, queue, count]).map_err(err)?;
+            }
+            Ok(changed)
+        })
+        .await
+    }
+
+    /// The receiving end of one of the two queues, as the worker loop drains it.
+    pub fn consumer(&self, queue: QueueName, visibility_timeout: Duration) -> LocalConsumer {
+        LocalConsumer {
+            backend: self.clone(),
+            queue,
+            visibility_timeout,
+        }
     }
 
     /// Messages in a queue, visible or not.
@@ -312,5 +346,56 @@ impl DeliveryQueue for LocalBackend {
             .map(|task| Ok((to_json("delivery task", task)?, now)))
             .collect::<PortResult<Vec<_>>>()?;
         self.push(QueueName::DeadLetter, rows).await
+    }
+}
+
+/// One queue of a [`LocalBackend`] behind the core's consumer port.
+#[derive(Debug, Clone)]
+pub struct LocalConsumer {
+    backend: LocalBackend,
+    queue: QueueName,
+    visibility_timeout: Duration,
+}
+
+#[async_trait]
+impl QueueConsumer for LocalConsumer {
+    type Receipt = Receipt;
+
+    async fn receive(&self, max: usize, wait: Duration) -> PortResult<Vec<ports::Received<Receipt>>> {
+        let mut got = self
+            .backend
+            .receive_from(self.queue, max, self.visibility_timeout)
+            .await?;
+        if got.is_empty() && !wait.is_zero() {
+            self.backend.wait_for_messages(self.queue, wait).await?;
+            got = self
+                .backend
+                .receive_from(self.queue, max, self.visibility_timeout)
+                .await?;
+        }
+        // Undecodable rows never get here: `receive_from` sets them aside as corrupt.
+        Ok(got
+            .into_iter()
+            .map(|r| ports::Received {
+                message: QueueMessage {
+                    message_id: r.receipt.id.to_string(),
+                    task: Ok(r.task),
+                    redriven: false,
+                },
+                receipt: r.receipt,
+            })
+            .collect())
+    }
+
+    async fn ack(&self, receipts: &[Receipt]) -> PortResult<()> {
+        self.backend.ack_in(self.queue, receipts).await.map(drop)
+    }
+
+    async fn change_visibility(&self, receipts: &[Receipt], hidden_for: Duration) -> PortResult<()> {
+        self.backend.hide(receipts, hidden_for).await.map(drop)
+    }
+
+    fn visibility_timeout(&self) -> Duration {
+        self.visibility_timeout
     }
 }

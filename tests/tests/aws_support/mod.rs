@@ -11,13 +11,15 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, MessageSystemAttributeName};
 use hookwise_aws::bootstrap::{provision, Provisioned, TemplateResources};
-use hookwise_aws::{env, AwsClients, RequestCounter};
+use hookwise_aws::{encode_task, env, AwsClients, RequestCounter, SqsConsumer};
+use hookwise_core::ports::QueueMessage;
+use hookwise_core::services::Disposition;
+use hookwise_runner::{run_worker, BatchHandler, CancellationToken, WorkerConfig};
 use serde_json::{json, Value};
 
 pub const MOTO_URL: &str = "HOOKWISE_TEST_MOTO_URL";
@@ -311,18 +313,18 @@ pub struct SourceLog {
     pub scheduler: Vec<Value>,
 }
 
-/// Lambda's SQS event source mapping and EventBridge schedule, in miniature: poll each queue,
-/// invoke its function with a real SQS event, delete what the batch response did not
-/// report; invoke the scheduler every second.
+/// Lambda's SQS event source mapping and EventBridge schedule, in miniature: the runner's
+/// worker loop drains each queue into its function (a real SQS event in, the batch
+/// response's failures left on the queue); the scheduler is invoked every second.
 pub struct EventSources {
-    stop: Arc<AtomicBool>,
+    stop: CancellationToken,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     pub log: Arc<Mutex<SourceLog>>,
 }
 
 impl EventSources {
-    pub fn start(host: Arc<LambdaHost>, sqs: aws_sdk_sqs::Client, provisioned: &Provisioned) -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
+    pub async fn start(host: Arc<LambdaHost>, sqs: aws_sdk_sqs::Client, provisioned: &Provisioned) -> Self {
+        let stop = CancellationToken::new();
         let log = Arc::new(Mutex::new(SourceLog::default()));
         let mut tasks = Vec::new();
         for (label, url, function) in [
@@ -333,15 +335,25 @@ impl EventSources {
                 "hookwise-dead-letter",
             ),
         ] {
-            let (host, sqs, stop, log) = (host.clone(), sqs.clone(), stop.clone(), log.clone());
-            tasks.push(tokio::spawn(async move {
-                while !stop.load(Ordering::SeqCst) {
-                    if let Err(e) = poll_once(&host, &sqs, &url, label, function, &log).await {
-                        eprintln!("event source {label}: {e}");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                }
-            }));
+            let consumer = SqsConsumer::connect(sqs.clone(), &url)
+                .await
+                .expect("the queue's attributes");
+            let handler = InvokeFunction {
+                host: host.clone(),
+                function,
+                label,
+                arn: format!(
+                    "arn:aws:sqs:us-east-1:123456789012:{}",
+                    url.rsplit('/').next().unwrap_or_default()
+                ),
+                log: log.clone(),
+            };
+            let config = WorkerConfig {
+                name: label,
+                batch_size: 10,
+                wait: Duration::from_secs(1),
+            };
+            tasks.push(tokio::spawn(run_worker(consumer, handler, config, stop.clone())));
         }
         let tick: Value = serde_json::from_str(
             &std::fs::read_to_string(workspace_root().join("infra/events/scheduler-scheduled.json")).unwrap(),
@@ -349,7 +361,7 @@ impl EventSources {
         .unwrap();
         let (h, s, l) = (host.clone(), stop.clone(), log.clone());
         tasks.push(tokio::spawn(async move {
-            while !s.load(Ordering::SeqCst) {
+            while !s.is_cancelled() {
                 let (ok, out) = h.try_invoke("hookwise-scheduler", &tick).await;
                 if ok {
                     l.lock().unwrap().scheduler.push(out);
@@ -363,7 +375,7 @@ impl EventSources {
     }
 
     pub async fn stop(self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.cancel();
         for t in self.tasks {
             let _ = t.await;
         }
@@ -392,92 +404,72 @@ impl EventSources {
     }
 }
 
-async fn poll_once(
-    host: &LambdaHost,
-    sqs: &aws_sdk_sqs::Client,
-    url: &str,
-    label: &str,
-    function: &str,
-    log: &Mutex<SourceLog>,
-) -> Result<(), String> {
-    let out = sqs
-        .receive_message()
-        .queue_url(url)
-        .max_number_of_messages(10)
-        .wait_time_seconds(1)
-        .message_system_attribute_names(MessageSystemAttributeName::All)
-        .send()
-        .await
-        .map_err(|e| format!("receive: {e:?}"))?;
-    let messages = out.messages.unwrap_or_default();
-    if messages.is_empty() {
-        return Ok(());
-    }
-    let arn = format!(
-        "arn:aws:sqs:us-east-1:123456789012:{}",
-        url.rsplit('/').next().unwrap_or_default()
-    );
-    let records: Vec<Value> = messages
-        .iter()
-        .map(|m| {
-            let attributes: serde_json::Map<String, Value> = m
-                .attributes()
-                .map(|a| {
-                    a.iter()
-                        .map(|(k, v)| (k.as_str().to_owned(), Value::String(v.clone())))
-                        .collect()
+/// One queue's function, invoked as the event source mapping does.
+struct InvokeFunction {
+    host: Arc<LambdaHost>,
+    function: &'static str,
+    label: &'static str,
+    arn: String,
+    log: Arc<Mutex<SourceLog>>,
+}
+
+#[async_trait::async_trait]
+impl BatchHandler for InvokeFunction {
+    async fn handle(&self, messages: &[QueueMessage]) -> Vec<Disposition> {
+        // The body as it was sent: tasks go on the queue as `encode_task` writes them.
+        let bodies: Vec<String> = messages
+            .iter()
+            .map(|m| m.task.as_ref().map(encode_task).unwrap_or_else(|e| e.clone()))
+            .collect();
+        let records: Vec<Value> = messages
+            .iter()
+            .zip(&bodies)
+            .map(|(m, body)| {
+                let mut attributes = json!({"ApproximateReceiveCount": "1"});
+                if m.redriven {
+                    attributes["DeadLetterQueueSourceArn"] = self.arn.clone().into();
+                }
+                json!({
+                    "messageId": m.message_id, "receiptHandle": "handled-by-the-emulator", "body": body,
+                    "attributes": attributes, "messageAttributes": {},
+                    "eventSource": "aws:sqs", "eventSourceARN": self.arn, "awsRegion": "us-east-1"
                 })
-                .unwrap_or_default();
-            json!({
-                "messageId": m.message_id(), "receiptHandle": m.receipt_handle(), "body": m.body(),
-                "attributes": attributes, "messageAttributes": {}, "md5OfBody": m.md5_of_body(),
-                "eventSource": "aws:sqs", "eventSourceARN": arn, "awsRegion": "us-east-1"
             })
-        })
-        .collect();
-    {
-        let mut l = log.lock().unwrap();
-        l.bodies.extend(
-            messages
-                .iter()
-                .map(|m| (label.to_owned(), m.body().unwrap_or_default().to_owned())),
-        );
+            .collect();
+        self.log
+            .lock()
+            .unwrap()
+            .bodies
+            .extend(bodies.into_iter().map(|b| (self.label.to_owned(), b)));
+        let (ok, response) = self
+            .host
+            .try_invoke(self.function, &json!({ "Records": records }))
+            .await;
+        if !ok {
+            // As Lambda does: a failed invocation leaves the whole batch to come back.
+            eprintln!("event source {}: {} failed: {response}", self.label, self.function);
+            return vec![Disposition::Redeliver; messages.len()];
+        }
+        let failed: Vec<String> = response["batchItemFailures"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| f["itemIdentifier"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        self.log.lock().unwrap().failures.extend(failed.iter().cloned());
+        messages
+            .iter()
+            .map(|m| {
+                if failed.contains(&m.message_id) {
+                    Disposition::Redeliver
+                } else {
+                    Disposition::Done
+                }
+            })
+            .collect()
     }
-    let (ok, response) = host.try_invoke(function, &json!({ "Records": records })).await;
-    if !ok {
-        // As Lambda does: a failed invocation leaves the whole batch to come back.
-        return Err(format!("{function} failed: {response}"));
-    }
-    let failed: Vec<String> = response["batchItemFailures"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| f["itemIdentifier"].as_str().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default();
-    log.lock().unwrap().failures.extend(failed.iter().cloned());
-    let done: Vec<DeleteMessageBatchRequestEntry> = messages
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| !failed.iter().any(|f| Some(f.as_str()) == m.message_id()))
-        .map(|(i, m)| {
-            DeleteMessageBatchRequestEntry::builder()
-                .id(i.to_string())
-                .receipt_handle(m.receipt_handle().unwrap_or_default())
-                .build()
-                .unwrap()
-        })
-        .collect();
-    if !done.is_empty() {
-        sqs.delete_message_batch()
-            .queue_url(url)
-            .set_entries(Some(done))
-            .send()
-            .await
-            .map_err(|e| format!("delete: {e:?}"))?;
-    }
-    Ok(())
 }
 
 /// The API through the ingest function, one API Gateway HTTP API event per call.

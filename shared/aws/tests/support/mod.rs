@@ -74,11 +74,10 @@ pub async fn env(moto_url: &str, dynamodb_url: &str, counter: Option<&RequestCou
     let provisioned = provision(&clients, &template(), &unique_prefix())
         .await
         .expect("tables and queues from template.yaml");
-    let config = provisioned
-        .config(SENDER)
-        .queue_max_delay_seconds(5)
-        .build()
-        .expect("config");
+    let config = hookwise_aws::AwsConfig {
+        queue_max_delay_seconds: 5,
+        ..provisioned.config(SENDER)
+    };
     let adapters = AwsAdapters::new(&clients, &config);
     Env {
         clients,

@@ -24,6 +24,7 @@ struct Notice {
 }
 
 impl Services {
+    #[tracing::instrument(name = "dead_letters", skip_all, fields(messages = tasks.len()))]
     pub async fn handle_dead_letters(&self, tasks: &[DeliveryTask]) -> Result<DeadLetterReport> {
         let store = &self.ports.store;
         let mut by_owner: BTreeMap<String, (Email, Vec<Notice>)> = BTreeMap::new();
@@ -50,6 +51,10 @@ impl Services {
             {
                 continue;
             }
+            tracing::info!(
+                delivery_id = %delivery.id, event_id = %delivery.event_id, tenant_id = %delivery.tenant_id,
+                round = delivery.round, "dead delivery; its owner will be told"
+            );
             let sub = store
                 .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
                 .await?;

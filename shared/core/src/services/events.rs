@@ -35,6 +35,8 @@ pub struct EventWithDeliveries {
 }
 
 impl Services {
+    #[tracing::instrument(name = "ingest", skip_all,
+        fields(tenant_id = %tenant.id, event_type = %new.event_type, event_id = tracing::field::Empty))]
     pub async fn ingest(&self, tenant: &Tenant, new: NewEvent, idempotency_key: Option<String>) -> Result<Ingested> {
         if !new.payload.is_object() {
             return Err(ValidationError::new("invalid_payload", "payload must be a JSON object").into());
@@ -57,6 +59,7 @@ impl Services {
             created_at: now,
             idempotency_key,
         };
+        tracing::Span::current().record("event_id", tracing::field::display(&event.id));
         let subscriptions = self.ports.store.list_subscriptions(&tenant.id).await?;
         let deliveries: Vec<Delivery> = subscriptions
             .iter()

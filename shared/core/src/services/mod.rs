@@ -1,6 +1,7 @@
 //! The services: what Hookwise does, written once against the ports and run by every host
 //! (the Lambda functions, `hookwise dev`, the tests).
 
+mod consume;
 mod dead_letter;
 mod deliver;
 mod events;
@@ -18,6 +19,7 @@ use crate::policy::RetryPolicy;
 
 use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store};
 
+pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
 pub use deliver::DeliverOutcome;
 pub use events::{EventWithDeliveries, Ingested, NewEvent};

@@ -10,6 +10,7 @@ use crate::ports::DeliveryQuery;
 use crate::state::{next_task, replay};
 
 impl Services {
+    #[tracing::instrument(name = "replay", skip_all, fields(tenant_id = %tenant.id, delivery_id = %id))]
     pub async fn replay_delivery(&self, tenant: &Tenant, id: &DeliveryId) -> Result<Delivery> {
         let (delivery, _) = self.get_delivery(tenant, id).await?;
         if delivery.status != DeliveryStatus::Dead {
@@ -25,6 +26,7 @@ impl Services {
     }
 
     /// Every dead delivery of the event.
+    #[tracing::instrument(name = "replay", skip_all, fields(tenant_id = %tenant.id, event_id = %id))]
     pub async fn replay_event(&self, tenant: &Tenant, id: &EventId) -> Result<Vec<Delivery>> {
         let found = self.get_event(tenant, id).await?;
         let dead = found
@@ -36,6 +38,7 @@ impl Services {
     }
 
     /// The subscription's deliveries that died at or after `since`.
+    #[tracing::instrument(name = "recover", skip_all, fields(tenant_id = %tenant.id, subscription_id = %id, %since))]
     pub async fn recover_subscription(
         &self,
         tenant: &Tenant,
@@ -68,7 +71,10 @@ impl Services {
         for delivery in dead {
             let Some(change) = replay(&delivery, now) else { continue };
             match self.ports.store.apply_change(&change).await {
-                Ok(()) => replayed.push(change.next),
+                Ok(()) => {
+                    tracing::info!(delivery_id = %change.next.id, event_id = %change.next.event_id, round = change.next.round, "replayed");
+                    replayed.push(change.next)
+                }
                 Err(PortError::ConditionFailed(_)) => continue,
                 Err(e) => return Err(e.into()),
             }

@@ -20,6 +20,7 @@ pub struct SchedulerReport {
 }
 
 impl Services {
+    #[tracing::instrument(name = "scheduler_tick", skip_all, err)]
     pub async fn run_scheduler(&self) -> Result<SchedulerReport> {
         let moved = self.move_due_retries().await?;
         let requeued = self.sweep_overdue().await?;

@@ -33,6 +33,8 @@ struct StoreData {
 #[derive(Default)]
 pub struct MemoryStore {
     data: Mutex<StoreData>,
+    /// While set, reading a delivery fails as a throttled backend would (retryable).
+    pub unavailable: std::sync::atomic::AtomicBool,
 }
 
 #[async_trait]
@@ -115,6 +117,12 @@ impl Store for MemoryStore {
             .collect())
     }
     async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>> {
+        if self.unavailable.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(PortError::retryable(
+                "get delivery",
+                "throttled (MemoryStore::unavailable)",
+            ));
+        }
         Ok(lock(&self.data).deliveries.iter().find(|d| &d.id == id).cloned())
     }
     async fn list_deliveries(&self, tenant: &TenantId, q: &DeliveryQuery) -> PortResult<DeliveryPage> {

@@ -25,6 +25,23 @@ pub use views::*;
 /// The largest request body accepted (the event payload limit): larger is 413.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
 
+/// The longest one request may take, reading its body included: past it the client gets 408
+/// and the connection is free, so a slow client cannot hold up shutdown.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+async fn time_limit(request: axum::extract::Request, next: axum::middleware::Next) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match tokio::time::timeout(REQUEST_TIMEOUT, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::new(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            format!("the request took longer than {} s", REQUEST_TIMEOUT.as_secs()),
+        )
+        .into_response(),
+    }
+}
+
 /// What every handler shares: the services, built once by the host.
 #[derive(Clone)]
 pub struct ApiState {
@@ -80,5 +97,6 @@ pub fn router(state: ApiState) -> Router {
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(TraceLayer::new_for_http())
+        .layer(axum::middleware::from_fn(time_limit))
         .with_state(state)
 }

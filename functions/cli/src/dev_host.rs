@@ -1,0 +1,147 @@
+//! What `hookwise dev` shares between its two modes, the embedded store (`dev.rs`) and AWS
+//! APIs (`dev_aws.rs`): the flags, and everything after the adapters are built (the default
+//! tenant, the ready lines, running every role until Ctrl-C or SIGTERM).
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use hookwise_core::model::Email;
+use hookwise_core::ports::QueueConsumer;
+use hookwise_core::services::Services;
+use hookwise_core::Error;
+use hookwise_runner::{run_host, CancellationToken, HostConfig};
+use ipnet::IpNet;
+use tokio::net::TcpListener;
+
+#[derive(clap::Args)]
+pub struct DevArgs {
+    #[command(flatten)]
+    pub common: CommonArgs,
+    #[command(flatten)]
+    pub local: crate::dev::LocalArgs,
+    #[command(flatten)]
+    pub aws: crate::dev_aws::AwsArgs,
+}
+
+/// The flags both modes take.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CommonArgs {
+    /// Address for the API (port 0 picks a free one).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// The default tenant's API key; else one is generated (and, on the embedded store,
+    /// kept in the data dir).
+    #[arg(long, env = "HOOKWISE_API_KEY")]
+    pub api_key: Option<String>,
+    /// Who the default tenant's dead-delivery emails go to.
+    #[arg(long, default_value = "owner@example.com", value_parser = |s: &str| Email::parse(s).map_err(|e| e.to_string()))]
+    pub owner_email: Email,
+    /// Let deliveries reach this otherwise refused range (repeatable), e.g. 10.0.0.0/8.
+    #[arg(long = "allow-target-cidr", value_name = "CIDR")]
+    pub allow_target_cidr: Vec<IpNet>,
+    /// Refuse loopback targets too, as a deployment does.
+    #[arg(long)]
+    pub deny_loopback: bool,
+    /// Seconds between scheduler ticks (moving due retries, sweeping overdue deliveries).
+    #[arg(long, default_value_t = 1)]
+    pub scheduler_interval: u64,
+    /// The queue's longest delay; later retries wait in the scheduler table (SQS: 900).
+    #[arg(long, default_value_t = 900, hide = true)]
+    pub max_queue_delay: u32,
+    /// Deliveries handled at once.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+}
+
+impl CommonArgs {
+    /// The ranges deliveries may reach: the allowed ones, and loopback unless denied.
+    pub fn allowed_targets(&self) -> Vec<IpNet> {
+        let mut allow = self.allow_target_cidr.clone();
+        if !self.deny_loopback {
+            allow.extend([
+                "127.0.0.0/8".parse::<IpNet>().expect("a CIDR"),
+                "::1/128".parse().expect("a CIDR"),
+            ]);
+        }
+        allow
+    }
+
+    pub async fn bind(&self) -> anyhow::Result<(TcpListener, SocketAddr)> {
+        let listener = TcpListener::bind(self.listen)
+            .await
+            .with_context(|| format!("listen on {}", self.listen))?;
+        let addr = listener.local_addr()?;
+        Ok((listener, addr))
+    }
+}
+
+/// The tenant `hookwise dev` serves: the one with `key`, created if there is none.
+pub async fn ensure_tenant(services: &Services, key: &str, owner: &Email) -> anyhow::Result<()> {
+    match services.authenticate(key).await {
+        Ok(_) => Ok(()),
+        Err(Error::Unauthorized) => {
+            services
+                .create_tenant_with_key("dev", owner.clone(), key)
+                .await
+                .context("create the dev tenant")?;
+            Ok(())
+        }
+        Err(e) => Err(e).context("look up the dev tenant"),
+    }
+}
+
+/// A mode's adapters, ready to run.
+pub struct Ready<D, L> {
+    pub services: Arc<Services>,
+    pub listener: TcpListener,
+    pub delivery: D,
+    pub dead_letter: L,
+    /// The first ready line, e.g. `Hookwise dev: listening on http://…`.
+    pub title: String,
+    /// The mode's own lines (data dir, tables, queues), as (label, value).
+    pub details: Vec<(&'static str, String)>,
+    pub api_key: String,
+}
+
+/// Print the ready lines, then run every role until Ctrl-C or SIGTERM.
+pub async fn serve<D, L>(ready: Ready<D, L>, args: &CommonArgs, receive_wait: Duration) -> anyhow::Result<ExitCode>
+where
+    D: QueueConsumer + 'static,
+    L: QueueConsumer + 'static,
+{
+    // Before the ready lines: a SIGTERM right after them must stop the process cleanly.
+    let stop: CancellationToken = hookwise_runner::cancel_on_signals().context("install the signal handlers")?;
+    let addr = ready.listener.local_addr()?;
+    let key = &ready.api_key;
+    println!("{}", ready.title);
+    for (label, value) in &ready.details {
+        println!("{:<14}{value}", format!("{label}:"));
+    }
+    println!("API key:      {key}");
+    println!("dashboard:    http://{addr}/dashboard");
+    println!("try:          curl -H 'Authorization: Bearer {key}' http://{addr}/v1/subscriptions");
+    if !args.deny_loopback {
+        eprintln!(
+            "warning: deliveries to loopback (127.0.0.0/8, ::1) are allowed in dev; --deny-loopback refuses them"
+        );
+    }
+    let config = HostConfig {
+        batch_size: 32,
+        receive_wait,
+        scheduler_tick: Duration::from_secs(args.scheduler_interval.max(1)),
+    };
+    run_host(
+        ready.services,
+        ready.listener,
+        ready.delivery,
+        ready.dead_letter,
+        config,
+        stop,
+    )
+    .await?;
+    eprintln!("stopped");
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,118 @@
+//! What becomes of each message of a batch from either queue: the redelivery rule, in one
+//! place. Every host runs it: the worker loop of `hookwise dev` and `dev --aws` (acking or
+//! returning each message) and the two SQS-triggered Lambdas (as `batchItemFailures`).
+
+use super::Services;
+use crate::ports::{DeliveryTask, QueueMessage};
+
+/// Which queue a batch came from, and so which handler takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueRole {
+    /// The delivery queue: one attempt per message.
+    Delivery,
+    /// The dead-letter queue: dead deliveries whose owners are told.
+    DeadLetter,
+}
+
+impl QueueRole {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Delivery => "delivery",
+            Self::DeadLetter => "dead-letter",
+        }
+    }
+}
+
+/// What the queue does with a message once its batch has been handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Disposition {
+    /// Handled (or stale, or beyond help): delete it.
+    Done,
+    /// An infrastructure failure: the queue sends it again later, and after its
+    /// `maxReceiveCount` redrives it to the dead-letter queue.
+    Redeliver,
+}
+
+impl Services {
+    /// Handle a batch from `role`'s queue; one disposition per message, in order.
+    ///
+    /// - Delivery queue: each task is delivered ([`Services::deliver_batch`]); an `Err`,
+    ///   retryable or permanent, is redelivered rather than swallowed: a permanent fault then
+    ///   ends, through the queue's redrive, as a visible dead delivery. A body that is not a
+    ///   task is redelivered too (during a deploy a newer reader may take it); if none does,
+    ///   the redrive parks it on the dead-letter queue.
+    /// - Dead-letter queue: the batch is handled at once ([`Services::handle_dead_letters`],
+    ///   so many deaths of one owner make one digest); if that fails, every task of the batch
+    ///   comes back (a notice already claimed is not sent twice). A body that is not a task
+    ///   is logged and dropped: there is no delivery to mark and no owner to tell.
+    pub async fn handle_messages(&self, role: QueueRole, messages: &[QueueMessage]) -> Vec<Disposition> {
+        let tasks: Vec<DeliveryTask> = messages.iter().filter_map(|m| m.task.clone().ok()).collect();
+        for m in messages {
+            match &m.task {
+                Ok(task) if role == QueueRole::DeadLetter => tracing::info!(
+                    message_id = %m.message_id, delivery_id = %task.delivery_id, attempt = task.attempt,
+                    redriven = m.redriven, "dead letter"
+                ),
+                Ok(_) => {}
+                Err(error) => tracing::error!(
+                    queue = role.as_str(), message_id = %m.message_id, %error,
+                    "message body is not a delivery task"
+                ),
+            }
+        }
+        // Per task, in order: done or not.
+        let handled: Vec<bool> = match role {
+            QueueRole::Delivery => self
+                .deliver_batch(&tasks)
+                .await
+                .into_iter()
+                .zip(&tasks)
+                .map(|(result, task)| match result {
+                    Ok(_) => true,
+                    Err(error) => {
+                        tracing::warn!(
+                            delivery_id = %task.delivery_id, attempt = task.attempt, %error,
+                            retryable = error.is_retryable(),
+                            "delivery failed; the queue will redeliver the message (a permanent error is \
+                             redriven to the dead-letter queue after maxReceiveCount)"
+                        );
+                        false
+                    }
+                })
+                .collect(),
+            QueueRole::DeadLetter => {
+                let ok = match self.handle_dead_letters(&tasks).await {
+                    Ok(report) => {
+                        if report.emails > 0 {
+                            tracing::info!(
+                                notified = report.notified,
+                                emails = report.emails,
+                                "owners told of dead deliveries"
+                            );
+                        }
+                        true
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, retryable = error.is_retryable(), messages = tasks.len(),
+                            "dead-letter batch failed; the queue will redeliver it");
+                        false
+                    }
+                };
+                vec![ok; tasks.len()]
+            }
+        };
+        let undecodable = match role {
+            QueueRole::Delivery => Disposition::Redeliver,
+            QueueRole::DeadLetter => Disposition::Done,
+        };
+        let mut handled = handled.into_iter();
+        messages
+            .iter()
+            .map(|m| match &m.task {
+                Ok(_) if handled.next() == Some(true) => Disposition::Done,
+                Ok(_) => Disposition::Redeliver,
+                Err(_) => undecodable,
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,138 @@
+use std::sync::Mutex;
+
+use hookwise_core::model::DeliveryId;
+use hookwise_core::ports::{DeliveryTask, PortResult, Received};
+
+use super::*;
+
+/// A queue in a vector: what was received, acked and hidden again.
+#[derive(Default)]
+struct FakeQueue {
+    waiting: Mutex<Vec<QueueMessage>>,
+    acked: Mutex<Vec<u32>>,
+    extended: Mutex<Vec<(Vec<u32>, Duration)>>,
+}
+
+#[async_trait]
+impl QueueConsumer for &FakeQueue {
+    type Receipt = u32;
+
+    async fn receive(&self, max: usize, _wait: Duration) -> PortResult<Vec<Received<u32>>> {
+        let mut waiting = self.waiting.lock().unwrap();
+        let n = max.min(waiting.len());
+        Ok(waiting
+            .drain(..n)
+            .enumerate()
+            .map(|(i, message)| Received {
+                receipt: i as u32,
+                message,
+            })
+            .collect())
+    }
+    async fn ack(&self, receipts: &[u32]) -> PortResult<()> {
+        self.acked.lock().unwrap().extend(receipts);
+        Ok(())
+    }
+    async fn change_visibility(&self, receipts: &[u32], hidden_for: Duration) -> PortResult<()> {
+        self.extended.lock().unwrap().push((receipts.to_vec(), hidden_for));
+        Ok(())
+    }
+    fn visibility_timeout(&self) -> Duration {
+        Duration::from_secs(30)
+    }
+}
+
+fn message(id: &str) -> QueueMessage {
+    let task = DeliveryTask {
+        delivery_id: DeliveryId::generate(chrono::Utc::now(), &mut rand::rng()),
+        round: 1,
+        attempt: 1,
+    };
+    QueueMessage {
+        message_id: id.into(),
+        task: Ok(task),
+        redriven: false,
+    }
+}
+
+/// Answers from a script, after `takes`, and cancels `stop` once it has handled a batch.
+struct Scripted {
+    answers: Vec<Disposition>,
+    takes: Duration,
+    stop: CancellationToken,
+}
+
+#[async_trait]
+impl BatchHandler for Scripted {
+    async fn handle(&self, messages: &[QueueMessage]) -> Vec<Disposition> {
+        assert_eq!(messages.len(), self.answers.len());
+        tokio::time::sleep(self.takes).await;
+        self.stop.cancel();
+        self.answers.clone()
+    }
+}
+
+fn config() -> WorkerConfig {
+    WorkerConfig {
+        name: "test",
+        batch_size: 10,
+        wait: Duration::from_millis(10),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn given_a_batch_then_only_the_messages_the_handler_is_done_with_are_acked() {
+    let queue = FakeQueue::default();
+    queue
+        .waiting
+        .lock()
+        .unwrap()
+        .extend([message("a"), message("b"), message("c")]);
+    let stop = CancellationToken::new();
+    let handler = Scripted {
+        answers: vec![Disposition::Done, Disposition::Redeliver, Disposition::Done],
+        takes: Duration::from_millis(5),
+        stop: stop.clone(),
+    };
+    run_worker(&queue, handler, config(), stop).await;
+    assert_eq!(
+        *queue.acked.lock().unwrap(),
+        vec![0, 2],
+        "the redelivered one is left to come back"
+    );
+    assert!(
+        queue.extended.lock().unwrap().is_empty(),
+        "a quick batch needs no extension"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn given_a_batch_slower_than_half_the_visibility_timeout_then_its_visibility_is_extended_until_done() {
+    let queue = FakeQueue::default();
+    queue.waiting.lock().unwrap().extend([message("a"), message("b")]);
+    let stop = CancellationToken::new();
+    // 40 s on a 30 s timeout: extended at 15 s and at 30 s, each time by the whole timeout.
+    let handler = Scripted {
+        answers: vec![Disposition::Done; 2],
+        takes: Duration::from_secs(40),
+        stop: stop.clone(),
+    };
+    run_worker(&queue, handler, config(), stop).await;
+    let extended = queue.extended.lock().unwrap();
+    assert_eq!(*extended, vec![(vec![0, 1], Duration::from_secs(30)); 2]);
+    assert_eq!(*queue.acked.lock().unwrap(), vec![0, 1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn given_shutdown_before_a_message_arrives_then_the_worker_returns_without_handling_any() {
+    let queue = FakeQueue::default();
+    let stop = CancellationToken::new();
+    stop.cancel();
+    let handler = Scripted {
+        answers: vec![],
+        takes: Duration::ZERO,
+        stop: stop.clone(),
+    };
+    run_worker(&queue, handler, config(), stop).await;
+    assert!(queue.acked.lock().unwrap().is_empty());
+}

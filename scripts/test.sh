@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s  [%s, %ss in]\n' "$*" "$(date +%T)" "$SECONDS"; }
 
 step "Python test tools"
 python3 -m pip install --quiet --disable-pip-version-check -r tests/requirements.txt

@@ -1,6 +1,7 @@
 //! What `hookwise dev` shares between its two modes, the embedded store (`dev.rs`) and AWS
-//! APIs (`dev_aws.rs`): the flags, and everything after the adapters are built (the default
-//! tenant, the ready lines, running every role until Ctrl-C or SIGTERM).
+//! APIs (`dev_aws.rs`): the common flags, and everything after the adapters are built (the
+//! default tenant, the ready lines, running every role until Ctrl-C or SIGTERM). It knows
+//! neither mode: both depend on it, not the other way round.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -15,16 +16,6 @@ use hookwise_core::Error;
 use hookwise_runner::{run_host, CancellationToken, HostConfig};
 use ipnet::IpNet;
 use tokio::net::TcpListener;
-
-#[derive(clap::Args)]
-pub struct DevArgs {
-    #[command(flatten)]
-    pub common: CommonArgs,
-    #[command(flatten)]
-    pub local: crate::dev::LocalArgs,
-    #[command(flatten)]
-    pub aws: crate::dev_aws::AwsArgs,
-}
 
 /// The flags both modes take.
 #[derive(clap::Args, Debug, Clone)]

@@ -29,12 +29,23 @@ enum Command {
     Policy(policy_cmd::PolicyCommand),
     /// Run Hookwise locally: API, delivery worker, scheduler and dead-letter handler on an
     /// embedded store (no AWS, no Docker).
-    Dev(dev_host::DevArgs),
+    Dev(DevArgs),
     /// Manage tenants in a local data dir.
     #[command(subcommand)]
     Tenant(tenant_cmd::TenantCommand),
     /// Simulate a retry storm for a policy; exit 1 when the peak breaks the deploy gate.
     Storm(storm_cmd::StormArgs),
+}
+
+/// `hookwise dev`'s flags: the common ones and each mode's own.
+#[derive(clap::Args)]
+struct DevArgs {
+    #[command(flatten)]
+    common: dev_host::CommonArgs,
+    #[command(flatten)]
+    local: dev::LocalArgs,
+    #[command(flatten)]
+    aws: dev_aws::AwsArgs,
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

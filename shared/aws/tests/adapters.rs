@@ -221,3 +221,52 @@ fn given_the_test_script_requires_the_services_then_a_missing_url_fails_the_test
             || String::from_utf8_lossy(&status.stderr).contains("HOOKWISE_TEST_NO_SUCH_URL")
     );
 }
+
+#[tokio::test]
+async fn given_a_message_on_sqs_the_consumer_port_receives_returns_and_acks_it() {
+    use hookwise_core::ports::{DeliveryQueue, QueueConsumer};
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
+    let env = support::env(&moto, &moto, None).await;
+    let url = &env.provisioned.delivery_queue_url;
+    let consumer = hookwise_aws::SqsConsumer::connect(env.clients.sqs.clone(), url)
+        .await
+        .unwrap();
+    assert_eq!(
+        consumer.visibility_timeout(),
+        std::time::Duration::from_secs(180),
+        "template.yaml's"
+    );
+
+    let t = task(Utc::now()).task;
+    env.adapters.queue.enqueue(&[(t.clone(), 0)]).await.unwrap();
+    let wait = std::time::Duration::from_secs(2);
+    let got = consumer.receive(10, wait).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message.task, Ok(t.clone()));
+    assert!(
+        consumer
+            .receive(10, std::time::Duration::ZERO)
+            .await
+            .unwrap()
+            .is_empty(),
+        "hidden while handled"
+    );
+    consumer
+        .change_visibility(&[got[0].receipt.clone()], std::time::Duration::ZERO)
+        .await
+        .unwrap();
+    let again = consumer.receive(10, wait).await.unwrap();
+    assert_eq!(again.len(), 1, "returned for redelivery");
+    consumer.ack(&[again[0].receipt.clone()]).await.unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        consumer
+            .receive(10, std::time::Duration::from_secs(1))
+            .await
+            .unwrap()
+            .is_empty(),
+        "deleted"
+    );
+}

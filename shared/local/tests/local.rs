@@ -613,3 +613,47 @@ async fn seed_delivery(store: &LocalBackend, rng: &mut StdRng) -> Delivery {
         .unwrap();
     delivery
 }
+
+#[tokio::test]
+async fn the_consumer_port_receives_returns_extends_and_acks_on_either_queue() {
+    use hookwise_core::ports::QueueConsumer;
+    let mut rng = StdRng::seed_from_u64(9);
+    let (clock, config) = clocked();
+    let backend = LocalBackend::open_in_memory_with(config).unwrap();
+    let consumer = backend.consumer(QueueName::Delivery, Duration::from_secs(30));
+    let t = task(&mut rng);
+    backend.enqueue(&[(t.clone(), 0)]).await.unwrap();
+
+    let got = consumer.receive(10, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].message.task, Ok(t.clone()));
+    assert!(!got[0].message.redriven);
+    // Extended to 60 s: not back at the 30 s timeout, back after 60 s.
+    consumer
+        .change_visibility(&[got[0].receipt.clone()], Duration::from_secs(60))
+        .await
+        .unwrap();
+    clock.advance(secs(31));
+    assert!(
+        consumer.receive(10, Duration::ZERO).await.unwrap().is_empty(),
+        "still hidden: extended"
+    );
+    // Returned at once: visible now, with the same receipt still good.
+    consumer
+        .change_visibility(&[got[0].receipt.clone()], Duration::ZERO)
+        .await
+        .unwrap();
+    let again = consumer.receive(10, Duration::ZERO).await.unwrap();
+    assert_eq!(again.len(), 1, "returned for redelivery");
+    consumer.ack(&[again[0].receipt.clone()]).await.unwrap();
+    assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap(), 0);
+
+    // The dead-letter queue's consumer sees only its own queue.
+    backend.dead_letter(std::slice::from_ref(&t)).await.unwrap();
+    assert!(consumer.receive(10, Duration::ZERO).await.unwrap().is_empty());
+    let dead = backend.consumer(QueueName::DeadLetter, Duration::from_secs(30));
+    let got = dead.receive(10, Duration::ZERO).await.unwrap();
+    assert_eq!(got.len(), 1);
+    dead.ack(&[got[0].receipt.clone()]).await.unwrap();
+    assert_eq!(backend.queue_len(QueueName::DeadLetter).await.unwrap(), 0);
+}

@@ -4,6 +4,7 @@
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::transact_write_items::TransactWriteItemsError;
 use aws_smithy_runtime_api::http::Response;
+use aws_smithy_types::error::display::DisplayErrorContext;
 use hookwise_core::PortError;
 
 /// Error codes that mean "slow down" or "try again", across DynamoDB, SQS and SES.
@@ -35,15 +36,35 @@ fn transient(code: Option<&str>, status: u16) -> bool {
     status >= 500 || status == 429 || code.is_some_and(|c| TRANSIENT_CODES.contains(&c))
 }
 
+/// The error as an operator needs it: the service's error code, HTTP status and message
+/// (`SdkError`'s own Display says only "service error"), or for a timeout or a connection
+/// failure the whole chain of causes. It is seen after the SDK's own retries (standard mode:
+/// up to 3 attempts for throttling and transient errors).
+pub(crate) fn describe<E>(err: &SdkError<E, Response>) -> String
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    match err {
+        SdkError::ServiceError(service) => format!(
+            "{} (HTTP {}): {}",
+            service.err().code().unwrap_or("no error code"),
+            service.raw().status().as_u16(),
+            service.err().message().unwrap_or("no message")
+        ),
+        other => DisplayErrorContext(other).to_string(),
+    }
+}
+
 /// Any operation's error.
 pub(crate) fn classify<E>(what: &str, err: SdkError<E, Response>) -> PortError
 where
     E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
 {
     let what = what.to_owned();
+    let described = describe(&err);
     match &err {
         SdkError::TimeoutError(_) | SdkError::DispatchFailure(_) | SdkError::ResponseError(_) => {
-            PortError::retryable(what, err)
+            PortError::retryable(what, described)
         }
         SdkError::ServiceError(service) => {
             let code = service.err().code();
@@ -54,12 +75,12 @@ where
                 ));
             }
             if transient(code, service.raw().status().as_u16()) {
-                PortError::retryable(what, err)
+                PortError::retryable(what, described)
             } else {
-                PortError::permanent(what, err)
+                PortError::permanent(what, described)
             }
         }
-        _ => PortError::permanent(what, err),
+        _ => PortError::permanent(what, described),
     }
 }
 
@@ -100,10 +121,11 @@ pub(crate) fn classify_transaction(what: &str, err: SdkError<TransactWriteItemsE
             if reasons.is_empty() && message.contains("ConditionalCheckFailed") {
                 return TxFailure::Condition(Vec::new());
             }
+            let described = format!("{} (reasons: {reasons:?})", describe(&err));
             if transient_reason || message.contains("TransactionConflict") {
-                return TxFailure::Other(PortError::retryable(what, err));
+                return TxFailure::Other(PortError::retryable(what, described));
             }
-            return TxFailure::Other(PortError::permanent(what, err));
+            return TxFailure::Other(PortError::permanent(what, described));
         }
     }
     TxFailure::Other(classify(what, err))
@@ -122,5 +144,36 @@ mod tests {
         assert!(!transient(Some("ValidationException"), 400));
         assert!(!transient(Some("AccessDeniedException"), 400));
         assert!(!transient(Some("ResourceNotFoundException"), 400));
+    }
+
+    fn service_error(
+        code: &str,
+        status: u16,
+    ) -> SdkError<aws_sdk_dynamodb::operation::get_item::GetItemError, Response> {
+        let meta = aws_smithy_types::error::ErrorMetadata::builder()
+            .code(code)
+            .message("slow down")
+            .build();
+        let raw = Response::new(
+            aws_smithy_runtime_api::http::StatusCode::try_from(status).unwrap(),
+            aws_smithy_types::body::SdkBody::empty(),
+        );
+        SdkError::service_error(aws_sdk_dynamodb::operation::get_item::GetItemError::generic(meta), raw)
+    }
+
+    #[test]
+    fn given_throttling_then_the_error_names_the_aws_error_code_and_is_retryable() {
+        let err = classify(
+            "get delivery",
+            service_error("ProvisionedThroughputExceededException", 400),
+        );
+        assert!(matches!(err, PortError::Retryable { .. }), "{err:?}");
+        let text = err.to_string();
+        assert!(text.contains("ProvisionedThroughputExceededException"), "{text}");
+        assert!(text.contains("HTTP 400") && text.contains("slow down"), "{text}");
+
+        let err = classify("get delivery", service_error("AccessDeniedException", 400));
+        assert!(matches!(err, PortError::Permanent { .. }), "{err:?}");
+        assert!(err.to_string().contains("AccessDeniedException"), "{err}");
     }
 }

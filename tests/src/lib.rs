@@ -77,17 +77,16 @@ impl Dev {
     }
 
     fn spawn(data_dir: &Path, args: Vec<String>) -> Self {
+        // A short visibility timeout unless the test sets its own.
+        let visibility: &[&str] = if args.iter().any(|a| a == "--visibility-timeout") {
+            &[]
+        } else {
+            &["--visibility-timeout", "3"]
+        };
         let mut child = Command::new(hookwise_bin())
-            .args([
-                "dev",
-                "--listen",
-                "127.0.0.1:0",
-                "--scheduler-interval",
-                "1",
-                "--visibility-timeout",
-                "3",
-                "--data-dir",
-            ])
+            .args(["dev", "--listen", "127.0.0.1:0", "--scheduler-interval", "1"])
+            .args(visibility)
+            .arg("--data-dir")
             .arg(data_dir)
             .args(&args)
             .env("HOOKWISE_LOG", "warn")
@@ -286,6 +285,8 @@ pub struct Receiver {
     pub got: Arc<Mutex<Vec<Received>>>,
     fail_first: Arc<AtomicU32>,
     hits: Arc<AtomicU32>,
+    /// How long each answer takes, in milliseconds.
+    delay_ms: Arc<AtomicU64>,
 }
 
 impl Receiver {
@@ -293,9 +294,10 @@ impl Receiver {
         let got = Arc::new(Mutex::new(Vec::new()));
         let fail = Arc::new(AtomicU32::new(fail_first));
         let hits = Arc::new(AtomicU32::new(0));
-        let (g, f, h) = (got.clone(), fail.clone(), hits.clone());
+        let delay_ms = Arc::new(AtomicU64::new(0));
+        let (g, f, h, d) = (got.clone(), fail.clone(), hits.clone(), delay_ms.clone());
         let app = axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
-            let (g, f, h) = (g.clone(), f.clone(), h.clone());
+            let (g, f, h, d) = (g.clone(), f.clone(), h.clone(), d.clone());
             async move {
                 let headers = headers
                     .iter()
@@ -305,6 +307,7 @@ impl Receiver {
                     headers,
                     body: body.to_vec(),
                 });
+                tokio::time::sleep(Duration::from_millis(d.load(Ordering::SeqCst))).await;
                 let n = h.fetch_add(1, Ordering::SeqCst);
                 if n < f.load(Ordering::SeqCst) {
                     (StatusCode::INTERNAL_SERVER_ERROR, "down for maintenance")
@@ -321,7 +324,13 @@ impl Receiver {
             got,
             fail_first: fail,
             hits,
+            delay_ms,
         }
+    }
+
+    /// Answer each request only after `delay` (the request is recorded on arrival).
+    pub fn set_delay(&self, delay: Duration) {
+        self.delay_ms.store(delay.as_millis() as u64, Ordering::SeqCst);
     }
 
     pub fn url(&self, path: &str) -> String {

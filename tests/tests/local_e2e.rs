@@ -385,3 +385,64 @@ async fn given_bad_input_then_the_api_answers_4xx_with_a_code_and_a_useful_messa
     let (status, _) = api.with_key("hwk_nobody_has_this_key").get("/v1/subscriptions").await;
     assert_eq!(status, 401);
 }
+
+#[tokio::test]
+async fn given_dev_is_killed_with_deliveries_in_hand_then_the_restart_sends_them_within_seconds_not_after_the_visibility_timeout(
+) {
+    let dir = TempDir::new("inflight");
+    // Two minutes of visibility, as a default `hookwise dev` has.
+    let mut dev = Dev::start(&dir.0, &["--visibility-timeout", "120"]);
+    let api = dev.api();
+    let receiver = Receiver::start(0).await;
+    receiver.set_delay(Duration::from_secs(30)); // the POSTs are still in hand when it dies
+    api.subscribe(json!({"url": receiver.url("/slow")})).await;
+    let ev = api.send_event("order.created", json!({"i": 1})).await;
+    let id = ev["deliveries"][0]["id"].as_str().unwrap().to_owned();
+    receiver.wait_count(1, WAIT).await; // the POST has arrived and is not answered
+    dev.kill9();
+    receiver.set_delay(Duration::ZERO);
+    let restarted = std::time::Instant::now();
+    dev.restart();
+    let delivered = dev.api().wait_status(&id, "delivered", Duration::from_secs(20)).await;
+    assert!(
+        restarted.elapsed() < Duration::from_secs(20),
+        "took {:?}",
+        restarted.elapsed()
+    );
+    assert_eq!(
+        delivered["attempt_count"], 1,
+        "the killed attempt was never recorded: {delivered}"
+    );
+}
+
+#[tokio::test]
+async fn given_a_running_dev_then_a_second_on_its_data_dir_refuses_and_tenant_create_still_works_beside_it() {
+    let dir = TempDir::new("owner");
+    let _dev = Dev::start(&dir.0, &[]);
+    let second = Command::new(hookwise_bin())
+        .args(["dev", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(&dir.0)
+        .env("HOOKWISE_LOG", "warn")
+        .output()
+        .expect("hookwise dev runs");
+    assert!(!second.status.success(), "a second owner must not start");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("another hookwise dev (pid"), "{stderr}");
+
+    let tenant = Command::new(hookwise_bin())
+        .args([
+            "tenant",
+            "create",
+            "--name",
+            "Beside",
+            "--owner-email",
+            "ops@example.com",
+            "--data-dir",
+        ])
+        .arg(&dir.0)
+        .output()
+        .expect("hookwise tenant create runs");
+    assert!(tenant.status.success(), "{}", String::from_utf8_lossy(&tenant.stderr));
+    let out: serde_json::Value = serde_json::from_slice(&tenant.stdout).expect("JSON");
+    assert!(out["api_key"].as_str().is_some_and(|k| k.starts_with("hwk_")), "{out}");
+}

@@ -10,7 +10,7 @@ use anyhow::Context;
 use hookwise_core::ports::SystemClock;
 use hookwise_core::services::{Config, Ports, Services};
 use hookwise_http::{HttpSender, SenderConfig};
-use hookwise_local::{LocalBackend, LocalConfig, QueueName};
+use hookwise_local::{DataDirLock, LocalBackend, LocalConfig, QueueName, Synchronous};
 use rand::SeedableRng;
 
 use crate::dev_host::{ensure_tenant, serve, CommonArgs, Ready};
@@ -30,17 +30,39 @@ pub struct LocalArgs {
     /// With --aws the queue's own visibility timeout applies (template.yaml's).
     #[arg(long, default_value_t = 120, conflicts_with = "aws")]
     pub visibility_timeout: u64,
+    /// SQLite's `synchronous`: `full` (every commit is on disk before it is answered) or
+    /// `normal` (survives a killed process, not a power cut; for measuring what `full` costs).
+    #[arg(long, default_value = "full", value_parser = synchronous, conflicts_with = "aws", hide = true)]
+    pub synchronous: Synchronous,
+}
+
+fn synchronous(value: &str) -> Result<Synchronous, String> {
+    match value {
+        "full" => Ok(Synchronous::Full),
+        "normal" => Ok(Synchronous::Normal),
+        other => Err(format!("`{other}` is not `full` or `normal`")),
+    }
 }
 
 pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode> {
-    let backend = LocalBackend::open_with(
-        &local.data_dir,
-        LocalConfig {
-            max_delay_seconds: args.max_queue_delay,
-            ..LocalConfig::default()
-        },
-    )
-    .with_context(|| format!("open the data dir {}", local.data_dir.display()))?;
+    // Held until the process ends: one `hookwise dev` per data dir.
+    let _owner = DataDirLock::acquire(&local.data_dir)?;
+    let config = LocalConfig {
+        max_delay_seconds: args.max_queue_delay,
+        synchronous: local.synchronous,
+        ..LocalConfig::default()
+    };
+    let backend = LocalBackend::open_with(&local.data_dir, config)
+        .with_context(|| format!("open the data dir {}", local.data_dir.display()))?;
+    // What the previous owner had received and not finished (it was killed) goes again now,
+    // not after its visibility timeout.
+    let released = backend
+        .release_in_flight()
+        .await
+        .context("release the previous run's messages")?;
+    if released > 0 {
+        eprintln!("{released} message(s) the previous run had in hand are queued again");
+    }
     let sender = HttpSender::new(SenderConfig {
         allow_cidrs: args.allowed_targets(),
         ..SenderConfig::default()

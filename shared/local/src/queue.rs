@@ -115,6 +115,23 @@ impl LocalBackend {
         .await
     }
 
+    /// Make every received but unacknowledged message visible now, on both queues; how many.
+    /// For the process that has just taken the data dir's [`DataDirLock`](crate::DataDirLock):
+    /// whoever received them is gone, so they need not wait out their visibility timeout.
+    pub async fn release_in_flight(&self) -> PortResult<usize> {
+        let now = nanos(self.now());
+        let released = self
+            .with_conn("release in-flight messages", move |conn| {
+                conn.prepare_cached("UPDATE queue SET visible_at = ?1 WHERE receive_count > 0 AND visible_at > ?1")
+                    .and_then(|mut s| s.execute(params![now]))
+                    .map_err(|e| db_err("release in-flight messages", e))
+            })
+            .await?;
+        self.inner.delivery_ready.notify_waiters();
+        self.inner.dead_ready.notify_waiters();
+        Ok(released)
+    }
+
     /// The receiving end of one of the two queues, as the worker loop drains it.
     pub fn consumer(&self, queue: QueueName, visibility_timeout: Duration) -> LocalConsumer {
         LocalConsumer {

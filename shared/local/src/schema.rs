@@ -5,7 +5,7 @@ use hookwise_core::ports::PortResult;
 use hookwise_core::PortError;
 use rusqlite::Connection;
 
-use crate::{db_err, BUSY_TIMEOUT};
+use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 
 const VERSION: i64 = 1;
 
@@ -105,16 +105,16 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 "#;
 
-/// Pragmas and tables. WAL with `synchronous = NORMAL` survives a killed process (only a
-/// power cut can lose the last commits) and lets readers in other processes work alongside.
-pub(crate) fn prepare(conn: &Connection) -> PortResult<()> {
+/// Pragmas and tables. WAL lets readers in other processes work alongside; `synchronous`
+/// is `FULL` unless the config says otherwise (see [`Synchronous`]).
+pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult<()> {
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(|e| db_err("set busy_timeout", e))?;
     // An in-memory database answers `memory`; that is fine.
     let _mode: String = conn
         .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
         .map_err(|e| db_err("set journal_mode", e))?;
-    conn.pragma_update(None, "synchronous", "NORMAL")
+    conn.pragma_update(None, "synchronous", synchronous.as_str())
         .map_err(|e| db_err("set synchronous", e))?;
 
     let version: i64 = conn

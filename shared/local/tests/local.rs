@@ -657,3 +657,40 @@ async fn the_consumer_port_receives_returns_extends_and_acks_on_either_queue() {
     dead.ack(&[got[0].receipt.clone()]).await.unwrap();
     assert_eq!(backend.queue_len(QueueName::DeadLetter).await.unwrap(), 0);
 }
+
+#[tokio::test]
+async fn given_messages_in_flight_when_the_next_owner_releases_them_then_they_are_visible_at_once_and_delayed_ones_are_not(
+) {
+    let mut rng = StdRng::seed_from_u64(10);
+    let (_clock, config) = clocked();
+    let backend = LocalBackend::open_in_memory_with(config).unwrap();
+    let (in_flight, delayed) = (task(&mut rng), task(&mut rng));
+    backend
+        .enqueue(&[(in_flight.clone(), 0), (delayed.clone(), 300)])
+        .await
+        .unwrap();
+    let got = backend.receive(10, Duration::from_secs(120)).await.unwrap();
+    assert_eq!(got.len(), 1, "the delayed one is not due");
+    assert!(backend.receive(10, Duration::from_secs(120)).await.unwrap().is_empty());
+
+    assert_eq!(backend.release_in_flight().await.unwrap(), 1);
+    let again = backend.receive(10, Duration::from_secs(120)).await.unwrap();
+    assert_eq!(
+        again.iter().map(|r| r.task.clone()).collect::<Vec<_>>(),
+        vec![in_flight]
+    );
+    assert_eq!(again[0].receive_count, 2, "still counted toward the redrive");
+}
+
+#[test]
+fn given_a_data_dir_owned_by_one_lock_then_a_second_is_refused_naming_the_owner_and_free_after_release() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = hookwise_local::DataDirLock::acquire(dir.path()).unwrap();
+    let err = hookwise_local::DataDirLock::acquire(dir.path())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(&format!("pid {}", std::process::id())), "{err}");
+    assert!(err.contains("--data-dir"), "{err}");
+    drop(first);
+    hookwise_local::DataDirLock::acquire(dir.path()).expect("free once the owner is gone");
+}

@@ -40,15 +40,14 @@ mod tests {
         serde_json::from_value(serde_json::json!({ "Records": records })).unwrap()
     }
 
-    #[tokio::test]
-    async fn given_a_message_sqs_redrove_for_a_pending_delivery_then_it_is_marked_dead_and_the_owner_told_once() {
-        let h = Harness::new(ScriptedSender::always(200));
+    /// A tenant, a subscription on `policy`, one event: its first delivery task.
+    async fn one_task(h: &Harness, policy: RetryPolicy) -> hookwise_core::ports::DeliveryTask {
         let (tenant, _) = h.tenant("owner@example.com").await;
         let sub = NewSubscription {
             url: EndpointUrl::parse("https://hooks.example.com/in").unwrap(),
             event_types: vec![EventTypeFilter::parse("*").unwrap()],
             owner_email: None,
-            retry_policy: Some(RetryPolicy::custom(vec![1], Jitter::None, false).unwrap()),
+            retry_policy: Some(policy),
             timeout_ms: None,
             description: None,
         };
@@ -58,9 +57,16 @@ mod tests {
             payload: serde_json::json!({}),
         };
         h.services.ingest(&tenant, event, None).await.unwrap();
-        let task = h.queue.take_visible().remove(0);
+        h.queue.take_visible().remove(0)
+    }
 
-        // The poison message, twice (SQS is at least once), and a body that is no task.
+    #[tokio::test]
+    async fn given_a_message_sqs_redrove_for_a_pending_delivery_then_it_goes_back_on_its_schedule_not_dead() {
+        let h = Harness::new(ScriptedSender::always(200));
+        let task = one_task(&h, RetryPolicy::custom(vec![1], Jitter::None, false).unwrap()).await;
+
+        // SQS gave up on the message (say the function timed out five times), and sent it
+        // here, twice (at least once); a body that is no task comes with it.
         let body = encode_task(&task);
         let out = handle(
             &h.services,
@@ -69,6 +75,45 @@ mod tests {
                 ("b", body, true),
                 ("c", "garbage".into(), false),
             ]),
+        )
+        .await;
+        let failed: Vec<_> = out
+            .batch_item_failures
+            .iter()
+            .map(|f| f.item_identifier.as_str())
+            .collect();
+        assert_eq!(failed, ["c"], "the undecodable one stays on the queue for an operator");
+        let d = h.store.get_delivery(&task.delivery_id).await.unwrap().unwrap();
+        assert_eq!(d.status, DeliveryStatus::Pending, "no verdict on the delivery: {d:?}");
+        assert_eq!(
+            h.queue.take_visible(),
+            vec![task.clone(), task],
+            "queued again, due now (once per copy)"
+        );
+        assert!(
+            h.mailer.sent.lock().unwrap().is_empty(),
+            "nobody is told of a death that did not happen"
+        );
+    }
+
+    #[tokio::test]
+    async fn given_a_delivery_dead_after_its_schedule_then_its_owner_is_told_once() {
+        let h = Harness::new(ScriptedSender::always(500));
+        let task = one_task(&h, RetryPolicy::custom(vec![], Jitter::None, false).unwrap()).await;
+        h.services
+            .deliver_batch(std::slice::from_ref(&task))
+            .await
+            .into_iter()
+            .for_each(|r| {
+                r.unwrap();
+            });
+        let dead = h.queue.take_dead();
+        assert_eq!(dead.len(), 1, "one attempt, no retries: dead");
+
+        let body = encode_task(&dead[0]);
+        let out = handle(
+            &h.services,
+            sqs_event(&[("a", body.clone(), false), ("b", body, false)]),
         )
         .await;
         assert!(out.batch_item_failures.is_empty(), "{out:?}");

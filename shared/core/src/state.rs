@@ -123,8 +123,8 @@ pub fn after_attempt(
     }
 }
 
-/// Dead without another attempt: the subscription is gone or disabled, or the message
-/// exhausted the queue's own redrive.
+/// Dead without another attempt: the subscription is gone or disabled, or the event is gone.
+/// (A message the queue gave up on is no such verdict: see `Services::handle_dead_letters`.)
 pub fn give_up(delivery: &Delivery, reason: &str, now: DateTime<Utc>) -> Option<DeliveryChange> {
     if delivery.status.is_final() {
         return None;

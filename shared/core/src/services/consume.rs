@@ -41,10 +41,12 @@ impl Services {
     ///   ends, through the queue's redrive, as a visible dead delivery. A body that is not a
     ///   task is redelivered too (during a deploy a newer reader may take it); if none does,
     ///   the redrive parks it on the dead-letter queue.
-    /// - Dead-letter queue: the batch is handled at once ([`Services::handle_dead_letters`],
-    ///   so many deaths of one owner make one digest); if that fails, every task of the batch
-    ///   comes back (a notice already claimed is not sent twice). A body that is not a task
-    ///   is logged and dropped: there is no delivery to mark and no owner to tell.
+    /// - Dead-letter queue: the batch is handled at once ([`Services::handle_dead_letters`]:
+    ///   dead deliveries' owners are told, many deaths of one owner in one digest; deliveries
+    ///   the queue gave up on go back on their schedule); if that fails, every task of the
+    ///   batch comes back (a notice already claimed is not sent twice). A body that is not a
+    ///   task stays on the queue for an operator to look at: it is logged at every receive,
+    ///   never deleted unread.
     pub async fn handle_messages(&self, role: QueueRole, messages: &[QueueMessage]) -> Vec<Disposition> {
         let tasks: Vec<DeliveryTask> = messages.iter().filter_map(|m| m.task.clone().ok()).collect();
         for m in messages {
@@ -83,11 +85,12 @@ impl Services {
             QueueRole::DeadLetter => {
                 let ok = match self.handle_dead_letters(&tasks).await {
                     Ok(report) => {
-                        if report.emails > 0 {
+                        if report.emails + report.rescheduled > 0 {
                             tracing::info!(
                                 notified = report.notified,
                                 emails = report.emails,
-                                "owners told of dead deliveries"
+                                rescheduled = report.rescheduled,
+                                "dead-letter batch handled"
                             );
                         }
                         true
@@ -101,17 +104,12 @@ impl Services {
                 vec![ok; tasks.len()]
             }
         };
-        let undecodable = match role {
-            QueueRole::Delivery => Disposition::Redeliver,
-            QueueRole::DeadLetter => Disposition::Done,
-        };
         let mut handled = handled.into_iter();
         messages
             .iter()
             .map(|m| match &m.task {
                 Ok(_) if handled.next() == Some(true) => Disposition::Done,
-                Ok(_) => Disposition::Redeliver,
-                Err(_) => undecodable,
+                _ => Disposition::Redeliver,
             })
             .collect()
     }

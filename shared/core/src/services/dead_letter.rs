@@ -4,16 +4,19 @@
 use std::collections::BTreeMap;
 
 use super::Services;
-use crate::error::{PortError, Result};
+use crate::error::Result;
 use crate::model::*;
 use crate::ports::{DeliveryTask, OutgoingEmail};
-use crate::state::give_up;
+use crate::state::{is_due_attempt, next_task};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeadLetterReport {
     /// Deliveries told about (in single emails or digests).
     pub notified: usize,
     pub emails: usize,
+    /// Deliveries that were not dead (the queue had given up on their message) and went
+    /// back on their schedule.
+    pub rescheduled: usize,
 }
 
 /// One dead delivery with what the email says about it.
@@ -28,24 +31,27 @@ impl Services {
     pub async fn handle_dead_letters(&self, tasks: &[DeliveryTask]) -> Result<DeadLetterReport> {
         let store = &self.ports.store;
         let mut by_owner: BTreeMap<String, (Email, Vec<Notice>)> = BTreeMap::new();
+        let mut report = DeadLetterReport::default();
         for task in tasks {
-            let Some(mut delivery) = store.get_delivery(&task.delivery_id).await? else {
+            let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
                 continue;
             };
             if delivery.round != task.round {
                 continue; // replayed since: this round's death is old news
             }
-            if let Some(change) = give_up(
-                &delivery,
-                "the delivery handler failed on every redelivery of this message",
-                self.now(),
-            ) {
-                // A poison message that exhausted the queue's own redrive.
-                match store.apply_change(&change).await {
-                    Ok(()) => delivery = change.next,
-                    Err(PortError::ConditionFailed(_)) => continue,
-                    Err(e) => return Err(e.into()),
-                }
+            if is_due_attempt(&delivery, task) {
+                // Not dead: the queue gave up on the message after failed receives (timeouts,
+                // throttling, a crash), which is no verdict on the delivery. Back on its
+                // schedule it goes, due now or when it was due.
+                let due = delivery.next_attempt_at.unwrap_or(self.now()).max(self.now());
+                self.schedule_attempt(next_task(&delivery), due).await?;
+                tracing::warn!(
+                    delivery_id = %delivery.id, event_id = %delivery.event_id, tenant_id = %delivery.tenant_id,
+                    attempt = task.attempt, %due,
+                    "the queue gave up on this delivery's message after failed receives; it is back on its schedule"
+                );
+                report.rescheduled += 1;
+                continue;
             }
             if delivery.status != DeliveryStatus::Dead || !store.claim_dead_notice(&delivery.id, delivery.round).await?
             {
@@ -85,7 +91,6 @@ impl Services {
                 });
         }
 
-        let mut report = DeadLetterReport::default();
         for (_, (to, notices)) in by_owner {
             let emails = if notices.len() >= self.config.digest_threshold {
                 vec![self.digest_email(&to, &notices)]

@@ -72,10 +72,44 @@ async fn main() {
     .await;
     let bare = start.elapsed();
 
-    // Hookwise: ingest N events through the API; the worker delivers them.
+    // Hookwise, once per SQLite `synchronous` setting: FULL (the default) and NORMAL, so the
+    // cost of a commit that survives a power cut is measured in the same run.
+    let full = through_hookwise(n, concurrency, "full").await;
+    let normal = through_hookwise(n, concurrency, "normal").await;
+
+    let rate = |d: Duration| n as f64 / d.as_secs_f64();
+    println!("events: {n}, concurrency: {concurrency}");
+    println!(
+        "bare reqwest POST loop:        {:>9.0} req/s  ({:.2} s)",
+        rate(bare),
+        bare.as_secs_f64()
+    );
+    for (label, (ingested, delivered)) in [("synchronous=FULL", full), ("synchronous=NORMAL", normal)] {
+        println!("hookwise dev, {label}:");
+        println!(
+            "  ingest (API):                {:>9.0} ev/s   ({:.2} s)",
+            rate(ingested),
+            ingested.as_secs_f64()
+        );
+        println!(
+            "  end to end:                  {:>9.0} deliveries/s ({:.2} s, ingest to last delivery)",
+            rate(delivered),
+            delivered.as_secs_f64()
+        );
+        println!("  ratio hookwise / bare:       {:>9.3}", rate(delivered) / rate(bare));
+    }
+    println!("FULL / NORMAL end to end:      {:>9.3}", rate(full.1) / rate(normal.1));
+}
+
+/// Ingest `n` events through the API of a fresh `hookwise dev`; (time to ingest them all,
+/// time until the receiver has had every delivery).
+async fn through_hookwise(n: usize, concurrency: usize, synchronous: &str) -> (Duration, Duration) {
     let dir = TempDir::new("bench");
     let concurrency_arg = concurrency.to_string();
-    let dev = Dev::start(&dir.0, &["--concurrency", &concurrency_arg]);
+    let dev = Dev::start(
+        &dir.0,
+        &["--concurrency", &concurrency_arg, "--synchronous", synchronous],
+    );
     let api = dev.api();
     let rx = Receiver::start(0).await;
     api.subscribe(json!({"url": rx.url("/hook")})).await;
@@ -92,24 +126,5 @@ async fn main() {
     .await;
     let ingested = start.elapsed();
     rx.wait_count(n, Duration::from_secs(600)).await;
-    let delivered = start.elapsed();
-
-    let rate = |d: Duration| n as f64 / d.as_secs_f64();
-    println!("events: {n}, concurrency: {concurrency}");
-    println!(
-        "bare reqwest POST loop:        {:>9.0} req/s  ({:.2} s)",
-        rate(bare),
-        bare.as_secs_f64()
-    );
-    println!(
-        "hookwise dev ingest (API):     {:>9.0} ev/s   ({:.2} s)",
-        rate(ingested),
-        ingested.as_secs_f64()
-    );
-    println!(
-        "hookwise dev end to end:       {:>9.0} deliveries/s ({:.2} s, ingest to last delivery)",
-        rate(delivered),
-        delivered.as_secs_f64()
-    );
-    println!("ratio hookwise / bare:         {:>9.3}", rate(delivered) / rate(bare));
+    (ingested, start.elapsed())
 }

@@ -537,3 +537,65 @@ async fn given_a_429_with_retry_after_then_the_retry_waits_as_asked() {
         .unwrap();
     assert_eq!(delivery.next_attempt_at, Some(start + Duration::seconds(120)));
 }
+
+#[tokio::test]
+async fn given_the_dead_letter_hand_off_fails_once_then_the_redelivered_message_hands_it_on() {
+    use std::sync::atomic::Ordering;
+    // Once after an attempt (the schedule ran out), once without one (the subscription is gone).
+    for abandon in [false, true] {
+        let h = Harness::new(ScriptedSender::always(500));
+        let (tenant, _) = h.tenant("owner@example.com").await;
+        let sub = h
+            .services
+            .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![])))
+            .await
+            .unwrap();
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+        if abandon {
+            h.services.delete_subscription(&tenant, &sub.id).await.unwrap();
+        }
+        let task = h.queue.take_visible().remove(0);
+        h.queue.failing_dead_letters.store(1, Ordering::SeqCst);
+        assert!(
+            h.services.deliver(&task).await.is_err(),
+            "the failed hand-off redelivers the message"
+        );
+        assert!(h.queue.take_dead().is_empty());
+
+        // The queue sends the message again: the delivery is dead already, the hand-off is not.
+        assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
+        assert_eq!(h.queue.take_dead().len(), 1, "handed on at last (abandoned: {abandon})");
+    }
+}
+
+#[tokio::test]
+async fn given_a_410_whose_disabling_fails_once_then_the_redelivered_message_disables_the_subscription() {
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::always(410));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = h
+        .services
+        .create_subscription(&tenant, new_sub("https://gone.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().remove(0);
+    h.store.failing_subscription_writes.store(1, Ordering::SeqCst);
+    assert!(h.services.deliver(&task).await.is_err());
+    assert_eq!(
+        h.services.get_subscription(&tenant, &sub.id).await.unwrap().status,
+        SubscriptionStatus::Active
+    );
+
+    assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
+    assert_eq!(
+        h.services.get_subscription(&tenant, &sub.id).await.unwrap().status,
+        SubscriptionStatus::Disabled
+    );
+    assert_eq!(
+        h.sender.requests.lock().unwrap().len(),
+        1,
+        "one POST: the redelivery only finishes the job"
+    );
+    assert_eq!(h.queue.take_dead().len(), 1);
+}

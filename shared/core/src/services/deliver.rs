@@ -145,12 +145,30 @@ impl Services {
         }
     }
 
-    /// A message for an attempt already made. If that attempt killed the delivery, the
-    /// dead-letter hand-off may be what failed last time: do it again (the owner is still
-    /// told only once).
+    /// A message whose work is recorded already. If it is the message that killed the
+    /// delivery (by its attempt, or by giving up before one), what failed last time may be
+    /// what came after the state change: the dead-letter hand-off, or after a 410 the
+    /// subscription's disabling. Do those again; both are idempotent (the owner is still told
+    /// only once).
     async fn finish_stale(&self, delivery: &Delivery, task: &DeliveryTask) -> Result<DeliverOutcome> {
-        if delivery.status == DeliveryStatus::Dead && delivery.round == task.round && delivery.attempts == task.attempt
-        {
+        let killed_by_this = delivery.status == DeliveryStatus::Dead
+            && delivery.round == task.round
+            && (delivery.attempts == task.attempt || delivery.attempts + 1 == task.attempt);
+        if killed_by_this {
+            if delivery.last_status_code == Some(410) && delivery.attempts == task.attempt {
+                let sub = self
+                    .ports
+                    .store
+                    .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
+                    .await?;
+                // Still active and unchanged since: the disabling is what failed (an owner
+                // who re-enabled it since has the last word).
+                if let Some(sub) =
+                    sub.filter(|s| s.status == SubscriptionStatus::Active && s.updated_at <= delivery.updated_at)
+                {
+                    self.disable_gone(sub).await?;
+                }
+            }
             self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;
         }
         tracing::debug!(status = delivery.status.as_str(), "stale message");

@@ -35,6 +35,8 @@ pub struct MemoryStore {
     data: Mutex<StoreData>,
     /// While set, reading a delivery fails as a throttled backend would (retryable).
     pub unavailable: std::sync::atomic::AtomicBool,
+    /// The next this many subscription writes fail (retryable).
+    pub failing_subscription_writes: std::sync::atomic::AtomicU32,
 }
 
 #[async_trait]
@@ -56,6 +58,12 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).tenants.get(id).cloned())
     }
     async fn put_subscription(&self, sub: &Subscription) -> PortResult<()> {
+        if take_one(&self.failing_subscription_writes) {
+            return Err(PortError::retryable(
+                "put subscription",
+                "throttled (failing_subscription_writes)",
+            ));
+        }
         let mut d = lock(&self.data);
         match d.subscriptions.iter_mut().find(|s| s.id == sub.id) {
             Some(s) => *s = sub.clone(),
@@ -196,6 +204,16 @@ impl Store for MemoryStore {
     }
 }
 
+/// Counts down a "fail the next N calls" setting: `true` if this call is to fail.
+fn take_one(n: &std::sync::atomic::AtomicU32) -> bool {
+    n.fetch_update(
+        std::sync::atomic::Ordering::SeqCst,
+        std::sync::atomic::Ordering::SeqCst,
+        |v| v.checked_sub(1),
+    )
+    .is_ok()
+}
+
 /// A queue whose messages become visible at `now + delay` on the shared [`ManualClock`].
 pub struct MemoryQueue {
     clock: Arc<ManualClock>,
@@ -204,6 +222,8 @@ pub struct MemoryQueue {
     dead: Mutex<Vec<DeliveryTask>>,
     /// Every (task, delay) ever enqueued, for assertions.
     pub log: Mutex<Vec<(DeliveryTask, u32)>>,
+    /// The next this many dead-letter hand-offs fail (retryable).
+    pub failing_dead_letters: std::sync::atomic::AtomicU32,
 }
 
 impl MemoryQueue {
@@ -214,6 +234,7 @@ impl MemoryQueue {
             ready: Mutex::default(),
             dead: Mutex::default(),
             log: Mutex::default(),
+            failing_dead_letters: Default::default(),
         }
     }
 
@@ -255,6 +276,12 @@ impl DeliveryQueue for MemoryQueue {
         Ok(())
     }
     async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()> {
+        if take_one(&self.failing_dead_letters) {
+            return Err(PortError::retryable(
+                "dead letter",
+                "unavailable (failing_dead_letters)",
+            ));
+        }
         lock(&self.dead).extend(tasks.iter().cloned());
         Ok(())
     }

@@ -127,7 +127,15 @@ impl FunctionConfig {
                 self.queue_max_delay_seconds
             )));
         }
-        self.retry_policy()?;
+        let policy = self.retry_policy()?;
+        hookwise_core::services::check_retention(&policy, Some(self.aws().retention)).map_err(|e| {
+            ConfigError::Invalid(format!(
+                "{} and {}: {}",
+                env::DEFAULT_RETRY_POLICY,
+                env::RETENTION_DAYS,
+                e.message
+            ))
+        })?;
         Ok(self)
     }
 
@@ -153,6 +161,7 @@ impl FunctionConfig {
     pub fn service_config(&self) -> Config {
         let mut config = Config {
             default_retry_policy: self.retry_policy().expect("validated when read"),
+            retention: Some(self.aws().retention),
             ..Config::default()
         };
         if let Some(url) = self.public_api_url.as_ref().filter(|u| !u.trim().is_empty()) {
@@ -286,6 +295,7 @@ mod tests {
         assert_eq!(aws.retention, Duration::from_secs(30 * 86_400));
         assert!(c.allowed_target_cidrs.is_empty());
         assert_eq!(c.service_config().default_retry_policy, RetryPolicy::standard());
+        assert_eq!(c.service_config().retention, Some(Duration::from_secs(30 * 86_400)));
     }
 
     #[test]
@@ -300,6 +310,12 @@ mod tests {
         assert!(err.to_string().contains(env::DEFAULT_RETRY_POLICY), "{err}");
         let err = FunctionConfig::from_vars(vars(&[(env::ALLOWED_TARGET_CIDRS, "10.0.0.0/8, nope")], &[])).unwrap_err();
         assert!(err.to_string().contains("nope"), "{err}");
+        // The standard policy can retry for 16.6 days: one day of retention would delete live work.
+        let err = FunctionConfig::from_vars(vars(&[(env::RETENTION_DAYS, "1")], &[])).unwrap_err();
+        assert!(
+            err.to_string().contains("retry_policy") && err.to_string().contains(env::RETENTION_DAYS),
+            "{err}"
+        );
     }
 
     #[test]
@@ -307,7 +323,7 @@ mod tests {
         let c = FunctionConfig::from_vars(vars(
             &[
                 (env::QUEUE_MAX_DELAY_SECONDS, "5"),
-                (env::RETENTION_DAYS, "2"),
+                (env::RETENTION_DAYS, "20"),
                 (env::DEFAULT_RETRY_POLICY, "ledger"),
                 (env::PUBLIC_API_URL, "https://api.example.com"),
                 (env::ALLOWED_TARGET_CIDRS, "10.0.0.0/8, 127.0.0.0/8"),
@@ -316,7 +332,7 @@ mod tests {
         ))
         .unwrap();
         let aws = c.aws();
-        assert_eq!((aws.queue_max_delay_seconds, aws.retention.as_secs()), (5, 2 * 86_400));
+        assert_eq!((aws.queue_max_delay_seconds, aws.retention.as_secs()), (5, 20 * 86_400));
         let services = c.service_config();
         assert_eq!(services.default_retry_policy, RetryPolicy::ledger());
         assert_eq!(services.public_api_url, "https://api.example.com");

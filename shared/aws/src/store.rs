@@ -31,7 +31,9 @@
 //! (retrying, dead); pending and delivered are listed from `by-tenant`, checked item by item.
 //!
 //! `expires_at` (epoch seconds) is the TTL of events, markers, deliveries, attempts and
-//! notices: their last change plus the configured retention.
+//! notices: their last change (a delivery's next attempt, if later) plus the configured
+//! retention. No policy may retry for longer than the retention
+//! (`hookwise_core::services::check_retention`), so an event outlives its retries.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -218,7 +220,10 @@ impl DynamoStore {
             item.insert(GSI_DUE_SHARD.into(), s(format!("DUE#{}", overdue_shard(&d.id))));
             item.insert(GSI_DUE.into(), s(format!("{}#{}", sortable_time(due), d.id)));
         }
-        item.insert(TTL_ATTRIBUTE.into(), self.expires_at(d.updated_at));
+        // Kept for the retention after its last change or its next attempt, whichever is
+        // later: a delivery waiting to retry is never deleted.
+        let last_live = d.next_attempt_at.map_or(d.updated_at, |at| at.max(d.updated_at));
+        item.insert(TTL_ATTRIBUTE.into(), self.expires_at(last_live));
         item
     }
 

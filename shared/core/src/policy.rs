@@ -317,6 +317,21 @@ impl RetryPolicy {
         Some(delay)
     }
 
+    /// The longest a delivery can spend retrying on this policy, first attempt to last:
+    /// every delay at the top of its jitter range, doubled by adaptive health at its worst,
+    /// or raised by `Retry-After` to the policy's longest delay, whichever is more.
+    pub fn longest_span(&self) -> Seconds {
+        let adaptive = if self.adaptive { 2.0 } else { 1.0 };
+        let mut previous = None;
+        let mut total = 0.0;
+        for failures in 1..self.max_attempts() {
+            let range = self.delay_range(failures, previous).expect("within max_attempts");
+            total += (range.hi * adaptive).max(self.max_delay());
+            previous = Some(range.hi);
+        }
+        total
+    }
+
     /// The schedule with jitter off: (attempt, delay before it, time since the first attempt).
     pub fn nominal_schedule(&self) -> Vec<(u32, Seconds, Seconds)> {
         let mut rows = vec![(1, 0.0, 0.0)];

@@ -247,3 +247,18 @@ fn a_policy_spec_is_a_name_or_a_custom_schedule_and_a_bad_one_says_what_is_wrong
     };
     assert_eq!(parse(serde_json::to_value(&custom).unwrap()), Ok(custom));
 }
+
+#[test]
+fn the_longest_span_counts_every_delay_at_its_longest() {
+    // standard: [1 min … 48 h], +10 % jitter, adaptive ×2, Retry-After up to 48 h per retry.
+    let h48 = 172_800.0;
+    let expected = 5.0 * h48 + 86_400.0 * 1.1 * 2.0 + h48 * 1.1 * 2.0;
+    assert!((RetryPolicy::standard().longest_span() - expected).abs() < 1e-6);
+    // A custom 30-day delay doubled by adaptive health: 60 days.
+    let long = RetryPolicy::custom(vec![30 * 86_400], Jitter::None, true).unwrap();
+    assert_eq!(long.longest_span(), 60.0 * 86_400.0);
+    assert_eq!(
+        RetryPolicy::custom(vec![], Jitter::None, true).unwrap().longest_span(),
+        0.0
+    );
+}

@@ -599,3 +599,45 @@ async fn given_a_410_whose_disabling_fails_once_then_the_redelivered_message_dis
     );
     assert_eq!(h.queue.take_dead().len(), 1);
 }
+
+#[tokio::test]
+async fn given_a_retention_shorter_than_a_policy_can_retry_then_the_policy_is_refused_on_create_and_patch() {
+    let config = Config {
+        retention: Some(std::time::Duration::from_secs(30 * 86_400)),
+        ..Config::default()
+    };
+    let h = Harness::with_config(ScriptedSender::always(200), config, 900);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    // 20 days, then 15 that Retry-After can raise to the policy's longest, 20: 40 days > 30.
+    let err = h
+        .services
+        .create_subscription(
+            &tenant,
+            new_sub("https://a.example.com/", &["*"], Some(vec![20 * 86_400, 15 * 86_400])),
+        )
+        .await
+        .unwrap_err();
+    let Error::Validation(v) = err else { panic!("{err:?}") };
+    assert_eq!(v.code, "retry_policy_exceeds_retention");
+    assert!(
+        v.message.contains("40.0 days") && v.message.contains("30.0 days"),
+        "{}",
+        v.message
+    );
+
+    let sub = h
+        .services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    let patch = serde_json::from_value(serde_json::json!({"retry_policy": {"schedule_seconds": [2_592_000]}})).unwrap();
+    let err = h
+        .services
+        .update_subscription(&tenant, &sub.id, patch)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Validation(ref v) if v.code == "retry_policy_exceeds_retention"),
+        "{err:?}"
+    );
+}

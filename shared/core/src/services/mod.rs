@@ -24,7 +24,7 @@ pub use dead_letter::DeadLetterReport;
 pub use deliver::DeliverOutcome;
 pub use events::{EventWithDeliveries, Ingested, NewEvent};
 pub use scheduler::SchedulerReport;
-pub use subscriptions::{NewSubscription, SubscriptionOverview, SubscriptionPatch};
+pub use subscriptions::{check_retention, NewSubscription, SubscriptionOverview, SubscriptionPatch};
 
 /// The adapters the services run on.
 #[derive(Clone)]
@@ -52,6 +52,10 @@ pub struct Config {
     pub public_api_url: String,
     /// The policy of a subscription created without one.
     pub default_retry_policy: RetryPolicy,
+    /// How long the store keeps events, deliveries and attempts (DynamoDB's TTL); `None`
+    /// keeps them. A policy that can retry for longer is refused: retention must never
+    /// delete a delivery, or its event, while it is still retrying.
+    pub retention: Option<Duration>,
 }
 
 impl Default for Config {
@@ -63,6 +67,7 @@ impl Default for Config {
             digest_threshold: 3,
             public_api_url: "http://127.0.0.1:8080".into(),
             default_retry_policy: RetryPolicy::standard(),
+            retention: None,
         }
     }
 }

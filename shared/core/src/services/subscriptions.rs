@@ -69,6 +69,27 @@ fn check_event_types(types: &[EventTypeFilter]) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// Refuse a policy that can retry for longer than the store keeps data: retention would
+/// delete the delivery, or its event, while it is still retrying.
+pub fn check_retention(policy: &RetryPolicy, retention: Option<std::time::Duration>) -> Result<(), ValidationError> {
+    let Some(retention) = retention else { return Ok(()) };
+    let span = policy.longest_span();
+    if span < retention.as_secs_f64() {
+        return Ok(());
+    }
+    Err(ValidationError::new(
+        "retry_policy_exceeds_retention",
+        format!(
+            "retry_policy: `{}` can keep a delivery retrying for up to {:.1} days (every delay at its longest: jitter, \
+             adaptive backoff, Retry-After), and data is kept for {:.1} days: shorten the schedule, or raise the \
+             retention (RetentionDays)",
+            policy.label(),
+            span / 86_400.0,
+            retention.as_secs_f64() / 86_400.0
+        ),
+    ))
+}
+
 fn check_timeout(ms: u32) -> Result<u32, ValidationError> {
     if ms == 0 || ms > MAX_TIMEOUT_MS {
         return Err(ValidationError::new(
@@ -122,6 +143,10 @@ impl Services {
             check_description(d)?;
         }
         let timeout_ms = check_timeout(new.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS))?;
+        let retry_policy = new
+            .retry_policy
+            .unwrap_or_else(|| self.config.default_retry_policy.clone());
+        check_retention(&retry_policy, self.config.retention)?;
         let now = self.now();
         let (id, secret) = {
             let mut rng = self.rng();
@@ -135,9 +160,7 @@ impl Services {
             secret,
             previous_secret: None,
             previous_secret_expires_at: None,
-            retry_policy: new
-                .retry_policy
-                .unwrap_or_else(|| self.config.default_retry_policy.clone()),
+            retry_policy,
             timeout_ms,
             status: SubscriptionStatus::Active,
             disabled_reason: None,
@@ -180,6 +203,7 @@ impl Services {
             sub.owner_email = email;
         }
         if let Some(policy) = patch.retry_policy {
+            check_retention(&policy, self.config.retention)?;
             sub.retry_policy = policy;
         }
         if let Some(ms) = patch.timeout_ms {

@@ -332,7 +332,7 @@ async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attem
         .unwrap_or_default();
     assert_eq!(
         attrs.get(&QueueAttributeName::VisibilityTimeout).map(String::as_str),
-        Some("180"),
+        Some("360"),
         "{attrs:?}"
     );
     let redrive = attrs.get(&QueueAttributeName::RedrivePolicy).expect("a redrive policy");

@@ -10,8 +10,9 @@
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use hookwise_core::services::{QueueRole, Services};
 
-pub async fn handle(services: &Services, event: SqsEvent) -> SqsBatchResponse {
-    hookwise_aws::handle_sqs_event(services, QueueRole::DeadLetter, event).await
+/// `deadline_ms`: the invocation's, from the Lambda context (milliseconds since the epoch).
+pub async fn handle(services: &Services, event: SqsEvent, deadline_ms: u64) -> SqsBatchResponse {
+    hookwise_aws::handle_sqs_event(services, QueueRole::DeadLetter, event, deadline_ms).await
 }
 
 #[cfg(test)]
@@ -24,6 +25,12 @@ mod tests {
     use hookwise_core::ports::Store;
     use hookwise_core::services::{NewEvent, NewSubscription};
     use hookwise_core::testing::memory::{Harness, ScriptedSender};
+
+    /// An invocation deadline a minute ahead of the harness's clock.
+    fn in_a_minute(h: &Harness) -> u64 {
+        use hookwise_core::ports::Clock;
+        (h.clock.now() + chrono::Duration::seconds(60)).timestamp_millis() as u64
+    }
 
     fn sqs_event(messages: &[(&str, String, bool)]) -> SqsEvent {
         let records: Vec<_> = messages
@@ -75,6 +82,7 @@ mod tests {
                 ("b", body, true),
                 ("c", "garbage".into(), false),
             ]),
+            in_a_minute(&h),
         )
         .await;
         let failed: Vec<_> = out
@@ -114,6 +122,7 @@ mod tests {
         let out = handle(
             &h.services,
             sqs_event(&[("a", body.clone(), false), ("b", body, false)]),
+            in_a_minute(&h),
         )
         .await;
         assert!(out.batch_item_failures.is_empty(), "{out:?}");

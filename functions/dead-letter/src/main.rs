@@ -13,7 +13,7 @@ async fn main() -> Result<(), Error> {
     let services = Arc::new(FunctionConfig::from_env()?.services(Arc::new(NoSender)).await);
     run(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let services = services.clone();
-        async move { Ok::<_, Error>(hookwise_dead_letter::handle(&services, event.payload).await) }
+        async move { Ok::<_, Error>(hookwise_dead_letter::handle(&services, event.payload, event.context.deadline).await) }
     }))
     .await
 }

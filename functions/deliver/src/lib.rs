@@ -5,8 +5,9 @@
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use hookwise_core::services::{QueueRole, Services};
 
-pub async fn handle(services: &Services, event: SqsEvent) -> SqsBatchResponse {
-    hookwise_aws::handle_sqs_event(services, QueueRole::Delivery, event).await
+/// `deadline_ms`: the invocation's, from the Lambda context (milliseconds since the epoch).
+pub async fn handle(services: &Services, event: SqsEvent, deadline_ms: u64) -> SqsBatchResponse {
+    hookwise_aws::handle_sqs_event(services, QueueRole::Delivery, event, deadline_ms).await
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ async fn main() -> Result<(), Error> {
     let services = Arc::new(config.services(Arc::new(sender)).await);
     run(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let services = services.clone();
-        async move { Ok::<_, Error>(hookwise_deliver::handle(&services, event.payload).await) }
+        async move { Ok::<_, Error>(hookwise_deliver::handle(&services, event.payload, event.context.deadline).await) }
     }))
     .await
 }

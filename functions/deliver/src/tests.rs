@@ -23,6 +23,16 @@ fn sqs_event(messages: &[(&str, String)]) -> SqsEvent {
     serde_json::from_value(serde_json::json!({ "Records": records })).expect("an SQS event")
 }
 
+/// An invocation deadline `seconds` ahead of the harness's clock.
+fn deadline_in(h: &Harness, seconds: i64) -> u64 {
+    use hookwise_core::ports::Clock;
+    (h.clock.now() + chrono::Duration::seconds(seconds)).timestamp_millis() as u64
+}
+
+fn in_a_minute(h: &Harness) -> u64 {
+    deadline_in(h, 60)
+}
+
 async fn one_queued_delivery(h: &Harness) -> DeliveryTask {
     let (tenant, _) = h.tenant("owner@example.com").await;
     let sub = NewSubscription {
@@ -49,7 +59,12 @@ async fn given_a_deliverable_message_and_a_duplicate_then_both_succeed_and_one_r
     let h = Harness::new(ScriptedSender::always(200));
     let task = one_queued_delivery(&h).await;
     let body = encode_task(&task);
-    let out = handle(&h.services, sqs_event(&[("m-1", body.clone()), ("m-2", body)])).await;
+    let out = handle(
+        &h.services,
+        sqs_event(&[("m-1", body.clone()), ("m-2", body)]),
+        in_a_minute(&h),
+    )
+    .await;
     assert!(out.batch_item_failures.is_empty(), "{out:?}");
     assert_eq!(
         h.sender.requests.lock().unwrap().len(),
@@ -64,7 +79,7 @@ async fn given_a_deliverable_message_and_a_duplicate_then_both_succeed_and_one_r
 async fn given_a_failing_endpoint_then_the_message_is_done_and_the_retry_is_queued_not_redelivered() {
     let h = Harness::new(ScriptedSender::always(500));
     let task = one_queued_delivery(&h).await;
-    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))])).await;
+    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))]), in_a_minute(&h)).await;
     assert!(
         out.batch_item_failures.is_empty(),
         "an endpoint's failure is the retry policy's business: {out:?}"
@@ -79,6 +94,7 @@ async fn given_a_body_that_is_not_a_task_then_only_that_message_is_reported() {
     let out = handle(
         &h.services,
         sqs_event(&[("good", encode_task(&task)), ("bad", "{\"hello\":1}".into())]),
+        in_a_minute(&h),
     )
     .await;
     let ids: Vec<_> = out
@@ -100,7 +116,7 @@ async fn given_any_infrastructure_error_then_the_message_comes_back_and_outcomes
     let h = Harness::new(ScriptedSender::always(500));
     let task = one_queued_delivery(&h).await;
     h.store.unavailable.store(true, std::sync::atomic::Ordering::SeqCst);
-    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))])).await;
+    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))]), in_a_minute(&h)).await;
     let failed: Vec<_> = out
         .batch_item_failures
         .iter()
@@ -108,9 +124,49 @@ async fn given_any_infrastructure_error_then_the_message_comes_back_and_outcomes
         .collect();
     assert_eq!(failed, ["m-1"], "a store failure is SQS's to redeliver");
     h.store.unavailable.store(false, std::sync::atomic::Ordering::SeqCst);
-    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))])).await;
+    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))]), in_a_minute(&h)).await;
     assert!(
         out.batch_item_failures.is_empty(),
         "an endpoint's 500 is an outcome: {out:?}"
     );
+}
+
+#[tokio::test]
+async fn given_an_invocation_deadline_then_each_post_fits_in_it_and_one_that_cannot_start_goes_back_unattempted() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let task = one_queued_delivery(&h).await;
+    let margin = hookwise_core::services::DEADLINE_MARGIN.as_secs() as i64;
+
+    // Less than a second left after the margin: no POST, the message comes back as it was.
+    let out = handle(
+        &h.services,
+        sqs_event(&[("m-1", encode_task(&task))]),
+        deadline_in(&h, margin),
+    )
+    .await;
+    let failed: Vec<_> = out
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    assert_eq!(failed, ["m-1"]);
+    assert!(h.sender.requests.lock().unwrap().is_empty(), "not attempted");
+    let d = h.store.get_delivery(&task.delivery_id).await.unwrap().unwrap();
+    assert_eq!(
+        (d.status, d.attempts),
+        (DeliveryStatus::Pending, 0),
+        "no attempt recorded"
+    );
+
+    // Five seconds left after the margin: the subscription's 10 s timeout is cut to 5.
+    let out = handle(
+        &h.services,
+        sqs_event(&[("m-1", encode_task(&task))]),
+        deadline_in(&h, margin + 5),
+    )
+    .await;
+    assert!(out.batch_item_failures.is_empty(), "{out:?}");
+    let requests = h.sender.requests.lock().unwrap();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].timeout, std::time::Duration::from_secs(5));
 }

@@ -423,6 +423,34 @@ pub async fn verify_sender(clients: &AwsClients, email: &str) -> Result<(), Port
 mod tests {
     use super::*;
 
+    /// A property of a resource in the real template.yaml, as a number.
+    fn template_number(resource: &str, property: &str) -> u64 {
+        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
+        let doc: Value = serde_yaml_ng::from_str(&yaml).unwrap();
+        doc["Resources"][resource]["Properties"][property]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{resource}.{property} is a number in template.yaml"))
+    }
+
+    #[test]
+    fn the_templates_timeouts_hold_the_longest_delivery_and_the_visibility_timeouts_are_six_times_them() {
+        let deliver = template_number("DeliverFunction", "Timeout");
+        let longest_post = u64::from(hookwise_core::model::MAX_TIMEOUT_MS) / 1000;
+        let margin = hookwise_core::services::DEADLINE_MARGIN.as_secs();
+        let reads = crate::config::SDK_OPERATION_TIMEOUT.as_secs();
+        assert!(
+            deliver >= longest_post + margin + reads,
+            "Deliver's {deliver} s holds a {longest_post} s POST"
+        );
+        assert!(
+            margin >= 3 * crate::config::SDK_OPERATION_TIMEOUT.as_secs(),
+            "three writes fit in the margin"
+        );
+        assert!(template_number("DeliveryQueue", "VisibilityTimeout") >= 6 * deliver);
+        let dead_letter = template_number("DeadLetterFunction", "Timeout");
+        assert!(template_number("DeadLetterQueue", "VisibilityTimeout") >= 6 * dead_letter);
+    }
+
     const SAMPLE: &str = r#"
 Transform: AWS::Serverless-2016-10-31
 Parameters:

@@ -192,12 +192,17 @@ pub fn https_client() -> SharedHttpClient {
         .build_https()
 }
 
-/// Timeouts short enough that a stuck call fails (retryably) inside the Lambda's own.
+/// The longest one SDK call may take, its retries included. A delivery keeps back three of
+/// these from its invocation's deadline for the writes after its POST
+/// (`hookwise_core::services::DEADLINE_MARGIN`); `template.yaml`'s timeouts are built on it.
+pub const SDK_OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Timeouts short enough that a stuck call fails (retryably) well inside the Lambda's own.
 fn timeouts() -> TimeoutConfig {
     TimeoutConfig::builder()
-        .connect_timeout(Duration::from_secs(3))
-        .operation_attempt_timeout(Duration::from_secs(10))
-        .operation_timeout(Duration::from_secs(25))
+        .connect_timeout(Duration::from_secs(2))
+        .operation_attempt_timeout(Duration::from_secs(4))
+        .operation_timeout(SDK_OPERATION_TIMEOUT)
         .build()
 }
 

@@ -18,10 +18,32 @@ pub fn queue_message(record: &SqsMessage) -> QueueMessage {
     }
 }
 
-/// Handle one SQS batch from `role`'s queue.
-pub async fn handle_sqs_event(services: &Services, role: QueueRole, event: SqsEvent) -> SqsBatchResponse {
+/// The Lambda context's deadline as a time. Lambda sends milliseconds since the epoch;
+/// `cargo lambda watch` sends the function's timeout instead (600000), so a value that
+/// could not be a time this century is read as milliseconds from `now`.
+pub fn invocation_deadline(
+    deadline_ms: u64,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    const YEAR_2001_MS: u64 = 978_307_200_000;
+    let ms = i64::try_from(deadline_ms).ok()?;
+    if deadline_ms < YEAR_2001_MS {
+        return Some(now + chrono::Duration::milliseconds(ms));
+    }
+    chrono::DateTime::from_timestamp_millis(ms)
+}
+
+/// Handle one SQS batch from `role`'s queue within the invocation's deadline (the Lambda
+/// context's, in milliseconds since the epoch).
+pub async fn handle_sqs_event(
+    services: &Services,
+    role: QueueRole,
+    event: SqsEvent,
+    deadline_ms: u64,
+) -> SqsBatchResponse {
     let messages: Vec<QueueMessage> = event.records.iter().map(queue_message).collect();
-    let dispositions = services.handle_messages(role, &messages).await;
+    let deadline = invocation_deadline(deadline_ms, chrono::Utc::now());
+    let dispositions = services.handle_messages(role, &messages, deadline).await;
     let mut response = SqsBatchResponse::default();
     response.set_failures(
         messages
@@ -31,4 +53,22 @@ pub async fn handle_sqs_event(services: &Services, role: QueueRole, event: SqsEv
             .map(|(m, _)| m.message_id),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_deadline_is_an_epoch_time_from_lambda_and_a_duration_from_cargo_lambda_watch() {
+        let now = chrono::DateTime::from_timestamp_millis(1_796_121_944_927).unwrap();
+        assert_eq!(
+            invocation_deadline(1_796_121_974_927, now),
+            Some(now + chrono::Duration::seconds(30))
+        );
+        assert_eq!(
+            invocation_deadline(600_000, now),
+            Some(now + chrono::Duration::seconds(600))
+        );
+    }
 }

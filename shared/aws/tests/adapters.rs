@@ -235,7 +235,7 @@ async fn given_a_message_on_sqs_the_consumer_port_receives_returns_and_acks_it()
         .unwrap();
     assert_eq!(
         consumer.visibility_timeout(),
-        std::time::Duration::from_secs(180),
+        std::time::Duration::from_secs(360),
         "template.yaml's"
     );
 

@@ -28,7 +28,7 @@ pub struct ServicesHandler {
 #[async_trait]
 impl BatchHandler for ServicesHandler {
     async fn handle(&self, messages: &[QueueMessage]) -> Vec<Disposition> {
-        self.services.handle_messages(self.role, messages).await
+        self.services.handle_messages(self.role, messages, None).await
     }
 }
 

@@ -47,7 +47,15 @@ impl Services {
     ///   batch comes back (a notice already claimed is not sent twice). A body that is not a
     ///   task stays on the queue for an operator to look at: it is logged at every receive,
     ///   never deleted unread.
-    pub async fn handle_messages(&self, role: QueueRole, messages: &[QueueMessage]) -> Vec<Disposition> {
+    ///
+    /// A `deadline` (a Lambda invocation's) bounds the deliveries: see
+    /// [`Services::deliver_within`].
+    pub async fn handle_messages(
+        &self,
+        role: QueueRole,
+        messages: &[QueueMessage],
+        deadline: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Vec<Disposition> {
         let tasks: Vec<DeliveryTask> = messages.iter().filter_map(|m| m.task.clone().ok()).collect();
         for m in messages {
             match &m.task {
@@ -65,7 +73,7 @@ impl Services {
         // Per task, in order: done or not.
         let handled: Vec<bool> = match role {
             QueueRole::Delivery => self
-                .deliver_batch(&tasks)
+                .deliver_batch_within(&tasks, deadline)
                 .await
                 .into_iter()
                 .zip(&tasks)

@@ -54,17 +54,35 @@ impl Services {
     /// Handle a batch of queue messages, `deliver_concurrency` at a time; results in the
     /// messages' order. An `Err` is an infrastructure failure: redeliver that message.
     pub async fn deliver_batch(&self, tasks: &[DeliveryTask]) -> Vec<Result<DeliverOutcome>> {
+        self.deliver_batch_within(tasks, None).await
+    }
+
+    /// [`Self::deliver_batch`] that must be done by `deadline` (a Lambda invocation's): see
+    /// [`Self::deliver_within`].
+    pub async fn deliver_batch_within(
+        &self,
+        tasks: &[DeliveryTask],
+        deadline: Option<DateTime<Utc>>,
+    ) -> Vec<Result<DeliverOutcome>> {
         // The futures are built first (they do nothing until polled) so the stream's type
         // names no closure: a closure there trips the compiler's Send check under tokio::spawn.
-        let calls: Vec<_> = tasks.iter().map(|t| self.deliver(t)).collect();
+        let calls: Vec<_> = tasks.iter().map(|t| self.deliver_within(t, deadline)).collect();
         futures::stream::iter(calls)
             .buffered(self.config.deliver_concurrency.max(1))
             .collect()
             .await
     }
 
-    #[tracing::instrument(skip_all, fields(delivery_id = %task.delivery_id, attempt = task.attempt))]
     pub async fn deliver(&self, task: &DeliveryTask) -> Result<DeliverOutcome> {
+        self.deliver_within(task, None).await
+    }
+
+    /// Deliver one task; with a `deadline`, the POST's timeout is the smaller of the
+    /// subscription's and what the deadline leaves after [`Config::deadline_margin`], and a
+    /// POST that would get less than [`super::SHORTEST_POST`] is not started: the message
+    /// comes back (a retryable error), unattempted.
+    #[tracing::instrument(skip_all, fields(delivery_id = %task.delivery_id, attempt = task.attempt))]
+    pub async fn deliver_within(&self, task: &DeliveryTask, deadline: Option<DateTime<Utc>>) -> Result<DeliverOutcome> {
         let store = &self.ports.store;
         let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
             tracing::warn!("queued delivery does not exist; dropping the message");
@@ -89,7 +107,22 @@ impl Services {
         let retries_enabled = tenant.is_none_or(|t| t.retries_enabled);
 
         let started_at = self.now();
-        let outcome = self.ports.sender.send(webhook_request(&sub, &event, started_at)).await;
+        let mut request = webhook_request(&sub, &event, started_at);
+        if let Some(deadline) = deadline {
+            let left = (deadline - started_at)
+                .to_std()
+                .unwrap_or_default()
+                .saturating_sub(self.config.deadline_margin);
+            if left < super::SHORTEST_POST {
+                return Err(PortError::retryable(
+                    "deliver",
+                    "too little of the invocation is left to make the attempt and record it",
+                )
+                .into());
+            }
+            request.timeout = request.timeout.min(left);
+        }
+        let outcome = self.ports.sender.send(request).await;
         let now = self.now();
         tracing::info!(event_id = %event.id, status = ?outcome.status_code, error = ?outcome.error.as_ref().map(|e| e.0), "attempt made");
 

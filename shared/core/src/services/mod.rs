@@ -46,6 +46,9 @@ pub struct Config {
     pub sweep_grace: Duration,
     /// Deliveries handled at once in a batch.
     pub deliver_concurrency: usize,
+    /// What a delivery keeps back from its host's deadline (a Lambda invocation's) for the
+    /// store writes after its POST: the POST's timeout is cut to what is left after it.
+    pub deadline_margin: Duration,
     /// When this many deliveries of one owner die in one batch, they get one digest email.
     pub digest_threshold: usize,
     /// Where the API is reached, for the replay instructions in emails.
@@ -64,6 +67,7 @@ impl Default for Config {
             scheduler_horizon: Duration::from_secs(15 * 60),
             sweep_grace: Duration::from_secs(5 * 60),
             deliver_concurrency: 32,
+            deadline_margin: DEADLINE_MARGIN,
             digest_threshold: 3,
             public_api_url: "http://127.0.0.1:8080".into(),
             default_retry_policy: RetryPolicy::standard(),
@@ -71,6 +75,12 @@ impl Default for Config {
         }
     }
 }
+
+/// Three store writes follow a POST (the attempt with the state change, endpoint health, the
+/// retry's enqueue), each bounded by the AWS SDK's operation timeout (5 s, `hookwise-aws`).
+pub const DEADLINE_MARGIN: Duration = Duration::from_secs(15);
+/// A POST given less time than this is not started: its message goes back, unattempted.
+pub const SHORTEST_POST: Duration = Duration::from_secs(1);
 
 pub struct Services {
     ports: Ports,

@@ -63,16 +63,28 @@ pub async fn run(args: CommonArgs, aws: AwsArgs) -> anyhow::Result<ExitCode> {
     // The standard chain: AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_DYNAMODB, ..._SQS, ..._SESV2),
     // AWS_REGION, credentials.
     let clients = AwsClients::from_env().await;
-    let config = if aws.provision {
-        provisioned(&clients, &aws, args.max_queue_delay).await?
+    // Provisioned: fresh resources and the defaults. Else the stack's, with the settings its
+    // functions read (default policy, retention, allowed targets, public URL).
+    let (config, service_config, mut allow, public_url) = if aws.provision {
+        let config = provisioned(&clients, &aws, args.max_queue_delay).await?;
+        let services = Config {
+            retention: Some(config.retention),
+            ..Config::default()
+        };
+        (config, services, Vec::new(), None)
     } else {
-        FunctionConfig::from_env()
-            .context("the tables and queues (or pass --provision)")?
-            .aws()
+        let env = FunctionConfig::from_env().context("the tables and queues (or pass --provision)")?;
+        (
+            env.aws(),
+            env.service_config(),
+            env.allowed_target_cidrs.clone(),
+            env.public_api_url.clone(),
+        )
     };
+    allow.extend(args.allowed_targets());
 
     let sender = HttpSender::new(SenderConfig {
-        allow_cidrs: args.allowed_targets(),
+        allow_cidrs: allow,
         ..SenderConfig::default()
     })?;
     let mut ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));
@@ -80,10 +92,11 @@ pub async fn run(args: CommonArgs, aws: AwsArgs) -> anyhow::Result<ExitCode> {
         ports.mailer = Arc::new(LogMailer);
     }
     let (listener, addr) = args.bind().await?;
+    let public_api_url = public_url.unwrap_or_else(|| format!("http://{addr}"));
     let core = Config {
         deliver_concurrency: args.concurrency,
-        public_api_url: format!("http://{addr}"),
-        ..Config::default()
+        public_api_url,
+        ..service_config
     };
     let services = Arc::new(Services::new(ports, core, rand::rngs::StdRng::from_os_rng()));
     let api_key = args

@@ -30,7 +30,7 @@ enum Command {
     /// Run Hookwise locally: API, delivery worker, scheduler and dead-letter handler on an
     /// embedded store (no AWS, no Docker).
     Dev(DevArgs),
-    /// Manage tenants in a local data dir.
+    /// Manage tenants, in a local data dir or (with --aws) a deployed stack.
     #[command(subcommand)]
     Tenant(tenant_cmd::TenantCommand),
     /// Simulate a retry storm for a policy; exit 1 when the peak breaks the deploy gate.
@@ -54,8 +54,18 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    let filter = match tracing_subscriber::EnvFilter::try_new(&cli.log) {
+        Ok(filter) => filter,
+        Err(err) => {
+            eprintln!(
+                "error: --log / HOOKWISE_LOG `{}` is not a tracing filter: {err}",
+                cli.log
+            );
+            return ExitCode::from(2);
+        }
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("HOOKWISE_LOG").unwrap_or_else(|_| "info".into()))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();

@@ -1,4 +1,5 @@
-//! `hookwise tenant create`: a tenant and its API key in a local data dir, as JSON.
+//! `hookwise tenant create`: a tenant and its API key, in a local data dir or (with `--aws`)
+//! a deployed stack's table; printed as JSON.
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,7 +5,8 @@
 //! deliver function handed on after the last failed attempt, and the ones SQS's own redrive
 //! moved here after `maxReceiveCount` failed receives (they carry a
 //! `DeadLetterQueueSourceArn` attribute). The service tells them apart by the delivery's
-//! state: a delivery not yet dead is marked dead first. Both end with one email.
+//! state: a dead delivery's owner is told (once); a delivery not dead goes back on its
+//! schedule, since the queue giving up on a message is no verdict on the delivery.
 
 use aws_lambda_events::sqs::{SqsBatchResponse, SqsEvent};
 use hookwise_core::services::{QueueRole, Services};

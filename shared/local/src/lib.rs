@@ -3,9 +3,9 @@
 //! the email outbox (each mail also an `.eml` file).
 //!
 //! [`LocalBackend`] implements every core port ([`Store`], [`DeliveryQueue`],
-//! [`SchedulerTable`], [`Mailer`]); the local worker reads the queue through
-//! [`LocalBackend::receive`] and [`LocalBackend::ack`], which are not ports because on AWS
-//! the Lambda runtime does that part.
+//! [`SchedulerTable`], [`Mailer`]); each queue's receiving end is a [`LocalConsumer`]
+//! (the core's `QueueConsumer` port, which the runner's worker loop drains). A
+//! [`DataDirLock`] makes one process the owner of a data dir's queues.
 //!
 //! One connection, owned by one thread. Calls queue up for it; it runs whatever has queued
 //! as one transaction (each call in its own savepoint, so a failed call undoes only its

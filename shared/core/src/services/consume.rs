@@ -36,9 +36,10 @@ pub enum Disposition {
 impl Services {
     /// Handle a batch from `role`'s queue; one disposition per message, in order.
     ///
-    /// - Delivery queue: each task is delivered ([`Services::deliver_batch`]); an `Err`,
-    ///   retryable or permanent, is redelivered rather than swallowed: a permanent fault then
-    ///   ends, through the queue's redrive, as a visible dead delivery. A body that is not a
+    /// - Delivery queue: each task is delivered ([`Services::deliver_batch_within`]); an
+    ///   `Err`, retryable or permanent, is redelivered rather than swallowed: after the
+    ///   queue's `maxReceiveCount` it reaches the dead-letter queue, whose handler puts the
+    ///   delivery back on its schedule and counts it (for the operator). A body that is not a
     ///   task is redelivered too (during a deploy a newer reader may take it); if none does,
     ///   the redrive parks it on the dead-letter queue.
     /// - Dead-letter queue: the batch is handled at once ([`Services::handle_dead_letters`]:

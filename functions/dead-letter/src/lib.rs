@@ -27,12 +27,6 @@ mod tests {
     use hookwise_core::services::{NewEvent, NewSubscription};
     use hookwise_core::testing::memory::{Harness, ScriptedSender};
 
-    /// An invocation deadline a minute ahead of the harness's clock.
-    fn in_a_minute(h: &Harness) -> u64 {
-        use hookwise_core::ports::Clock;
-        (h.clock.now() + chrono::Duration::seconds(60)).timestamp_millis() as u64
-    }
-
     fn sqs_event(messages: &[(&str, String, bool)]) -> SqsEvent {
         let records: Vec<_> = messages
             .iter()
@@ -83,7 +77,7 @@ mod tests {
                 ("b", body, true),
                 ("c", "garbage".into(), false),
             ]),
-            in_a_minute(&h),
+            h.deadline_in(60),
         )
         .await;
         let failed: Vec<_> = out
@@ -123,7 +117,7 @@ mod tests {
         let out = handle(
             &h.services,
             sqs_event(&[("a", body.clone(), false), ("b", body, false)]),
-            in_a_minute(&h),
+            h.deadline_in(60),
         )
         .await;
         assert!(out.batch_item_failures.is_empty(), "{out:?}");

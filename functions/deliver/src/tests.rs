@@ -23,16 +23,6 @@ fn sqs_event(messages: &[(&str, String)]) -> SqsEvent {
     serde_json::from_value(serde_json::json!({ "Records": records })).expect("an SQS event")
 }
 
-/// An invocation deadline `seconds` ahead of the harness's clock.
-fn deadline_in(h: &Harness, seconds: i64) -> u64 {
-    use hookwise_core::ports::Clock;
-    (h.clock.now() + chrono::Duration::seconds(seconds)).timestamp_millis() as u64
-}
-
-fn in_a_minute(h: &Harness) -> u64 {
-    deadline_in(h, 60)
-}
-
 async fn one_queued_delivery(h: &Harness) -> DeliveryTask {
     let (tenant, _) = h.tenant("owner@example.com").await;
     let sub = NewSubscription {
@@ -62,7 +52,7 @@ async fn given_a_deliverable_message_and_a_duplicate_then_both_succeed_and_one_r
     let out = handle(
         &h.services,
         sqs_event(&[("m-1", body.clone()), ("m-2", body)]),
-        in_a_minute(&h),
+        h.deadline_in(60),
     )
     .await;
     assert!(out.batch_item_failures.is_empty(), "{out:?}");
@@ -79,7 +69,12 @@ async fn given_a_deliverable_message_and_a_duplicate_then_both_succeed_and_one_r
 async fn given_a_failing_endpoint_then_the_message_is_done_and_the_retry_is_queued_not_redelivered() {
     let h = Harness::new(ScriptedSender::always(500));
     let task = one_queued_delivery(&h).await;
-    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))]), in_a_minute(&h)).await;
+    let out = handle(
+        &h.services,
+        sqs_event(&[("m-1", encode_task(&task))]),
+        h.deadline_in(60),
+    )
+    .await;
     assert!(
         out.batch_item_failures.is_empty(),
         "an endpoint's failure is the retry policy's business: {out:?}"
@@ -94,7 +89,7 @@ async fn given_a_body_that_is_not_a_task_then_only_that_message_is_reported() {
     let out = handle(
         &h.services,
         sqs_event(&[("good", encode_task(&task)), ("bad", "{\"hello\":1}".into())]),
-        in_a_minute(&h),
+        h.deadline_in(60),
     )
     .await;
     let ids: Vec<_> = out
@@ -116,7 +111,12 @@ async fn given_any_infrastructure_error_then_the_message_comes_back_and_outcomes
     let h = Harness::new(ScriptedSender::always(500));
     let task = one_queued_delivery(&h).await;
     h.store.unavailable.store(true, std::sync::atomic::Ordering::SeqCst);
-    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))]), in_a_minute(&h)).await;
+    let out = handle(
+        &h.services,
+        sqs_event(&[("m-1", encode_task(&task))]),
+        h.deadline_in(60),
+    )
+    .await;
     let failed: Vec<_> = out
         .batch_item_failures
         .iter()
@@ -124,7 +124,12 @@ async fn given_any_infrastructure_error_then_the_message_comes_back_and_outcomes
         .collect();
     assert_eq!(failed, ["m-1"], "a store failure is SQS's to redeliver");
     h.store.unavailable.store(false, std::sync::atomic::Ordering::SeqCst);
-    let out = handle(&h.services, sqs_event(&[("m-1", encode_task(&task))]), in_a_minute(&h)).await;
+    let out = handle(
+        &h.services,
+        sqs_event(&[("m-1", encode_task(&task))]),
+        h.deadline_in(60),
+    )
+    .await;
     assert!(
         out.batch_item_failures.is_empty(),
         "an endpoint's 500 is an outcome: {out:?}"
@@ -141,7 +146,7 @@ async fn given_an_invocation_deadline_then_each_post_fits_in_it_and_one_that_can
     let out = handle(
         &h.services,
         sqs_event(&[("m-1", encode_task(&task))]),
-        deadline_in(&h, margin),
+        h.deadline_in(margin),
     )
     .await;
     let failed: Vec<_> = out
@@ -162,7 +167,7 @@ async fn given_an_invocation_deadline_then_each_post_fits_in_it_and_one_that_can
     let out = handle(
         &h.services,
         sqs_event(&[("m-1", encode_task(&task))]),
-        deadline_in(&h, margin + 5),
+        h.deadline_in(margin + 5),
     )
     .await;
     assert!(out.batch_item_failures.is_empty(), "{out:?}");

@@ -402,6 +402,12 @@ pub struct Harness {
 }
 
 impl Harness {
+    /// A Lambda invocation deadline (milliseconds since the epoch) `seconds` ahead of the
+    /// harness's clock.
+    pub fn deadline_in(&self, seconds: i64) -> u64 {
+        (self.clock.now() + Duration::seconds(seconds)).timestamp_millis() as u64
+    }
+
     pub fn new(sender: ScriptedSender) -> Self {
         Self::with_config(sender, Config::default(), 900)
     }

@@ -286,12 +286,21 @@ impl DynamoStore {
         Ok(out.item)
     }
 
-    async fn put_item(&self, item: Item, what: &str) -> Result<(), PortError> {
-        let out = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
+    /// One item, written if `condition` (an expression and its values) holds.
+    async fn put_item(
+        &self,
+        item: Item,
+        condition: Option<(&str, Vec<(&str, AttributeValue)>)>,
+        what: &str,
+    ) -> Result<(), PortError> {
+        let mut put = self.client.put_item().table_name(&self.table).set_item(Some(item));
+        if let Some((expression, values)) = condition {
+            put = put.condition_expression(expression);
+            for (name, value) in values {
+                put = put.expression_attribute_values(name, value);
+            }
+        }
+        let out = put
             .set_return_consumed_capacity(self.rcc())
             .send()
             .await
@@ -614,12 +623,29 @@ impl Store for DynamoStore {
             .transpose()
     }
 
-    async fn put_subscription(&self, sub: &Subscription) -> PortResult<()> {
-        self.put_item(
-            with_key(to_item(sub), &subscription_key(&sub.tenant_id, &sub.id), "subscription"),
-            "put subscription",
-        )
-        .await
+    async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {
+        let item = with_key(to_item(sub), &subscription_key(&sub.tenant_id, &sub.id), "subscription");
+        self.put_item(item, Some(("attribute_not_exists(pk)", vec![])), "create subscription")
+            .await
+    }
+
+    async fn replace_subscription(&self, sub: &Subscription, read_at: DateTime<Utc>) -> PortResult<()> {
+        let item = with_key(to_item(sub), &subscription_key(&sub.tenant_id, &sub.id), "subscription");
+        // `updated_at` is stored as serde writes it (RFC 3339): compare like for like.
+        let version = match serde_json::to_value(read_at) {
+            Ok(Value::String(text)) => s(text),
+            other => {
+                return Err(PortError::permanent(
+                    "replace subscription",
+                    format!("a time as {other:?}"),
+                ))
+            }
+        };
+        let condition = (
+            "attribute_exists(pk) AND updated_at = :read_at",
+            vec![(":read_at", version)],
+        );
+        self.put_item(item, Some(condition), "replace subscription").await
     }
 
     async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>> {
@@ -949,6 +975,7 @@ impl Store for DynamoStore {
         let item = HashMap::from([("samples".to_owned(), health_to_attr(health))]);
         self.put_item(
             with_key(item, &health_key(sub), "endpoint_health"),
+            None,
             "save endpoint health",
         )
         .await

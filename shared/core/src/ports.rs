@@ -81,8 +81,13 @@ pub trait Store: Send + Sync {
     async fn tenant_by_api_key(&self, api_key_hash: &str) -> PortResult<Option<Tenant>>;
     async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>>;
 
-    /// Create or replace.
-    async fn put_subscription(&self, sub: &Subscription) -> PortResult<()>;
+    /// A new subscription; `ConditionFailed` if one with its id exists.
+    async fn create_subscription(&self, sub: &Subscription) -> PortResult<()>;
+    /// Replace a subscription that is still as it was read: `read_at` is the `updated_at` of
+    /// the copy the change started from (every write moves `updated_at`, so it is the
+    /// version). `ConditionFailed` if it changed since or is gone: a racing write is not
+    /// reverted, and a deleted subscription stays deleted.
+    async fn replace_subscription(&self, sub: &Subscription, read_at: DateTime<Utc>) -> PortResult<()>;
     async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>>;
     /// Oldest first.
     async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>>;

@@ -59,7 +59,7 @@ async fn main() {
         created_at: now,
         updated_at: now,
     };
-    backend.put_subscription(&sub).await.unwrap();
+    backend.create_subscription(&sub).await.unwrap();
 
     let began = Instant::now();
     // Ingest: event + delivery in one transaction, then one queue message each, 32 at once.

@@ -129,24 +129,44 @@ impl Store for LocalBackend {
         .await
     }
 
-    async fn put_subscription(&self, sub: &Subscription) -> PortResult<()> {
+    async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {
         let id = sub.id.to_string();
         let tenant = sub.tenant_id.to_string();
         let created_at = nanos(sub.created_at);
         let doc = to_json("subscription", sub)?;
-        self.with_conn("put subscription", move |conn| {
-            // Replace only within the same tenant: an id never moves between tenants.
-            let changed = conn
+        self.with_conn("create subscription", move |conn| {
+            let inserted = conn
                 .prepare_cached(
                     "INSERT INTO subscriptions (id, tenant_id, created_at, doc) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (id) DO UPDATE SET created_at = excluded.created_at, doc = excluded.doc
-                     WHERE subscriptions.tenant_id = excluded.tenant_id",
+                     ON CONFLICT (id) DO NOTHING",
                 )
                 .and_then(|mut s| s.execute(params![id, tenant, created_at, doc]))
-                .map_err(|e| db_err("put subscription", e))?;
+                .map_err(|e| db_err("create subscription", e))?;
+            if inserted == 0 {
+                return Err(PortError::ConditionFailed(format!("subscription `{id}` exists")));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn replace_subscription(&self, sub: &Subscription, read_at: DateTime<Utc>) -> PortResult<()> {
+        let id = sub.id.to_string();
+        let tenant = sub.tenant_id.to_string();
+        let doc = to_json("subscription", sub)?;
+        // `updated_at` as the document holds it (serde's RFC 3339), to compare like for like.
+        let read_at = to_json("subscription version", &read_at)?;
+        self.with_conn("replace subscription", move |conn| {
+            let changed = conn
+                .prepare_cached(
+                    "UPDATE subscriptions SET doc = ?3
+                     WHERE id = ?1 AND tenant_id = ?2 AND json_quote(json_extract(doc, '$.updated_at')) = ?4",
+                )
+                .and_then(|mut s| s.execute(params![id, tenant, doc, read_at]))
+                .map_err(|e| db_err("replace subscription", e))?;
             if changed == 0 {
                 return Err(PortError::ConditionFailed(format!(
-                    "subscription `{id}` belongs to another tenant"
+                    "subscription `{id}` changed since it was read, or is gone"
                 )));
             }
             Ok(())

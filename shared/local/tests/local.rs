@@ -68,7 +68,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         created_at: now,
         updated_at: now,
     };
-    store.put_subscription(&sub).await.unwrap();
+    store.create_subscription(&sub).await.unwrap();
     let event = Event {
         id: EventId::generate(now, rng),
         tenant_id: tenant.id.clone(),

@@ -230,13 +230,25 @@ impl Services {
         }
     }
 
-    /// 410 Gone disables the subscription.
+    /// 410 Gone disables the subscription: a conditional write of the copy just read, tried
+    /// again on a fresh copy if another change came first. A deleted one stays deleted.
     async fn disable_gone(&self, mut sub: Subscription) -> Result<()> {
-        sub.status = SubscriptionStatus::Disabled;
-        sub.disabled_reason = Some("the endpoint answered 410 Gone".into());
-        sub.updated_at = self.now();
-        self.ports.store.put_subscription(&sub).await?;
-        Ok(())
+        for _ in 0..3 {
+            let read_at = sub.updated_at;
+            sub.status = SubscriptionStatus::Disabled;
+            sub.disabled_reason = Some("the endpoint answered 410 Gone".into());
+            sub.updated_at = super::subscriptions::next_version(read_at, self.now());
+            match self.ports.store.replace_subscription(&sub, read_at).await {
+                Ok(()) => return Ok(()),
+                Err(PortError::ConditionFailed(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            match self.ports.store.get_subscription(&sub.tenant_id, &sub.id).await? {
+                Some(fresh) if fresh.status == SubscriptionStatus::Active => sub = fresh,
+                _ => return Ok(()), // deleted, or disabled by someone else
+            }
+        }
+        Err(PortError::retryable("disable the subscription", "it kept changing under the 410's disabling").into())
     }
 }
 

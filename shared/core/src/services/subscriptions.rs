@@ -1,10 +1,10 @@
 //! Subscriptions: create, read, change, delete, rotate the signing secret.
 
-use chrono::Duration;
+use chrono::{DateTime, Duration, Utc};
 use serde::Deserialize;
 
 use super::Services;
-use crate::error::{Error, Result, ValidationError};
+use crate::error::{Error, PortError, Result, ValidationError};
 use crate::model::*;
 use crate::policy::RetryPolicy;
 
@@ -67,6 +67,12 @@ fn check_event_types(types: &[EventTypeFilter]) -> Result<(), ValidationError> {
         ));
     }
     Ok(())
+}
+
+/// The `updated_at` of a write based on a copy read at `read_at`: now, and always later than
+/// the copy, so every write moves the version even when the clock has not.
+pub(crate) fn next_version(read_at: DateTime<Utc>, now: DateTime<Utc>) -> DateTime<Utc> {
+    now.max(read_at + Duration::nanoseconds(1))
 }
 
 /// Refuse a policy that can retry for longer than the store keeps data: retention would
@@ -169,7 +175,7 @@ impl Services {
             created_at: now,
             updated_at: now,
         };
-        self.ports.store.put_subscription(&sub).await?;
+        self.ports.store.create_subscription(&sub).await?;
         Ok(sub)
     }
 
@@ -192,6 +198,7 @@ impl Services {
         patch: SubscriptionPatch,
     ) -> Result<Subscription> {
         let mut sub = self.get_subscription(tenant, id).await?;
+        let read_at = sub.updated_at;
         if let Some(url) = patch.url {
             sub.url = url;
         }
@@ -221,9 +228,21 @@ impl Services {
             }
             sub.status = status;
         }
-        sub.updated_at = self.now();
-        self.ports.store.put_subscription(&sub).await?;
-        Ok(sub)
+        self.replace_as_read(sub, read_at).await
+    }
+
+    /// Store a changed copy of a subscription, if it is still as it was read at `read_at`;
+    /// else 409: a racing change is never reverted, a deleted subscription never revived.
+    async fn replace_as_read(&self, mut sub: Subscription, read_at: DateTime<Utc>) -> Result<Subscription> {
+        sub.updated_at = next_version(read_at, self.now());
+        match self.ports.store.replace_subscription(&sub, read_at).await {
+            Ok(()) => Ok(sub),
+            Err(PortError::ConditionFailed(_)) => Err(Error::conflict(format!(
+                "subscription {} changed (or was deleted) while this change was being made; read it again and retry",
+                sub.id
+            ))),
+            Err(e) => Err(e.into()),
+        }
     }
 
     pub async fn delete_subscription(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<()> {
@@ -237,12 +256,11 @@ impl Services {
     /// A new signing secret; the old one keeps signing alongside it for a grace period.
     pub async fn rotate_secret(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<Subscription> {
         let mut sub = self.get_subscription(tenant, id).await?;
+        let read_at = sub.updated_at;
         let now = self.now();
         let fresh = Secret::generate(&mut *self.rng());
         sub.previous_secret = Some(std::mem::replace(&mut sub.secret, fresh));
         sub.previous_secret_expires_at = Some(now + Duration::hours(SECRET_ROTATION_GRACE_HOURS));
-        sub.updated_at = now;
-        self.ports.store.put_subscription(&sub).await?;
-        Ok(sub)
+        self.replace_as_read(sub, read_at).await
     }
 }

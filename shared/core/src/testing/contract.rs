@@ -68,7 +68,8 @@ macro_rules! store_contract_tests {
         $crate::__contract_tests! { $factory;
             tenants_are_found_by_id_and_by_api_key_hash,
             subscriptions_are_listed_oldest_first_within_their_tenant,
-            put_subscription_replaces_the_stored_subscription,
+            replace_subscription_writes_a_copy_still_as_read_and_refuses_a_stale_or_deleted_one,
+            create_subscription_refuses_an_existing_id,
             delete_subscription_reports_whether_it_deleted_and_respects_tenants,
             create_event_writes_the_event_and_all_its_deliveries,
             a_reused_idempotency_key_returns_the_first_event_and_writes_nothing,
@@ -366,7 +367,7 @@ pub async fn subscriptions_are_listed_oldest_first_within_their_tenant(b: &dyn C
     let theirs = fx.subscription(&other.id, t0());
     // Written out of order: the listing sorts by creation time, not by writing order.
     for s in [&s2, &theirs, &s3, &s1] {
-        b.store().put_subscription(s).await.expect("put");
+        b.store().create_subscription(s).await.expect("create");
     }
 
     assert_eq!(
@@ -397,11 +398,13 @@ pub async fn subscriptions_are_listed_oldest_first_within_their_tenant(b: &dyn C
     );
 }
 
-pub async fn put_subscription_replaces_the_stored_subscription(b: &dyn ContractBackend) {
+pub async fn replace_subscription_writes_a_copy_still_as_read_and_refuses_a_stale_or_deleted_one(
+    b: &dyn ContractBackend,
+) {
     let mut fx = Fixture::new();
     let a = fx.stored_tenant(b).await;
     let original = fx.subscription(&a.id, t0());
-    b.store().put_subscription(&original).await.expect("put");
+    b.store().create_subscription(&original).await.expect("create");
 
     let changed = Subscription {
         url: EndpointUrl::parse("https://elsewhere.acme.example/hooks").expect("a valid url"),
@@ -414,13 +417,71 @@ pub async fn put_subscription_replaces_the_stored_subscription(b: &dyn ContractB
         updated_at: t0() + minutes(5),
         ..original.clone()
     };
-    b.store().put_subscription(&changed).await.expect("put again");
-
+    b.store()
+        .replace_subscription(&changed, original.updated_at)
+        .await
+        .expect("replace as read");
     assert_eq!(
         b.store().get_subscription(&a.id, &original.id).await.expect("get"),
         Some(changed.clone())
     );
-    assert_eq!(b.store().list_subscriptions(&a.id).await.expect("list"), vec![changed]);
+    assert_eq!(
+        b.store().list_subscriptions(&a.id).await.expect("list"),
+        vec![changed.clone()]
+    );
+
+    // A writer that read the original before `changed` landed loses: nothing is reverted.
+    let stale = Subscription {
+        description: Some("stale".into()),
+        updated_at: t0() + minutes(6),
+        ..original.clone()
+    };
+    assert!(matches!(
+        b.store().replace_subscription(&stale, original.updated_at).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    assert_eq!(
+        b.store().get_subscription(&a.id, &original.id).await.expect("get"),
+        Some(changed.clone())
+    );
+
+    // Deleted stays deleted: a replace does not bring it back.
+    assert!(b
+        .store()
+        .delete_subscription(&a.id, &original.id)
+        .await
+        .expect("delete"));
+    let revived = Subscription {
+        updated_at: t0() + minutes(7),
+        ..changed.clone()
+    };
+    assert!(matches!(
+        b.store().replace_subscription(&revived, changed.updated_at).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    assert_eq!(
+        b.store().get_subscription(&a.id, &original.id).await.expect("get"),
+        None
+    );
+}
+
+pub async fn create_subscription_refuses_an_existing_id(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let sub = fx.subscription(&a.id, t0());
+    b.store().create_subscription(&sub).await.expect("create");
+    let again = Subscription {
+        description: Some("again".into()),
+        ..sub.clone()
+    };
+    assert!(matches!(
+        b.store().create_subscription(&again).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    assert_eq!(
+        b.store().get_subscription(&a.id, &sub.id).await.expect("get"),
+        Some(sub)
+    );
 }
 
 pub async fn delete_subscription_reports_whether_it_deleted_and_respects_tenants(b: &dyn ContractBackend) {
@@ -428,7 +489,7 @@ pub async fn delete_subscription_reports_whether_it_deleted_and_respects_tenants
     let a = fx.stored_tenant(b).await;
     let other = fx.stored_tenant(b).await;
     let sub = fx.subscription(&a.id, t0());
-    b.store().put_subscription(&sub).await.expect("put");
+    b.store().create_subscription(&sub).await.expect("create");
 
     assert!(!b
         .store()
@@ -542,7 +603,7 @@ pub async fn another_tenants_ids_are_not_found(b: &dyn ContractBackend) {
     let a = fx.stored_tenant(b).await;
     let other = fx.stored_tenant(b).await;
     let sub = fx.subscription(&a.id, t0());
-    b.store().put_subscription(&sub).await.expect("put");
+    b.store().create_subscription(&sub).await.expect("create");
     let (event, deliveries) = fx.stored_event(b, &a.id, t0(), std::slice::from_ref(&sub.id)).await;
 
     assert_eq!(

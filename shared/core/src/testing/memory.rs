@@ -57,19 +57,37 @@ impl Store for MemoryStore {
     async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
         Ok(lock(&self.data).tenants.get(id).cloned())
     }
-    async fn put_subscription(&self, sub: &Subscription) -> PortResult<()> {
+    async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {
+        let mut d = lock(&self.data);
+        if d.subscriptions.iter().any(|s| s.id == sub.id) {
+            return Err(PortError::ConditionFailed(format!("subscription `{}` exists", sub.id)));
+        }
+        d.subscriptions.push(sub.clone());
+        Ok(())
+    }
+    async fn replace_subscription(&self, sub: &Subscription, read_at: DateTime<Utc>) -> PortResult<()> {
         if take_one(&self.failing_subscription_writes) {
             return Err(PortError::retryable(
-                "put subscription",
+                "replace subscription",
                 "throttled (failing_subscription_writes)",
             ));
         }
         let mut d = lock(&self.data);
-        match d.subscriptions.iter_mut().find(|s| s.id == sub.id) {
-            Some(s) => *s = sub.clone(),
-            None => d.subscriptions.push(sub.clone()),
+        match d
+            .subscriptions
+            .iter_mut()
+            .find(|s| s.id == sub.id && s.tenant_id == sub.tenant_id)
+        {
+            Some(s) if s.updated_at == read_at => {
+                *s = sub.clone();
+                Ok(())
+            }
+            Some(_) => Err(PortError::ConditionFailed(format!(
+                "subscription `{}` changed since it was read",
+                sub.id
+            ))),
+            None => Err(PortError::ConditionFailed(format!("subscription `{}` is gone", sub.id))),
         }
-        Ok(())
     }
     async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>> {
         Ok(lock(&self.data)

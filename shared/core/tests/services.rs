@@ -78,7 +78,11 @@ async fn given_an_idempotency_key_when_sent_twice_then_one_event_and_one_deliver
     assert!(first.created && !second.created);
     assert_eq!(first.event.id, second.event.id);
     assert_eq!(second.deliveries.len(), 1);
-    assert_eq!(h.queue.log.lock().unwrap().len(), 1, "the repeat queues nothing");
+    // The repeat creates nothing; it queues the unattempted first attempt again (the first
+    // request may have died before queueing it; the duplicate is absorbed).
+    let log = h.queue.log.lock().unwrap();
+    assert_eq!(log.len(), 2, "{log:?}");
+    assert_eq!(log[0], log[1]);
 }
 
 #[tokio::test]
@@ -640,4 +644,92 @@ async fn given_a_retention_shorter_than_a_policy_can_retry_then_the_policy_is_re
         matches!(err, Error::Validation(ref v) if v.code == "retry_policy_exceeds_retention"),
         "{err:?}"
     );
+}
+
+#[tokio::test]
+async fn given_an_ingest_that_died_before_queueing_then_its_retry_with_the_same_key_queues_the_deliveries() {
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    // Stored, then the send to the queue is lost (as a crash between the two would lose it).
+    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
+    let first = h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
+        .await
+        .unwrap();
+    assert_eq!(h.queue.pending(), 0, "nothing queued");
+
+    let retry = h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
+        .await
+        .unwrap();
+    assert!(!retry.created);
+    assert_eq!(retry.event.id, first.event.id);
+    let queued = h.queue.take_visible();
+    assert_eq!(
+        queued.iter().map(|t| (&t.delivery_id, t.attempt)).collect::<Vec<_>>(),
+        vec![(&first.deliveries[0].id, 1)]
+    );
+    h.services.deliver_batch(&queued).await.into_iter().for_each(|r| {
+        r.unwrap();
+    });
+    // Once delivered, a third repeat queues nothing more.
+    h.services
+        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
+        .await
+        .unwrap();
+    assert_eq!(h.queue.pending(), 0);
+
+    // The same key with another payload is refused, naming the first event.
+    let other = NewEvent {
+        event_type: EventType::parse("invoice.paid").unwrap(),
+        payload: serde_json::json!({"n": 2}),
+    };
+    let err = h.services.ingest(&tenant, other, Some("k-1".into())).await.unwrap_err();
+    let Error::Validation(v) = err else { panic!("{err:?}") };
+    assert_eq!(v.code, "idempotency_key_reused");
+    assert!(v.message.contains(first.event.id.as_str()), "{}", v.message);
+}
+
+#[tokio::test]
+async fn given_the_same_task_twice_in_one_batch_then_one_post_is_made() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().remove(0);
+
+    /// Answers 200 after a pause, so the batch's deliveries run side by side.
+    #[derive(Default)]
+    struct SlowSender(std::sync::atomic::AtomicUsize);
+    #[async_trait::async_trait]
+    impl hookwise_core::ports::Sender for SlowSender {
+        async fn send(&self, _request: hookwise_core::ports::WebhookRequest) -> SendOutcome {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            status_outcome(200)
+        }
+    }
+    let sender = std::sync::Arc::new(SlowSender::default());
+    let ports = hookwise_core::services::Ports {
+        sender: sender.clone(),
+        ..h.services.ports().clone()
+    };
+    let services =
+        hookwise_core::services::Services::new(ports, Config::default(), rand::SeedableRng::seed_from_u64(1));
+    let results = services.deliver_batch(&[task.clone(), task]).await;
+    assert!(
+        matches!(results[..], [Ok(DeliverOutcome::Delivered), Ok(DeliverOutcome::Stale)]),
+        "{results:?}"
+    );
+    assert_eq!(sender.0.load(std::sync::atomic::Ordering::SeqCst), 1, "one POST");
 }

@@ -626,10 +626,29 @@ async fn given_the_same_idempotency_key_twice_then_one_event_and_no_new_deliveri
     assert_eq!(second.headers["idempotent-replayed"], "true");
     let listed = app.call("GET", "/v1/deliveries", &app.a, None).await;
     assert_eq!(listed.body["data"].as_array().unwrap().len(), 1, "one delivery in all");
-    assert_eq!(app.harness.queue.take_visible().len(), 1, "queued once");
+    // The repeat queues the still-unattempted first attempt again: the first request may have
+    // died before queueing it, and the duplicate message is absorbed by the conditional writes.
+    let queued = app.harness.queue.take_visible();
+    assert_eq!(queued.len(), 2, "{queued:?}");
+    assert_eq!(queued[0], queued[1], "the same first attempt, twice");
 
     let other = app.send(post("order-8")).await;
     assert_ne!(id(&other.body), id(&first.body));
+
+    // The same key with another payload is a mistake, not a retry.
+    let reused = app
+        .send(
+            App::request("POST", "/v1/events", Some(&app.a))
+                .header(header::CONTENT_TYPE, "application/json")
+                .header("idempotency-key", "order-7")
+                .body(Body::from(
+                    json!({"type": "order.placed", "payload": {"order": 8}}).to_string(),
+                ))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(reused.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(reused.code(), "idempotency_key_reused");
 }
 
 // Deliveries, replay, recover

@@ -66,11 +66,29 @@ impl Services {
     ) -> Vec<Result<DeliverOutcome>> {
         // The futures are built first (they do nothing until polled) so the stream's type
         // names no closure: a closure there trips the compiler's Send check under tokio::spawn.
-        let calls: Vec<_> = tasks.iter().map(|t| self.deliver_within(t, deadline)).collect();
+        // The same task twice in one batch (a duplicate message) is handled once: run side by
+        // side, both copies would find the delivery due and both would POST.
+        let mut seen = std::collections::HashSet::new();
+        let calls: Vec<_> = tasks
+            .iter()
+            .map(|t| self.deliver_first(t, deadline, seen.insert(t)))
+            .collect();
         futures::stream::iter(calls)
             .buffered(self.config.deliver_concurrency.max(1))
             .collect()
             .await
+    }
+
+    async fn deliver_first(
+        &self,
+        task: &DeliveryTask,
+        deadline: Option<DateTime<Utc>>,
+        first: bool,
+    ) -> Result<DeliverOutcome> {
+        if !first {
+            return Ok(DeliverOutcome::Stale);
+        }
+        self.deliver_within(task, deadline).await
     }
 
     pub async fn deliver(&self, task: &DeliveryTask) -> Result<DeliverOutcome> {

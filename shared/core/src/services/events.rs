@@ -69,12 +69,7 @@ impl Services {
 
         // Stored before any attempt (seed 000): once this returns, the event is durable.
         if let Created::Existing(id) = self.ports.store.create_event(&event, &deliveries).await? {
-            let existing = self.get_event(tenant, &id).await?;
-            return Ok(Ingested {
-                event: existing.event,
-                deliveries: existing.deliveries,
-                created: false,
-            });
+            return self.repeated(tenant, &id, &event).await;
         }
         let tasks: Vec<_> = deliveries.iter().map(|d| (next_task(d), 0)).collect();
         if let Err(err) = self.ports.queue.enqueue(&tasks).await {
@@ -85,6 +80,39 @@ impl Services {
             event,
             deliveries,
             created: true,
+        })
+    }
+
+    /// The same `Idempotency-Key` again. With the same type and payload it is the client's
+    /// retry: it gets the first event, and the first attempts of deliveries still waiting for
+    /// one are queued again, since the first request may have died between storing them and
+    /// queueing them (a message too many is harmless: the conditional writes absorb it). With
+    /// another type or payload it is a mistake, refused rather than answered with the
+    /// first event.
+    async fn repeated(&self, tenant: &Tenant, id: &EventId, new: &Event) -> Result<Ingested> {
+        let existing = self.get_event(tenant, id).await?;
+        if existing.event.event_type != new.event_type || existing.event.payload != new.payload {
+            return Err(ValidationError::new(
+                "idempotency_key_reused",
+                format!(
+                    "Idempotency-Key was used for event {id} with another type or payload; a new event needs a new key"
+                ),
+            )
+            .into());
+        }
+        let waiting: Vec<_> = existing
+            .deliveries
+            .iter()
+            .filter(|d| d.status == DeliveryStatus::Pending && d.round == 0 && d.attempts == 0)
+            .map(|d| (next_task(d), 0))
+            .collect();
+        if let Err(err) = self.ports.queue.enqueue(&waiting).await {
+            tracing::warn!(event_id = %id, error = %err, "enqueue on a repeated ingest failed; the sweep will pick the deliveries up");
+        }
+        Ok(Ingested {
+            event: existing.event,
+            deliveries: existing.deliveries,
+            created: false,
         })
     }
 

@@ -242,6 +242,9 @@ pub struct MemoryQueue {
     pub log: Mutex<Vec<(DeliveryTask, u32)>>,
     /// The next this many dead-letter hand-offs fail (retryable).
     pub failing_dead_letters: std::sync::atomic::AtomicU32,
+    /// The next this many enqueues fail (retryable), as a crash between a store write and
+    /// the queue send would leave things.
+    pub failing_enqueues: std::sync::atomic::AtomicU32,
 }
 
 impl MemoryQueue {
@@ -253,6 +256,7 @@ impl MemoryQueue {
             dead: Mutex::default(),
             log: Mutex::default(),
             failing_dead_letters: Default::default(),
+            failing_enqueues: Default::default(),
         }
     }
 
@@ -280,6 +284,9 @@ impl DeliveryQueue for MemoryQueue {
         self.max_delay
     }
     async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()> {
+        if take_one(&self.failing_enqueues) {
+            return Err(PortError::retryable("enqueue", "unavailable (failing_enqueues)"));
+        }
         if let Some((_, delay)) = tasks.iter().find(|(_, d)| *d > self.max_delay) {
             return Err(PortError::permanent(
                 "enqueue",

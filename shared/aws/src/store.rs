@@ -981,6 +981,20 @@ impl Store for DynamoStore {
         .await
     }
 
+    async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
+        let out = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(key_item(&notice_key(delivery, round))))
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify("release dead notice", e))?;
+        self.charge("release dead notice", true, out.consumed_capacity());
+        Ok(())
+    }
+
     async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
         let nonce = claim_nonce();
         let mut item = with_key(HashMap::new(), &notice_key(delivery, round), "dead_notice");

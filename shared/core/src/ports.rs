@@ -141,6 +141,8 @@ pub trait Store: Send + Sync {
     /// `true` the first time it is called for a delivery's round, `false` after: the owner
     /// hears of each dead delivery once.
     async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool>;
+    /// Give a claim back when its email could not be sent, so the next try sends it.
+    async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()>;
 }
 
 /// One message on the delivery queue: make this attempt of this delivery.

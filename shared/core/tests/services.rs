@@ -733,3 +733,42 @@ async fn given_the_same_task_twice_in_one_batch_then_one_post_is_made() {
     );
     assert_eq!(sender.0.load(std::sync::atomic::Ordering::SeqCst), 1, "one POST");
 }
+
+#[tokio::test]
+async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_told_on_the_retry_once() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    for owner in ["a@example.com", "b@example.com"] {
+        let mut sub = new_sub("https://down.example.com/", &["*"], Some(vec![]));
+        sub.owner_email = Some(Email::parse(owner).unwrap());
+        h.services.create_subscription(&tenant, sub).await.unwrap();
+    }
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let tasks = h.queue.take_visible();
+    h.services.deliver_batch(&tasks).await.into_iter().for_each(|r| {
+        r.unwrap();
+    });
+    let dead = h.queue.take_dead();
+    assert_eq!(dead.len(), 2);
+
+    h.mailer.refusing_once.lock().unwrap().insert("a@example.com".into());
+    assert!(
+        h.services.handle_dead_letters(&dead).await.is_err(),
+        "the batch comes back for a's notice"
+    );
+    let to = |h: &Harness| {
+        h.mailer
+            .sent
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|m| m.to.to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(to(&h), ["b@example.com"], "b is told although a's email failed");
+
+    // The queue redelivers the batch: a is told now, b not twice.
+    let report = h.services.handle_dead_letters(&dead).await.unwrap();
+    assert_eq!((report.notified, report.emails), (1, 1));
+    assert_eq!(to(&h), ["b@example.com", "a@example.com"]);
+}

@@ -503,6 +503,17 @@ impl Store for LocalBackend {
         .await
     }
 
+    async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
+        let id = delivery.to_string();
+        self.with_conn("release dead-delivery notice", move |conn| {
+            conn.prepare_cached("DELETE FROM dead_notices WHERE delivery_id = ?1 AND round = ?2")
+                .and_then(|mut s| s.execute(params![id, round]))
+                .map_err(|e| db_err("release dead-delivery notice", e))?;
+            Ok(())
+        })
+        .await
+    }
+
     async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
         let id = delivery.to_string();
         let now = nanos(self.now());

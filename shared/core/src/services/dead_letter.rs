@@ -91,19 +91,39 @@ impl Services {
                 });
         }
 
+        // Each email with the notices it carries. One that cannot be sent gives its claims
+        // back for the next try (the batch is redelivered) and stops no other owner's.
+        let mut failed = None;
         for (_, (to, notices)) in by_owner {
-            let emails = if notices.len() >= self.config.digest_threshold {
-                vec![self.digest_email(&to, &notices)]
+            let emails: Vec<(OutgoingEmail, &[Notice])> = if notices.len() >= self.config.digest_threshold {
+                vec![(self.digest_email(&to, &notices), &notices[..])]
             } else {
-                notices.iter().map(|n| self.dead_email(&to, n)).collect()
+                notices
+                    .iter()
+                    .map(|n| (self.dead_email(&to, n), std::slice::from_ref(n)))
+                    .collect()
             };
-            for email in &emails {
-                self.ports.mailer.send(email).await?;
+            for (email, told) in &emails {
+                match self.ports.mailer.send(email).await {
+                    Ok(()) => {
+                        report.notified += told.len();
+                        report.emails += 1;
+                    }
+                    Err(error) => {
+                        tracing::warn!(to = %email.to, %error, notices = told.len(),
+                            "a dead-delivery email failed; its notices go again with the batch");
+                        for n in told.iter() {
+                            store.release_dead_notice(&n.delivery.id, n.delivery.round).await?;
+                        }
+                        failed.get_or_insert(error);
+                    }
+                }
             }
-            report.notified += notices.len();
-            report.emails += emails.len();
         }
-        Ok(report)
+        match failed {
+            None => Ok(report),
+            Some(error) => Err(error.into()),
+        }
     }
 
     fn replay_hint(&self, d: &Delivery) -> String {

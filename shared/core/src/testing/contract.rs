@@ -84,6 +84,7 @@ macro_rules! store_contract_tests {
             a_cursor_the_store_did_not_hand_out_is_refused,
             overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the_time,
             a_dead_notice_is_claimed_once_per_round,
+            a_released_dead_notice_can_be_claimed_again,
             endpoint_health_starts_empty_and_round_trips,
             tasks_enqueued_without_delay_are_visible_at_once,
             a_delayed_task_stays_hidden_until_its_delay_has_passed,
@@ -1098,6 +1099,35 @@ pub async fn a_dead_notice_is_claimed_once_per_round(b: &dyn ContractBackend) {
         .claim_dead_notice(&ds[1].id, 0)
         .await
         .expect("another delivery"));
+}
+
+pub async fn a_released_dead_notice_can_be_claimed_again(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(2);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+
+    assert!(b.store().claim_dead_notice(&ds[0].id, 0).await.expect("claim"));
+    assert!(b
+        .store()
+        .claim_dead_notice(&ds[1].id, 0)
+        .await
+        .expect("claim the other"));
+    b.store().release_dead_notice(&ds[0].id, 0).await.expect("release");
+    assert!(b
+        .store()
+        .claim_dead_notice(&ds[0].id, 0)
+        .await
+        .expect("claimed again after its release"));
+    assert!(!b
+        .store()
+        .claim_dead_notice(&ds[1].id, 0)
+        .await
+        .expect("the other is still claimed"));
+    b.store()
+        .release_dead_notice(&ds[1].id, 5)
+        .await
+        .expect("releasing what was never claimed is fine");
 }
 
 pub async fn endpoint_health_starts_empty_and_round_trips(b: &dyn ContractBackend) {

@@ -220,6 +220,10 @@ impl Store for MemoryStore {
     async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
         Ok(lock(&self.data).notices.insert((delivery.clone(), round)))
     }
+    async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
+        lock(&self.data).notices.remove(&(delivery.clone(), round));
+        Ok(())
+    }
 }
 
 /// Counts down a "fail the next N calls" setting: `true` if this call is to fail.
@@ -338,11 +342,19 @@ impl SchedulerTable for MemoryScheduler {
 #[derive(Default)]
 pub struct MemoryMailer {
     pub sent: Mutex<Vec<OutgoingEmail>>,
+    /// Recipients refused once each (as SES refuses an address), then accepted.
+    pub refusing_once: Mutex<HashSet<String>>,
 }
 
 #[async_trait]
 impl Mailer for MemoryMailer {
     async fn send(&self, email: &OutgoingEmail) -> PortResult<()> {
+        if lock(&self.refusing_once).remove(email.to.as_str()) {
+            return Err(PortError::permanent(
+                "send email",
+                format!("{} refused (refusing_once)", email.to),
+            ));
+        }
         lock(&self.sent).push(email.clone());
         Ok(())
     }

@@ -45,7 +45,7 @@ impl Services {
     /// - Dead-letter queue: the batch is handled at once ([`Services::handle_dead_letters`]:
     ///   dead deliveries' owners are told, many deaths of one owner in one digest; deliveries
     ///   the queue gave up on go back on their schedule); if that fails, every task of the
-    ///   batch comes back (a notice already claimed is not sent twice). A body that is not a
+    ///   batch comes back (an owner already told is not told again; a notice whose email failed is sent then). A body that is not a
     ///   task stays on the queue for an operator to look at: it is logged at every receive,
     ///   never deleted unread.
     ///

@@ -127,6 +127,11 @@ pub async fn run(args: CommonArgs, aws: AwsArgs) -> anyhow::Result<ExitCode> {
 
 /// Fresh tables and queues from the template, and the sender verified on SES v2.
 async fn provisioned(clients: &AwsClients, aws: &AwsArgs, max_queue_delay: u32) -> anyhow::Result<AwsConfig> {
+    let limit = hookwise_aws::config::SQS_MAX_DELAY_SECONDS;
+    anyhow::ensure!(
+        (1..=limit).contains(&max_queue_delay),
+        "--max-queue-delay must be 1 to {limit} (SQS's limit)"
+    );
     let yaml = std::fs::read_to_string(&aws.template).with_context(|| format!("read {}", aws.template.display()))?;
     let resources = TemplateResources::parse(&yaml)?;
     let stamp = std::time::SystemTime::now()
@@ -153,15 +158,7 @@ async fn provisioned(clients: &AwsClients, aws: &AwsArgs, max_queue_delay: u32) 
         made.delivery_queue_url, made.dead_letter_queue_url
     );
     Ok(AwsConfig {
-        queue_max_delay_seconds: args_max_delay(max_queue_delay)?,
+        queue_max_delay_seconds: max_queue_delay,
         ..made.config(&aws.sender_email)
     })
-}
-
-fn args_max_delay(seconds: u32) -> anyhow::Result<u32> {
-    anyhow::ensure!(
-        (1..=900).contains(&seconds),
-        "--max-queue-delay must be 1 to 900 (SQS's limit)"
-    );
-    Ok(seconds)
 }

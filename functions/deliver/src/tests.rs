@@ -23,6 +23,14 @@ fn sqs_event(messages: &[(&str, String)]) -> SqsEvent {
     serde_json::from_value(serde_json::json!({ "Records": records })).expect("an SQS event")
 }
 
+/// The message ids a batch response sends back to SQS.
+fn failed_ids(out: &aws_lambda_events::sqs::SqsBatchResponse) -> Vec<&str> {
+    out.batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect()
+}
+
 async fn one_queued_delivery(h: &Harness) -> DeliveryTask {
     let (tenant, _) = h.tenant("owner@example.com").await;
     let sub = NewSubscription {
@@ -92,11 +100,7 @@ async fn given_a_body_that_is_not_a_task_then_only_that_message_is_reported() {
         h.deadline_in(60),
     )
     .await;
-    let ids: Vec<_> = out
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
+    let ids = failed_ids(&out);
     assert_eq!(ids, ["bad"]);
     let json = serde_json::to_value(&out).unwrap();
     assert_eq!(
@@ -117,11 +121,7 @@ async fn given_any_infrastructure_error_then_the_message_comes_back_and_outcomes
         h.deadline_in(60),
     )
     .await;
-    let failed: Vec<_> = out
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
+    let failed = failed_ids(&out);
     assert_eq!(failed, ["m-1"], "a store failure is SQS's to redeliver");
     h.store.unavailable.store(false, std::sync::atomic::Ordering::SeqCst);
     let out = handle(
@@ -149,11 +149,7 @@ async fn given_an_invocation_deadline_then_each_post_fits_in_it_and_one_that_can
         h.deadline_in(margin),
     )
     .await;
-    let failed: Vec<_> = out
-        .batch_item_failures
-        .iter()
-        .map(|f| f.item_identifier.as_str())
-        .collect();
+    let failed = failed_ids(&out);
     assert_eq!(failed, ["m-1"]);
     assert!(h.sender.requests.lock().unwrap().is_empty(), "not attempted");
     let d = h.store.get_delivery(&task.delivery_id).await.unwrap().unwrap();

@@ -367,7 +367,7 @@ impl Provisioned {
             dead_letter_queue_url: self.dead_letter_queue_url.clone(),
             sender_email: sender_email.to_owned(),
             queue_max_delay_seconds: crate::config::SQS_MAX_DELAY_SECONDS,
-            retention: std::time::Duration::from_secs(u64::from(crate::config::DEFAULT_RETENTION_DAYS) * 86_400),
+            retention: crate::config::retention_days(crate::config::DEFAULT_RETENTION_DAYS),
         }
     }
 }

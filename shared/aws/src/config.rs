@@ -36,6 +36,11 @@ pub const ENV_PREFIX: &str = "HOOKWISE_";
 pub const SQS_MAX_DELAY_SECONDS: u32 = 900;
 pub const DEFAULT_RETENTION_DAYS: u32 = 30;
 
+/// A retention in days as a duration.
+pub fn retention_days(days: u32) -> Duration {
+    Duration::from_secs(u64::from(days) * 24 * 3600)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{0} is not set: template.yaml sets it for every function")]
@@ -128,7 +133,7 @@ impl FunctionConfig {
             )));
         }
         let policy = self.retry_policy()?;
-        hookwise_core::services::check_retention(&policy, Some(self.aws().retention)).map_err(|e| {
+        hookwise_core::services::check_retention(&policy, Some(retention_days(self.retention_days))).map_err(|e| {
             ConfigError::Invalid(format!(
                 "{} and {}: {}",
                 env::DEFAULT_RETRY_POLICY,
@@ -153,7 +158,7 @@ impl FunctionConfig {
             dead_letter_queue_url: self.dead_letter_queue_url.clone(),
             sender_email: self.sender_email.clone(),
             queue_max_delay_seconds: self.queue_max_delay_seconds,
-            retention: Duration::from_secs(u64::from(self.retention_days) * 24 * 3600),
+            retention: retention_days(self.retention_days),
         }
     }
 
@@ -161,7 +166,7 @@ impl FunctionConfig {
     pub fn service_config(&self) -> Config {
         let mut config = Config {
             default_retry_policy: self.retry_policy().expect("validated when read"),
-            retention: Some(self.aws().retention),
+            retention: Some(retention_days(self.retention_days)),
             ..Config::default()
         };
         if let Some(url) = self.public_api_url.as_ref().filter(|u| !u.trim().is_empty()) {

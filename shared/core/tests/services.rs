@@ -21,6 +21,17 @@ fn new_sub(url: &str, types: &[&str], schedule: Option<Vec<u64>>) -> NewSubscrip
     }
 }
 
+/// A tenant of `owner@example.com` with one subscription to every event type.
+async fn subscribed(h: &Harness, url: &str, schedule: Option<Vec<u64>>) -> (Tenant, Subscription) {
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = h
+        .services
+        .create_subscription(&tenant, new_sub(url, &["*"], schedule))
+        .await
+        .unwrap();
+    (tenant, sub)
+}
+
 fn event(t: &str) -> NewEvent {
     NewEvent {
         event_type: EventType::parse(t).unwrap(),
@@ -548,12 +559,7 @@ async fn given_the_dead_letter_hand_off_fails_once_then_the_redelivered_message_
     // Once after an attempt (the schedule ran out), once without one (the subscription is gone).
     for abandon in [false, true] {
         let h = Harness::new(ScriptedSender::always(500));
-        let (tenant, _) = h.tenant("owner@example.com").await;
-        let sub = h
-            .services
-            .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![])))
-            .await
-            .unwrap();
+        let (tenant, sub) = subscribed(&h, "https://down.example.com/", Some(vec![])).await;
         h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
         if abandon {
             h.services.delete_subscription(&tenant, &sub.id).await.unwrap();
@@ -576,12 +582,7 @@ async fn given_the_dead_letter_hand_off_fails_once_then_the_redelivered_message_
 async fn given_a_410_whose_disabling_fails_once_then_the_redelivered_message_disables_the_subscription() {
     use std::sync::atomic::Ordering;
     let h = Harness::new(ScriptedSender::always(410));
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    let sub = h
-        .services
-        .create_subscription(&tenant, new_sub("https://gone.example.com/", &["*"], None))
-        .await
-        .unwrap();
+    let (tenant, sub) = subscribed(&h, "https://gone.example.com/", None).await;
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let task = h.queue.take_visible().remove(0);
     h.store.failing_subscription_writes.store(1, Ordering::SeqCst);
@@ -650,11 +651,7 @@ async fn given_a_retention_shorter_than_a_policy_can_retry_then_the_policy_is_re
 async fn given_an_ingest_that_died_before_queueing_then_its_retry_with_the_same_key_queues_the_deliveries() {
     use std::sync::atomic::Ordering;
     let h = Harness::new(ScriptedSender::always(200));
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services
-        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
-        .await
-        .unwrap();
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
     // Stored, then the send to the queue is lost (as a crash between the two would lose it).
     h.queue.failing_enqueues.store(1, Ordering::SeqCst);
     let first = h
@@ -700,11 +697,7 @@ async fn given_an_ingest_that_died_before_queueing_then_its_retry_with_the_same_
 #[tokio::test]
 async fn given_the_same_task_twice_in_one_batch_then_one_post_is_made() {
     let h = Harness::new(ScriptedSender::always(200));
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services
-        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
-        .await
-        .unwrap();
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let task = h.queue.take_visible().remove(0);
 

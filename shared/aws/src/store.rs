@@ -25,6 +25,10 @@
 //! | `by-subscription`  | `gsi_subscription` = `{tenant}#{sub}` | `gsi_created`           |
 //! | `overdue`          | `gsi_due_shard` = `DUE#{0..7}`      | `gsi_due` = `{next_attempt_at}#{id}`, only while pending or retrying |
 //!
+//! An event with more deliveries than its transaction holds (98 with an idempotency key) is
+//! in `overdue` too, under its `created_at`, until the rest of its deliveries are written
+//! (`unwritten_deliveries`): the sweep finishes an ingest that died half way.
+//!
 //! Two indexes are sparse so that an event delivered on its first attempt writes as few
 //! index entries as it can (each costs a write unit, twice inside a transaction):
 //! `by-tenant-status` holds only the statuses worth finding among many delivered ones
@@ -77,6 +81,8 @@ const GSI_SUBSCRIPTION: &str = "gsi_subscription";
 const GSI_CREATED: &str = "gsi_created";
 const GSI_DUE_SHARD: &str = "gsi_due_shard";
 const GSI_DUE: &str = "gsi_due";
+/// On an event item: the deliveries its ingest has yet to write.
+const UNWRITTEN: &str = "unwritten_deliveries";
 
 /// Index pages one listing call reads at most when it checks statuses item by item; past
 /// that it returns a short page and a cursor, so a rare status among many costs bounded work.
@@ -132,9 +138,9 @@ fn health_key(sub: &SubscriptionId) -> Key {
     (format!("HEALTH#{sub}"), "#HEALTH".into())
 }
 
-fn overdue_shard(id: &DeliveryId) -> u32 {
+fn overdue_shard(id: &str) -> u32 {
     // FNV-1a: stable across builds, unlike std's hasher.
-    let h = id.as_str().bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     });
     (h % u64::from(OVERDUE_SHARDS)) as u32
@@ -217,7 +223,7 @@ impl DynamoStore {
         );
         item.insert(GSI_CREATED.into(), s(created));
         if let (DeliveryStatus::Pending | DeliveryStatus::Retrying, Some(due)) = (d.status, d.next_attempt_at) {
-            item.insert(GSI_DUE_SHARD.into(), s(format!("DUE#{}", overdue_shard(&d.id))));
+            item.insert(GSI_DUE_SHARD.into(), s(format!("DUE#{}", overdue_shard(d.id.as_str()))));
             item.insert(GSI_DUE.into(), s(format!("{}#{}", sortable_time(due), d.id)));
         }
         // Kept for the retention after its last change or its next attempt, whichever is
@@ -227,7 +233,11 @@ impl DynamoStore {
         item
     }
 
-    fn event_item(&self, e: &Event, deliveries: &[Delivery]) -> Item {
+    /// The event with the ids of all its deliveries. `unwritten` are the deliveries its
+    /// transaction cannot hold: until they are written the item carries them (each
+    /// `{delivery_id} {subscription_id}`, all a delivery is made from) and sits in the
+    /// `overdue` index, so the sweep finishes an ingest that died half way.
+    fn event_item(&self, e: &Event, deliveries: &[Delivery], unwritten: &[Delivery]) -> Item {
         let mut item = with_key(to_item(e), &event_key(&e.id), "event");
         // As JSON text: a number such as 1.0 would come back from DynamoDB as 1.
         item.insert("payload".into(), s(e.payload.to_string()));
@@ -235,11 +245,29 @@ impl DynamoStore {
             "delivery_ids".into(),
             AttributeValue::L(deliveries.iter().map(|d| s(d.id.as_str())).collect()),
         );
+        if !unwritten.is_empty() {
+            item.insert(
+                UNWRITTEN.into(),
+                AttributeValue::L(
+                    unwritten
+                        .iter()
+                        .map(|d| s(format!("{} {}", d.id, d.subscription_id)))
+                        .collect(),
+                ),
+            );
+            item.insert(GSI_DUE_SHARD.into(), s(format!("DUE#{}", overdue_shard(e.id.as_str()))));
+            item.insert(GSI_DUE.into(), s(format!("{}#{}", sortable_time(e.created_at), e.id)));
+        }
         item.insert(TTL_ATTRIBUTE.into(), self.expires_at(e.created_at));
         item
     }
 
     fn decode_event(item: &Item) -> Result<(Event, Vec<DeliveryId>), PortError> {
+        Self::decode_event_whole(item).map(|(event, ids, _)| (event, ids))
+    }
+
+    /// The event, its delivery ids, and the deliveries not yet written.
+    fn decode_event_whole(item: &Item) -> Result<(Event, Vec<DeliveryId>, Vec<Delivery>), PortError> {
         let mut json = to_json(item)?;
         let ids = match json.remove("delivery_ids") {
             Some(Value::Array(ids)) => ids
@@ -248,11 +276,28 @@ impl DynamoStore {
                 .collect::<Result<Vec<_>, _>>()?,
             _ => Vec::new(),
         };
+        let unwritten = match json.remove(UNWRITTEN) {
+            Some(Value::Array(pairs)) => pairs,
+            _ => Vec::new(),
+        };
         if let Some(Value::String(text)) = json.get("payload") {
             let payload: Value = serde_json::from_str(text).map_err(|e| corrupt("payload", e.to_string()))?;
             json.insert("payload".into(), payload);
         }
-        Ok((from_json(json)?, ids))
+        let event: Event = from_json(json)?;
+        let unwritten = unwritten
+            .iter()
+            .map(|pair| {
+                let (id, sub) = pair
+                    .as_str()
+                    .and_then(|p| p.split_once(' '))
+                    .ok_or_else(|| corrupt(UNWRITTEN, "not `{delivery_id} {subscription_id}`"))?;
+                let id = DeliveryId::parse(id).map_err(|e| corrupt(UNWRITTEN, e.to_string()))?;
+                let sub = SubscriptionId::parse(sub).map_err(|e| corrupt(UNWRITTEN, e.to_string()))?;
+                Ok(Delivery::new(id, &event, sub))
+            })
+            .collect::<Result<Vec<_>, PortError>>()?;
+        Ok((event, ids, unwritten))
     }
 
     fn put(&self, item: Item, condition: Option<&str>) -> Result<TransactWriteItem, PortError> {
@@ -418,6 +463,53 @@ impl DynamoStore {
         let keys: Vec<Key> = ids.iter().map(delivery_key).collect();
         let found = self.batch_get(&keys, what).await?;
         keys.iter().filter_map(|k| found.get(&k.0)).map(from_item).collect()
+    }
+
+    /// Write the deliveries an event's transaction could not hold, then clear them from the
+    /// event item. Each is a conditional put, so one an earlier try wrote is left as it is
+    /// (it may have been attempted since). Returns the deliveries this call wrote.
+    async fn finish_ingest(&self, event: &Event, unwritten: &[Delivery]) -> Result<Vec<Delivery>, PortError> {
+        if unwritten.is_empty() {
+            return Ok(Vec::new());
+        }
+        let written: Vec<Option<Delivery>> = futures::stream::iter(unwritten.iter().cloned())
+            .map(|d| async move {
+                match self
+                    .put_item(
+                        self.delivery_item(&d),
+                        Some(("attribute_not_exists(pk)", Vec::new())),
+                        "create event deliveries",
+                    )
+                    .await
+                {
+                    Ok(()) => Ok(Some(d)),
+                    Err(PortError::ConditionFailed(_)) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+            .buffer_unordered(CONCURRENCY * 4)
+            .try_collect()
+            .await?;
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key_item(&event_key(&event.id))))
+            .update_expression("REMOVE #u, #s, #d")
+            .condition_expression("attribute_exists(pk)")
+            .expression_attribute_names("#u", UNWRITTEN)
+            .expression_attribute_names("#s", GSI_DUE_SHARD)
+            .expression_attribute_names("#d", GSI_DUE)
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify("finish event", e));
+        match out {
+            Ok(out) => self.charge("finish event", true, out.consumed_capacity()),
+            Err(PortError::ConditionFailed(_)) => {} // expired meanwhile: nothing to finish
+            Err(e) => return Err(e),
+        }
+        Ok(written.into_iter().flatten().collect())
     }
 
     /// One page of a tenant's deliveries from `index`, newest first, read whole.
@@ -691,28 +783,27 @@ impl Store for DynamoStore {
     }
 
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
-        let mut items = Vec::with_capacity(deliveries.len() + 2);
         let marker = event
             .idempotency_key
             .as_ref()
             .map(|k| idempotency_key(&event.tenant_id, k));
+        // One transaction holds the marker, the event and as many deliveries as fit; it is
+        // the ingest's commit point. Deliveries past that are named on the event item and
+        // written after it (`finish_ingest`), by this call, by a retry with the same key, or
+        // else by the sweep: whatever dies half way, every delivery is written in the end.
+        let fits = MAX_TRANSACTION_ITEMS - 1 - usize::from(marker.is_some());
+        let (first, unwritten) = deliveries.split_at(deliveries.len().min(fits));
+        let mut items = Vec::with_capacity(first.len() + 2);
         if let Some(key) = &marker {
             let mut item = with_key(HashMap::new(), key, "idempotency_key");
             item.insert("event_id".into(), s(event.id.as_str()));
             item.insert(TTL_ATTRIBUTE.into(), self.expires_at(event.created_at));
             items.push(self.put_new(item)?);
         }
-        items.push(self.put_new(self.event_item(event, deliveries))?);
-        for d in deliveries {
+        items.push(self.put_new(self.event_item(event, deliveries, unwritten))?);
+        for d in first {
             items.push(self.put_new(self.delivery_item(d))?);
         }
-        // Past 100 items a transaction cannot hold them all: the first one (marker, event
-        // and the first deliveries) decides, the rest follow.
-        let rest = if items.len() > MAX_TRANSACTION_ITEMS {
-            items.split_off(MAX_TRANSACTION_ITEMS)
-        } else {
-            Vec::new()
-        };
 
         match self.transact(items, Some(event.id.to_string()), "create event").await {
             Ok(()) => {}
@@ -730,9 +821,13 @@ impl Store for DynamoStore {
                     .transpose()?;
                 match existing {
                     Some(id) if id != event.id.as_str() => {
-                        return Ok(Created::Existing(
-                            EventId::parse(&id).map_err(|e| corrupt("event_id", e.to_string()))?,
-                        ))
+                        let id = EventId::parse(&id).map_err(|e| corrupt("event_id", e.to_string()))?;
+                        // The first request may have died before writing all its deliveries.
+                        if let Some(item) = self.get(&event_key(&id), "read event").await? {
+                            let (first_event, _, unwritten) = Self::decode_event_whole(&item)?;
+                            self.finish_ingest(&first_event, &unwritten).await?;
+                        }
+                        return Ok(Created::Existing(id));
                     }
                     Some(_) => {} // our own write, committed by an earlier try of this request
                     None => return Err(PortError::ConditionFailed(format!("event {} already exists", event.id))),
@@ -740,35 +835,9 @@ impl Store for DynamoStore {
             }
             Err(TxFailure::Other(e)) => return Err(e),
         }
-
-        let chunks: Vec<Vec<TransactWriteItem>> = {
-            let mut rest = rest.into_iter().peekable();
-            let mut chunks = Vec::new();
-            while rest.peek().is_some() {
-                chunks.push(rest.by_ref().take(MAX_TRANSACTION_ITEMS).collect());
-            }
-            chunks
-        };
-        futures::stream::iter(chunks.into_iter().enumerate())
-            .map(|(i, chunk)| async move {
-                match self
-                    .transact(chunk, Some(format!("{}-{i}", event.id)), "create event deliveries")
-                    .await
-                {
-                    Ok(()) => Ok(()),
-                    Err(TxFailure::Condition(_)) => Err(PortError::ConditionFailed(format!(
-                        "a delivery of event {} already exists",
-                        event.id
-                    ))),
-                    Err(TxFailure::Other(e)) => Err(e),
-                }
-            })
-            .buffer_unordered(CONCURRENCY)
-            .try_collect::<Vec<()>>()
-            .await?;
+        self.finish_ingest(event, unwritten).await?;
         Ok(Created::New)
     }
-
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {
         let Some(item) = self.get(&event_key(id), "get event").await? else {
             return Ok(None);
@@ -949,6 +1018,21 @@ impl Store for DynamoStore {
         let mut overdue = Vec::new();
         for (_, k) in &keys {
             let Some(item) = found.get(&k.0) else { continue };
+            if item
+                .get("kind")
+                .and_then(|v| v.as_s().ok())
+                .is_some_and(|k| k == "event")
+            {
+                // An ingest that died before writing all its deliveries: write them now.
+                let (event, _, unwritten) = Self::decode_event_whole(item)?;
+                let written = self.finish_ingest(&event, &unwritten).await?;
+                if !written.is_empty() {
+                    tracing::warn!(event_id = %event.id, deliveries = written.len(),
+                        "finished an ingest that had not written all its deliveries");
+                }
+                overdue.extend(written);
+                continue;
+            }
             let d: Delivery = from_item(item)?;
             if matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Retrying)
                 && d.next_attempt_at.is_some_and(|t| t < due_before)
@@ -1035,7 +1119,7 @@ mod tests {
         let mut rng = rand::rng();
         let mut seen = std::collections::HashSet::new();
         for _ in 0..200 {
-            let shard = overdue_shard(&DeliveryId::generate(Utc::now(), &mut rng));
+            let shard = overdue_shard(DeliveryId::generate(Utc::now(), &mut rng).as_str());
             assert!(shard < OVERDUE_SHARDS);
             seen.insert(shard);
         }

@@ -270,3 +270,131 @@ async fn given_a_message_on_sqs_the_consumer_port_receives_returns_and_acks_it()
         "deleted"
     );
 }
+
+/// Fails every `PutItem` while lit: an ingest dies after its first transaction, as a crash
+/// or a throttling spell between its requests would leave it.
+#[derive(Debug, Clone, Default)]
+struct PutItemFuse(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for PutItemFuse {
+    fn name(&self) -> &'static str {
+        "PutItemFuse"
+    }
+
+    fn read_before_transmit(
+        &self,
+        _context: &aws_smithy_runtime_api::client::interceptors::context::BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
+        cfg: &mut aws_smithy_types::config_bag::ConfigBag,
+    ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        let put = cfg
+            .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
+            .is_some_and(|m| m.name() == "PutItem");
+        if put && self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("the fuse is lit: no PutItem gets through".into());
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn given_an_ingest_of_150_that_died_after_its_first_transaction_then_a_retry_or_the_sweep_writes_the_rest() {
+    let (Some(ddb), Some(moto)) = (
+        support::endpoint(support::DYNAMODB_LOCAL_URL),
+        support::endpoint(support::MOTO_URL),
+    ) else {
+        return;
+    };
+    use hookwise_core::model::*;
+    let env = support::env(&moto, &ddb, None).await;
+    let fuse = PutItemFuse::default();
+    let fused = hookwise_aws::DynamoStore::new(
+        aws_sdk_dynamodb::Client::from_conf(
+            env.clients
+                .dynamodb
+                .config()
+                .to_builder()
+                .interceptor(fuse.clone())
+                .build(),
+        ),
+        &env.config,
+    );
+    let store = &env.adapters.store;
+    let rng = &mut rand::rng();
+    let now = Utc::now();
+    let tenant = TenantId::generate(now, rng);
+    let subs: Vec<SubscriptionId> = (0..150).map(|_| SubscriptionId::generate(now, rng)).collect();
+    let event = |key: Option<&str>, rng: &mut rand::rngs::ThreadRng| Event {
+        id: EventId::generate(now, rng),
+        tenant_id: tenant.clone(),
+        event_type: EventType::parse("order.created").unwrap(),
+        payload: serde_json::json!({"n": 1}),
+        created_at: now,
+        idempotency_key: key.map(str::to_owned),
+    };
+    let deliveries = |e: &Event, rng: &mut rand::rngs::ThreadRng| -> Vec<Delivery> {
+        subs.iter()
+            .map(|s| Delivery::new(DeliveryId::generate(now, rng), e, s.clone()))
+            .collect()
+    };
+    let written = |ds: &[Delivery]| {
+        let ds = ds.to_vec();
+        async move {
+            let mut n = 0;
+            for d in &ds {
+                n += usize::from(store.get_delivery(&d.id).await.expect("get").is_some());
+            }
+            n
+        }
+    };
+
+    // With a key: the client's retry finishes the first request's ingest.
+    let first = event(Some("big-1"), rng);
+    let first_deliveries = deliveries(&first, rng);
+    fuse.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    let died = fused.create_event(&first, &first_deliveries).await;
+    assert!(died.is_err(), "the fuse let the ingest through: {died:?}");
+    assert_eq!(
+        written(&first_deliveries).await,
+        98,
+        "the first transaction holds the marker, the event and 98"
+    );
+    let retry = event(Some("big-1"), rng);
+    let retry_deliveries = deliveries(&retry, rng);
+    assert_eq!(
+        store.create_event(&retry, &retry_deliveries).await.expect("retry"),
+        hookwise_core::ports::Created::Existing(first.id.clone())
+    );
+    assert_eq!(written(&first_deliveries).await, 150);
+    assert_eq!(written(&retry_deliveries).await, 0);
+    assert_eq!(
+        store.event_deliveries(&tenant, &first.id).await.expect("read").len(),
+        150
+    );
+
+    // Without one: the sweep's read of overdue deliveries finishes it, once.
+    let second = event(None, rng);
+    let second_deliveries = deliveries(&second, rng);
+    assert!(fused.create_event(&second, &second_deliveries).await.is_err());
+    fuse.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(written(&second_deliveries).await, 99);
+    let second_id = &second.id;
+    let overdue = |due_before| async move {
+        let mut ids: Vec<DeliveryId> = store
+            .overdue_deliveries(due_before, 1000)
+            .await
+            .expect("overdue")
+            .into_iter()
+            .filter(|d| &d.event_id == second_id)
+            .map(|d| d.id)
+            .collect();
+        ids.sort();
+        ids
+    };
+    let mut all: Vec<DeliveryId> = second_deliveries.iter().map(|d| d.id.clone()).collect();
+    all.sort();
+    // The 99 written come from their own index entries, the 51 from the event's.
+    assert_eq!(overdue(now + Duration::minutes(10)).await, all);
+    assert_eq!(written(&second_deliveries).await, 150);
+    assert_eq!(overdue(now + Duration::minutes(10)).await, all, "still each once");
+}

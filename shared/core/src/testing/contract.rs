@@ -73,6 +73,7 @@ macro_rules! store_contract_tests {
             delete_subscription_reports_whether_it_deleted_and_respects_tenants,
             create_event_writes_the_event_and_all_its_deliveries,
             a_reused_idempotency_key_returns_the_first_event_and_writes_nothing,
+            a_large_fan_out_is_written_whole_and_returned_whole_to_a_repeat,
             another_tenants_ids_are_not_found,
             apply_change_moves_the_delivery_and_records_the_attempt,
             apply_change_with_a_stale_expectation_fails_and_writes_nothing,
@@ -597,6 +598,43 @@ pub async fn a_reused_idempotency_key_returns_the_first_event_and_writes_nothing
             Created::New
         );
     }
+}
+
+/// 150 deliveries: more than one DynamoDB transaction holds.
+pub async fn a_large_fan_out_is_written_whole_and_returned_whole_to_a_repeat(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(150);
+    let first = fx.event(&a.id, t0(), Some("fan-out"));
+    let deliveries: Vec<Delivery> = subs.iter().map(|s| fx.delivery(&first, s)).collect();
+    assert_eq!(
+        b.store().create_event(&first, &deliveries).await.expect("create"),
+        Created::New
+    );
+    let again = fx.event(&a.id, t0(), Some("fan-out"));
+    let again_deliveries: Vec<Delivery> = subs.iter().map(|s| fx.delivery(&again, s)).collect();
+    assert_eq!(
+        b.store().create_event(&again, &again_deliveries).await.expect("repeat"),
+        Created::Existing(first.id.clone())
+    );
+    let stored = b.store().event_deliveries(&a.id, &first.id).await.expect("deliveries");
+    assert_eq!(sorted(ids(&stored)), sorted(ids(&deliveries)));
+    for d in deliveries.iter().step_by(37).chain(deliveries.last()) {
+        assert_eq!(b.store().get_delivery(&d.id).await.expect("get").as_ref(), Some(d));
+    }
+    let overdue: Vec<Delivery> = b
+        .store()
+        .overdue_deliveries(t0() + minutes(1), 500)
+        .await
+        .expect("overdue")
+        .into_iter()
+        .filter(|d| d.tenant_id == a.id)
+        .collect();
+    assert_eq!(
+        sorted(ids(&overdue)),
+        sorted(ids(&deliveries)),
+        "every delivery once, as pending"
+    );
 }
 
 pub async fn another_tenants_ids_are_not_found(b: &dyn ContractBackend) {

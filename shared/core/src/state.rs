@@ -164,11 +164,11 @@ pub fn replay(delivery: &Delivery, now: DateTime<Utc>) -> Option<DeliveryChange>
     })
 }
 
-/// The sweep re-queued an overdue delivery: it is due again from now, so the next sweep
-/// waits a full grace period before trying again.
-pub fn requeued(delivery: &Delivery, now: DateTime<Utc>) -> DeliveryChange {
+/// The sweep re-queued an overdue delivery. Its next attempt is that message, due by
+/// `handled_by` at the latest, when the sweep may look at it again.
+pub fn requeued(delivery: &Delivery, now: DateTime<Utc>, handled_by: DateTime<Utc>) -> DeliveryChange {
     let next = Delivery {
-        next_attempt_at: Some(now),
+        next_attempt_at: Some(handled_by),
         updated_at: now,
         ..delivery.clone()
     };

@@ -399,6 +399,55 @@ async fn given_many_deaths_for_one_owner_in_a_batch_then_one_digest_email() {
 }
 
 #[tokio::test]
+async fn given_a_backlog_older_than_the_grace_then_the_sweep_requeues_a_delivery_once_until_its_message_had_time() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    // The message waits behind a backlog: nobody takes it.
+    h.clock.advance(Duration::minutes(6));
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
+    for _ in 0..6 {
+        h.clock.advance(Duration::minutes(5));
+        assert_eq!(
+            h.services.run_scheduler().await.unwrap().requeued,
+            0,
+            "re-queued again before its message could have been handled"
+        );
+    }
+    h.clock.advance(Duration::minutes(6));
+    assert_eq!(
+        h.services.run_scheduler().await.unwrap().requeued,
+        1,
+        "and again once it could have"
+    );
+    assert_eq!(h.queue.take_visible().len(), 3);
+}
+
+#[tokio::test]
+async fn given_more_stranded_deliveries_than_a_page_then_one_tick_requeues_them_all() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    for i in 0..12 {
+        h.services
+            .create_subscription(&tenant, new_sub(&format!("https://a{i}.example.com/"), &["*"], None))
+            .await
+            .unwrap();
+    }
+    for _ in 0..100 {
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    assert_eq!(h.queue.take_visible().len(), 1200); // every message lost
+    h.clock.advance(Duration::minutes(6));
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1200);
+    assert_eq!(h.queue.take_visible().len(), 1200);
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 0);
+}
+
+#[tokio::test]
 async fn given_a_delivery_whose_enqueue_was_lost_then_the_sweep_queues_it() {
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, _) = h.tenant("owner@example.com").await;

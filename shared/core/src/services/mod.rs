@@ -44,6 +44,14 @@ pub struct Config {
     pub scheduler_horizon: Duration,
     /// A pending or retrying delivery this long overdue is re-queued by the sweep.
     pub sweep_grace: Duration,
+    /// How long the sweep gives a message it re-queued before it looks at that delivery
+    /// again: long enough for the queue to have handled it or given up on it (SQS: the
+    /// visibility timeout, 6 minutes, times 5 receives), so a backlog older than the grace
+    /// is not answered with a duplicate message every tick.
+    pub requeue_wait: Duration,
+    /// How long one scheduler tick may go on moving retries and sweeping, page after page
+    /// (the Scheduler function has 60 s).
+    pub scheduler_budget: Duration,
     /// Deliveries handled at once in a batch.
     pub deliver_concurrency: usize,
     /// What a delivery keeps back from its host's deadline (a Lambda invocation's) for the
@@ -66,6 +74,8 @@ impl Default for Config {
         Self {
             scheduler_horizon: Duration::from_secs(15 * 60),
             sweep_grace: Duration::from_secs(5 * 60),
+            requeue_wait: Duration::from_secs(30 * 60),
+            scheduler_budget: Duration::from_secs(40),
             deliver_concurrency: 32,
             deadline_margin: DEADLINE_MARGIN,
             digest_threshold: 3,

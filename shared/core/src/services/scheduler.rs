@@ -1,8 +1,12 @@
 //! The scheduler tick (every minute on AWS): move retries due within the horizon from the
 //! scheduler table to the queue with their residual delay, then re-queue deliveries left
-//! pending or retrying past their due time (an enqueue that failed after a write).
+//! pending or retrying past their due time (an enqueue that failed after a write), each
+//! within the tick's time budget.
+
+use std::time::Instant;
 
 use chrono::Duration;
+use futures::{StreamExt, TryStreamExt};
 
 use super::Services;
 use crate::error::{PortError, Result};
@@ -10,6 +14,8 @@ use crate::state::{next_task, requeued};
 
 /// Items handled per query.
 const PAGE: u32 = 500;
+/// Store writes in flight at once while sweeping.
+const SWEEP_CONCURRENCY: usize = 16;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SchedulerReport {
@@ -22,15 +28,16 @@ pub struct SchedulerReport {
 impl Services {
     #[tracing::instrument(name = "scheduler_tick", skip_all, err)]
     pub async fn run_scheduler(&self) -> Result<SchedulerReport> {
-        let moved = self.move_due_retries().await?;
-        let requeued = self.sweep_overdue().await?;
+        let until = Instant::now() + self.config.scheduler_budget;
+        let moved = self.move_due_retries(until).await?;
+        let requeued = self.sweep_overdue(until).await?;
         if moved + requeued > 0 {
             tracing::info!(moved, requeued, "scheduler tick");
         }
         Ok(SchedulerReport { moved, requeued })
     }
 
-    async fn move_due_retries(&self) -> Result<usize> {
+    async fn move_due_retries(&self, until: Instant) -> Result<usize> {
         let max_delay = self.ports.queue.max_delay_seconds();
         // Move only what the queue can hold until it is due: a longer residual delay would be
         // cut to the queue's limit and the retry would come early.
@@ -58,25 +65,46 @@ impl Services {
             self.ports.queue.enqueue(&tasks).await?;
             self.ports.scheduler.remove(&due).await?;
             moved += due.len();
-            if due.len() < PAGE as usize {
+            if due.len() < PAGE as usize || Instant::now() >= until {
                 return Ok(moved);
             }
         }
     }
 
-    async fn sweep_overdue(&self) -> Result<usize> {
-        let now = self.now();
+    /// Page after page until nothing is overdue or the tick's budget is spent. Each delivery
+    /// is queued, then marked (queue first: a crash between the two duplicates a message
+    /// rather than stranding the delivery again), and not looked at again until its message
+    /// has had `requeue_wait` to get through.
+    async fn sweep_overdue(&self, until: Instant) -> Result<usize> {
         let grace = Duration::from_std(self.config.sweep_grace).unwrap_or(Duration::minutes(5));
-        let overdue = self.ports.store.overdue_deliveries(now - grace, PAGE).await?;
-        let mut tasks = Vec::new();
-        for delivery in overdue {
-            match self.ports.store.apply_change(&requeued(&delivery, now)).await {
-                Ok(()) => tasks.push((next_task(&delivery), 0)),
-                Err(PortError::ConditionFailed(_)) => continue,
-                Err(e) => return Err(e.into()),
+        let wait = Duration::from_std(self.config.requeue_wait).unwrap_or(Duration::minutes(30));
+        let mut swept = 0;
+        loop {
+            let now = self.now();
+            let overdue = self.ports.store.overdue_deliveries(now - grace, PAGE).await?;
+            let full_page = overdue.len() >= PAGE as usize;
+            let tasks: Vec<_> = overdue.iter().map(|d| (next_task(d), 0)).collect();
+            self.ports.queue.enqueue(&tasks).await?;
+            let changes: Vec<_> = overdue.iter().map(|d| requeued(d, now, now + wait)).collect();
+            let marked: Vec<bool> = futures::stream::iter(changes)
+                .map(|change| async move {
+                    match self.ports.store.apply_change(&change).await {
+                        Ok(()) => Ok(true),
+                        Err(PortError::ConditionFailed(_)) => Ok(false), // moved on meanwhile
+                        Err(e) => Err(e),
+                    }
+                })
+                .buffer_unordered(SWEEP_CONCURRENCY)
+                .try_collect()
+                .await?;
+            swept += marked.iter().filter(|m| **m).count();
+            if !full_page {
+                return Ok(swept);
+            }
+            if Instant::now() >= until {
+                tracing::warn!(swept, "the sweep ran out of time; the next tick goes on");
+                return Ok(swept);
             }
         }
-        self.ports.queue.enqueue(&tasks).await?;
-        Ok(tasks.len())
     }
 }

@@ -172,33 +172,6 @@ fn moto() -> Option<String> {
     aws_support::endpoint(MOTO_URL)
 }
 
-/// Every email moto's SES (v1 or v2) took for `to`, from `GET /moto-api/data.json`.
-async fn moto_mail_to(moto_url: &str, to: &str) -> Vec<Value> {
-    let data: Value = reqwest::get(format!("{moto_url}/moto-api/data.json"))
-        .await
-        .expect("moto's data")
-        .json()
-        .await
-        .expect("moto's data is JSON");
-    let mut mails = Vec::new();
-    for service in ["ses", "sesv2"] {
-        let Some(models) = data[service].as_object() else {
-            continue;
-        };
-        for instances in models.values().filter_map(Value::as_array) {
-            for m in instances {
-                let addressed = m["destinations"]
-                    .as_object()
-                    .is_some_and(|d| d.values().filter_map(Value::as_array).flatten().any(|a| a == to));
-                if addressed && m.get("body").is_some() {
-                    mails.push(m.clone());
-                }
-            }
-        }
-    }
-    mails
-}
-
 /// Messages in a queue, visible or in flight.
 async fn queue_depth(clients: &AwsClients, url: &str) -> u64 {
     let out = clients
@@ -458,7 +431,7 @@ async fn given_dev_aws_and_an_always_failing_endpoint_then_it_goes_dead_with_one
     // The dead-letter handler runs after the delivery is marked dead: one email, in moto's SES.
     let start = Instant::now();
     let mails = loop {
-        let mails = moto_mail_to(&moto_url, &owner).await;
+        let mails = aws_support::moto_mail_to(&moto_url, &owner).await;
         if !mails.is_empty() {
             break mails;
         }
@@ -471,7 +444,7 @@ async fn given_dev_aws_and_an_always_failing_endpoint_then_it_goes_dead_with_one
     // Handled and deleted: the dead-letter message will not come back for a second email.
     wait_queue_empty(&clients, &dev.dead_letter_queue_url, WAIT).await;
     assert_eq!(mails.len(), 1, "exactly one email: {mails:?}");
-    let mails = moto_mail_to(&moto_url, &owner).await;
+    let mails = aws_support::moto_mail_to(&moto_url, &owner).await;
     assert_eq!(
         mails.len(),
         1,
@@ -523,7 +496,7 @@ async fn given_dev_aws_and_an_always_failing_endpoint_then_it_goes_dead_with_one
     assert_eq!(receiver.requests()[3].header("webhook-id"), Some(event_id));
     wait_queue_empty(&clients, &dev.delivery_queue_url, WAIT).await;
     assert_eq!(
-        moto_mail_to(&moto_url, &owner).await.len(),
+        aws_support::moto_mail_to(&moto_url, &owner).await.len(),
         1,
         "no second email after the replay"
     );

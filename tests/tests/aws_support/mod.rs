@@ -516,3 +516,30 @@ impl Gateway {
         hookwise_tests::poll_delivery_status(id, want, within, every, || self.delivery(id)).await
     }
 }
+
+/// Every email moto's SES (v1 or v2) took for `to`, from `GET /moto-api/data.json`.
+pub async fn moto_mail_to(moto_url: &str, to: &str) -> Vec<Value> {
+    let data: Value = reqwest::get(format!("{moto_url}/moto-api/data.json"))
+        .await
+        .expect("moto's data")
+        .json()
+        .await
+        .expect("moto's data is JSON");
+    let mut mails = Vec::new();
+    for service in ["ses", "sesv2"] {
+        let Some(models) = data[service].as_object() else {
+            continue;
+        };
+        for instances in models.values().filter_map(Value::as_array) {
+            for m in instances {
+                let addressed = m["destinations"]
+                    .as_object()
+                    .is_some_and(|d| d.values().filter_map(Value::as_array).flatten().any(|a| a == to));
+                if addressed && m.get("body").is_some() {
+                    mails.push(m.clone());
+                }
+            }
+        }
+    }
+    mails
+}

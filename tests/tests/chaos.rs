@@ -1,0 +1,732 @@
+//! The chaos suite: Hookwise under faults, end to end, on both backends.
+//!
+//! - **Locally:** the real `hookwise dev` on SQLite, killed with SIGKILL twice during the run
+//!   (once in the middle of a 150-subscription ingest) and restarted on the same data dir.
+//! - **On the AWS path:** the real `hookwise dev --aws` (the service code the Lambdas run) on
+//!   DynamoDB Local and moto, each behind a [`FaultProxy`] that answers a share of DynamoDB,
+//!   SQS and SES v2 requests with the services' real throttling and 5xx errors (some after
+//!   the request was applied) and adds latency; the same two SIGKILLs; duplicated, stale and
+//!   early queue messages sent beside the real ones.
+//!
+//! The endpoints are real HTTP servers on 127.0.0.1: steady, flaky, slow past the
+//! subscription's timeout, down (connections dropped) then up, 429 with `Retry-After`, and
+//! one that always fails. Events go in through a client that retries with the same
+//! `Idempotency-Key` until it gets an answer, as a careful client does.
+//!
+//! At the end, with the faults off, every event the API accepted must have all its deliveries
+//! `delivered`, or `dead` after the whole schedule, each dead one in exactly one email. The
+//! suite prints its figures: events, faults by kind, lost, early deaths, POSTs received
+//! against attempts recorded, and the time to drain.
+
+mod aws_support;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use hookwise_core::ports::DeliveryTask;
+use hookwise_tests::fault_proxy::{FaultPlan, FaultProxy, Service};
+use hookwise_tests::{hookwise_bin, Api, TempDir};
+use serde_json::{json, Value};
+
+const API_KEY: &str = "hwk_chaos_suite_key_0123456789abcdef";
+const OWNER: &str = "owner@chaos.example";
+/// Five attempts, a few seconds apart: a schedule the suite can exhaust.
+const SCHEDULE: [u64; 4] = [2, 3, 3, 4];
+const ATTEMPTS: u64 = SCHEDULE.len() as u64 + 1;
+const TIMEOUT_MS: u64 = 1000;
+const ORDER_EVENTS: usize = 40;
+const FAN_OUT: usize = 150;
+const DRAIN: Duration = Duration::from_secs(240);
+
+// ---------------------------------------------------------------------------------------
+// Endpoints
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Behaviour {
+    Steady,
+    /// Every third POST fails with 500.
+    Flaky,
+    /// Slower than the subscription's timeout for the first seconds of the run.
+    Slow,
+    /// Drops every connection for the first seconds of the run.
+    DownThenUp,
+    /// The first POST of each message is 429 with `Retry-After: 1`.
+    RateLimited,
+    /// Always 500: its deliveries go dead once their schedule is spent.
+    AlwaysFails,
+}
+
+const BEHAVIOURS: [Behaviour; 6] = [
+    Behaviour::Steady,
+    Behaviour::Flaky,
+    Behaviour::Slow,
+    Behaviour::DownThenUp,
+    Behaviour::RateLimited,
+    Behaviour::AlwaysFails,
+];
+
+/// How long the slow and the down endpoint misbehave: less than a schedule's span (12 s
+/// of delays), so a delivery that dies there died early.
+const BAD_SPELL: Duration = Duration::from_secs(8);
+
+#[derive(Default)]
+struct Hits {
+    posts: AtomicU64,
+    /// Connections the down endpoint dropped: attempts that never became a POST.
+    dropped: AtomicU64,
+    by_message: Mutex<HashMap<String, u64>>,
+}
+
+struct Endpoint {
+    behaviour: Behaviour,
+    addr: SocketAddr,
+    hits: Arc<Hits>,
+}
+
+impl Endpoint {
+    async fn start(behaviour: Behaviour, started: Instant) -> Self {
+        let hits = Arc::new(Hits::default());
+        let h = hits.clone();
+        let app = axum::Router::new().fallback(move |headers: HeaderMap, _body: Bytes| {
+            let h = h.clone();
+            async move {
+                let n = h.posts.fetch_add(1, Ordering::SeqCst);
+                let id = headers
+                    .get("webhook-id")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                let seen = {
+                    let mut by = h.by_message.lock().unwrap();
+                    let c = by.entry(id).or_default();
+                    *c += 1;
+                    *c
+                };
+                let bad_spell = started.elapsed() < BAD_SPELL;
+                match behaviour {
+                    Behaviour::Flaky if n % 3 == 2 => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                    Behaviour::Slow if bad_spell => {
+                        tokio::time::sleep(Duration::from_millis(TIMEOUT_MS + 500)).await;
+                        StatusCode::OK.into_response()
+                    }
+                    Behaviour::RateLimited if seen == 1 => {
+                        (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response()
+                    }
+                    Behaviour::AlwaysFails => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+                    _ => StatusCode::OK.into_response(),
+                }
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().unwrap();
+        let h = hits.clone();
+        tokio::spawn(async move {
+            if behaviour == Behaviour::DownThenUp {
+                // Down: every connection is accepted and dropped before a byte is read.
+                while started.elapsed() < BAD_SPELL {
+                    if let Ok(Ok((socket, _))) =
+                        tokio::time::timeout(Duration::from_millis(200), listener.accept()).await
+                    {
+                        drop(socket);
+                        h.dropped.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+            axum::serve(listener, app).await.unwrap()
+        });
+        Self { behaviour, addr, hits }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Hosts
+
+/// Where `hookwise dev` runs and how it is reached.
+struct Host {
+    child: Option<Child>,
+    port: u16,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    kills: u32,
+}
+
+impl Host {
+    fn new(args: Vec<String>, env: Vec<(String, String)>) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        Self {
+            child: None,
+            port,
+            args,
+            env,
+            kills: 0,
+        }
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn api(&self) -> Api {
+        Api {
+            base: self.base(),
+            key: API_KEY.into(),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .build()
+                .unwrap(),
+        }
+    }
+
+    /// Start (again) on the same port, and wait for the ready line.
+    fn start(&mut self) {
+        let mut child = Command::new(hookwise_bin())
+            .args(["dev", "--listen", &format!("127.0.0.1:{}", self.port)])
+            .args(["--scheduler-interval", "1", "--owner-email", OWNER])
+            .args(&self.args)
+            .envs(self.env.iter().cloned())
+            .env("HOOKWISE_API_KEY", API_KEY)
+            .env("HOOKWISE_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("hookwise dev starts");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        loop {
+            let line = lines
+                .next()
+                .expect("hookwise dev printed its ready line before exiting")
+                .expect("a line");
+            if line.contains("listening on") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        self.child = Some(child);
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().expect("kill -9");
+            child.wait().expect("reaped");
+            self.kills += 1;
+        }
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// What differs between the backends: faults, extra messages, and where emails land.
+trait Backend {
+    /// Faults on or off (a no-op where nothing is injected).
+    fn faults(&self, on: bool);
+    /// Duplicated, stale and early copies of the messages for these deliveries.
+    async fn inject_messages(&self, deliveries: &[Value]) -> usize;
+    /// The text of every dead-delivery email sent so far.
+    async fn emails(&self) -> Vec<String>;
+    fn fault_figures(&self) -> String;
+}
+
+struct Local {
+    data_dir: TempDir,
+}
+
+impl Backend for Local {
+    fn faults(&self, _on: bool) {}
+    async fn inject_messages(&self, _deliveries: &[Value]) -> usize {
+        0
+    }
+    async fn emails(&self) -> Vec<String> {
+        let dir = self.data_dir.0.join("outbox");
+        let mut texts = Vec::new();
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.path().extension().is_some_and(|e| e == "eml") {
+                texts.push(std::fs::read_to_string(entry.path()).expect("eml"));
+            }
+        }
+        texts
+    }
+    fn fault_figures(&self) -> String {
+        "  (none injected: the local store is in-process)\n".into()
+    }
+}
+
+struct Aws {
+    env: aws_support::AwsEnv,
+    dynamodb: FaultProxy,
+    moto: FaultProxy,
+    plan: FaultPlan,
+}
+
+impl Aws {
+    async fn new() -> Option<Self> {
+        let env = aws_support::AwsEnv::new("chaos", None).await?;
+        // A short visibility timeout, so messages a killed process held come back soon.
+        for url in [
+            &env.provisioned.delivery_queue_url,
+            &env.provisioned.dead_letter_queue_url,
+        ] {
+            env.clients
+                .sqs
+                .set_queue_attributes()
+                .queue_url(url)
+                .attributes(aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout, "5")
+                .send()
+                .await
+                .expect("visibility timeout");
+        }
+        let plan = FaultPlan::none()
+            .seed(11)
+            .throttle(Service::DynamoDb, 0.04)
+            .server_error(Service::DynamoDb, 0.02)
+            .lost_response(Service::DynamoDb, 0.02)
+            .latency(Service::DynamoDb, 0.10)
+            .throttle(Service::Sqs, 0.04)
+            .server_error(Service::Sqs, 0.02)
+            .lost_response(Service::Sqs, 0.02)
+            .latency(Service::Sqs, 0.10)
+            // An email whose answer is lost is sent twice: SES has no idempotency key. Only
+            // faults that stop the email before it is sent keep "exactly one notice" true.
+            .throttle(Service::Ses, 0.20)
+            .server_error(Service::Ses, 0.10)
+            .latency_range(Duration::from_millis(20)..=Duration::from_millis(300));
+        let dynamodb = FaultProxy::start(&env.dynamodb_url, FaultPlan::none()).await;
+        let moto = FaultProxy::start(&env.moto_url, FaultPlan::none()).await;
+        Some(Self {
+            env,
+            dynamodb,
+            moto,
+            plan,
+        })
+    }
+
+    fn host_env(&self) -> Vec<(String, String)> {
+        let mut vars = self.env.function_env(900);
+        for (k, v) in vars.iter_mut() {
+            match k.as_str() {
+                "AWS_ENDPOINT_URL" => *v = self.moto.url(),
+                "AWS_ENDPOINT_URL_DYNAMODB" => *v = self.dynamodb.url(),
+                _ => {}
+            }
+        }
+        vars
+    }
+}
+
+impl Backend for Aws {
+    fn faults(&self, on: bool) {
+        let plan = if on { self.plan.clone() } else { FaultPlan::none() };
+        self.dynamodb.set_plan(plan.clone());
+        self.moto.set_plan(plan);
+    }
+
+    async fn inject_messages(&self, deliveries: &[Value]) -> usize {
+        let mut sent = 0;
+        for d in deliveries {
+            let id = hookwise_core::model::DeliveryId::parse(d["id"].as_str().unwrap()).unwrap();
+            let attempt = d["attempt_count"].as_u64().unwrap() as u32;
+            let round = d["round"].as_u64().unwrap() as u32;
+            // The attempt it waits for, twice; one it made already; one far ahead.
+            for attempt in [attempt + 1, attempt + 1, attempt.max(1), attempt + 4] {
+                let task = DeliveryTask {
+                    delivery_id: id.clone(),
+                    round,
+                    attempt,
+                };
+                self.env
+                    .clients
+                    .sqs
+                    .send_message()
+                    .queue_url(&self.env.provisioned.delivery_queue_url)
+                    .message_body(hookwise_aws::encode_task(&task))
+                    .send()
+                    .await
+                    .expect("inject a message");
+                sent += 1;
+            }
+        }
+        sent
+    }
+
+    async fn emails(&self) -> Vec<String> {
+        aws_support::moto_mail_to(&self.env.moto_url, OWNER)
+            .await
+            .iter()
+            .map(Value::to_string)
+            .collect()
+    }
+
+    fn fault_figures(&self) -> String {
+        format!(
+            "  DynamoDB Local:\n{}  moto (SQS, SES v2):\n{}",
+            indent(&self.dynamodb.stats().to_string()),
+            indent(&self.moto.stats().to_string())
+        )
+    }
+}
+
+fn indent(text: &str) -> String {
+    text.lines().map(|l| format!("    {l}\n")).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The run
+
+/// POST an event until the API answers it (202, or 200 for a repeat), through crashes and
+/// restarts; `None` if it never accepts it.
+async fn send_until_accepted(api: Api, body: Value, key: String) -> Option<Value> {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(120) {
+        let sent = api
+            .http
+            .post(format!("{}/v1/events", api.base))
+            .bearer_auth(&api.key)
+            .header("idempotency-key", &key)
+            .json(&body)
+            .send()
+            .await;
+        if let Ok(resp) = sent {
+            let status = resp.status().as_u16();
+            let text = resp.text().await.unwrap_or_default();
+            match status {
+                200 | 202 => return serde_json::from_str(&text).ok(),
+                400..=499 if status != 408 && status != 429 => panic!("the API refused an event: {status} {text}"),
+                _ => {}
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    None
+}
+
+async fn wait_ready(api: &Api) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        if let Ok(r) = api
+            .http
+            .get(format!("{}/v1/subscriptions", api.base))
+            .bearer_auth(&api.key)
+            .send()
+            .await
+        {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("hookwise dev did not answer within 60 s");
+}
+
+/// Retry a read through faults (a 5xx from the API under injected errors is expected).
+async fn get_ok(api: &Api, path: &str) -> Value {
+    for _ in 0..50 {
+        if let Ok(r) = api
+            .http
+            .get(format!("{}{path}", api.base))
+            .bearer_auth(&api.key)
+            .send()
+            .await
+        {
+            if r.status().is_success() {
+                return r.json().await.expect("JSON");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("GET {path} never succeeded");
+}
+
+async fn subscribe(api: &Api, url: String, types: &str) -> String {
+    let body = json!({
+        "url": url,
+        "event_types": [types],
+        "retry_policy": {"schedule_seconds": SCHEDULE},
+        "timeout_ms": TIMEOUT_MS,
+    });
+    for _ in 0..50 {
+        let (status, sub) = api.post("/v1/subscriptions", body.clone()).await;
+        if status == 201 {
+            return sub["id"].as_str().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    panic!("could not subscribe {url}");
+}
+
+struct Figures {
+    events: usize,
+    deliveries: usize,
+    delivered: usize,
+    dead: usize,
+    lost: usize,
+    early_deaths: usize,
+    notices_missing: usize,
+    notices_repeated: usize,
+    posts: u64,
+    dropped: u64,
+    attempts: u64,
+    injected_messages: usize,
+    kills: u32,
+    drain: Duration,
+}
+
+async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
+    let started = Instant::now();
+    let mut endpoints = Vec::new();
+    for b in BEHAVIOURS {
+        endpoints.push(Endpoint::start(b, started).await);
+    }
+    let bulk = Endpoint::start(Behaviour::Steady, started).await;
+
+    host.start();
+    let api = host.api();
+    wait_ready(&api).await;
+    let mut behaviour_of: HashMap<String, Behaviour> = HashMap::new();
+    for e in &endpoints {
+        let id = subscribe(&api, format!("http://{}/hook", e.addr), "order.*").await;
+        behaviour_of.insert(id, e.behaviour);
+    }
+    for i in 0..FAN_OUT {
+        let id = subscribe(&api, format!("http://{}/bulk/{i}", bulk.addr), "bulk.*").await;
+        behaviour_of.insert(id, Behaviour::Steady);
+    }
+    backend.faults(true);
+
+    // Events in, concurrently, with two crashes: one during a 150-subscription ingest, one
+    // while deliveries are in flight.
+    let send = |i: usize, kind: &str| {
+        let api = api.clone();
+        let body = json!({"type": format!("{kind}.created"), "payload": {"n": i}});
+        tokio::spawn(send_until_accepted(api, body, format!("{name}-{kind}-{i}")))
+    };
+    let mut sending = Vec::new();
+    for i in 0..ORDER_EVENTS / 2 {
+        sending.push(send(i, "order"));
+    }
+    sending.push(send(0, "bulk"));
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    host.kill9();
+    host.start();
+    sending.push(send(1, "bulk"));
+    for i in ORDER_EVENTS / 2..ORDER_EVENTS {
+        sending.push(send(i, "order"));
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    host.kill9();
+    host.start();
+    let mut accepted = Vec::new();
+    for s in sending {
+        if let Some(ev) = s.await.expect("sender") {
+            accepted.push(ev["id"].as_str().unwrap().to_owned());
+        }
+    }
+    // Copies of the messages for the deliveries of a few events, beside the real ones.
+    let mut injected = 0;
+    for id in accepted.iter().take(5) {
+        let ev = get_ok(&api, &format!("/v1/events/{id}")).await;
+        injected += backend.inject_messages(ev["deliveries"].as_array().unwrap()).await;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    backend.faults(false);
+
+    // Drain: every delivery of every accepted event final.
+    let drain_start = Instant::now();
+    let events = loop {
+        let mut events = Vec::new();
+        let mut open = 0;
+        for id in &accepted {
+            let ev = get_ok(&api, &format!("/v1/events/{id}")).await;
+            open += ev["deliveries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|d| d["status"] != "delivered" && d["status"] != "dead")
+                .count();
+            events.push(ev);
+        }
+        if open == 0 || drain_start.elapsed() > DRAIN {
+            break events;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let drain = drain_start.elapsed();
+    // The last notices are on their way out of the dead-letter queue.
+    let emails = {
+        let want = events
+            .iter()
+            .flat_map(|e| e["deliveries"].as_array().unwrap())
+            .filter(|d| d["status"] == "dead")
+            .count();
+        let mut emails = backend.emails().await;
+        let start = Instant::now();
+        while count_notices(&emails).values().filter(|n| **n > 0).count() < want && start.elapsed() < DRAIN {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            emails = backend.emails().await;
+        }
+        emails
+    };
+    let notices = count_notices(&emails);
+
+    let mut f = Figures {
+        events: accepted.len(),
+        deliveries: 0,
+        delivered: 0,
+        dead: 0,
+        lost: 0,
+        early_deaths: 0,
+        notices_missing: 0,
+        notices_repeated: 0,
+        posts: endpoints
+            .iter()
+            .chain([&bulk])
+            .map(|e| e.hits.posts.load(Ordering::SeqCst))
+            .sum(),
+        dropped: endpoints.iter().map(|e| e.hits.dropped.load(Ordering::SeqCst)).sum(),
+        attempts: 0,
+        injected_messages: injected,
+        kills: host.kills,
+        drain,
+    };
+    for ev in &events {
+        let ds = ev["deliveries"].as_array().unwrap();
+        let want = if ev["type"].as_str().unwrap().starts_with("bulk") {
+            FAN_OUT
+        } else {
+            BEHAVIOURS.len()
+        };
+        f.lost += want.saturating_sub(ds.len());
+        for d in ds {
+            f.deliveries += 1;
+            f.attempts += d["attempt_count"].as_u64().unwrap();
+            let id = d["id"].as_str().unwrap();
+            match d["status"].as_str().unwrap() {
+                "delivered" => f.delivered += 1,
+                "dead" => {
+                    f.dead += 1;
+                    let behaviour = behaviour_of[d["subscription_id"].as_str().unwrap()];
+                    if behaviour != Behaviour::AlwaysFails || d["attempt_count"].as_u64() != Some(ATTEMPTS) {
+                        f.early_deaths += 1;
+                        eprintln!("early death ({behaviour:?}): {d}");
+                    }
+                    match notices.get(id).copied().unwrap_or(0) {
+                        0 => f.notices_missing += 1,
+                        1 => {}
+                        _ => f.notices_repeated += 1,
+                    }
+                }
+                other => {
+                    f.lost += 1;
+                    eprintln!("still {other} after the drain: {d}");
+                }
+            }
+        }
+    }
+    let mut by_behaviour: BTreeMap<Behaviour, u64> = BTreeMap::new();
+    for e in &endpoints {
+        by_behaviour.insert(e.behaviour, e.hits.posts.load(Ordering::SeqCst));
+    }
+    println!(
+        "chaos ({name}): {} events accepted ({} deliveries: {} delivered, {} dead), {} kill -9, {} extra queue messages\n\
+         faults injected:\n{}\
+         lost: {}  early deaths: {}  dead without a notice: {}  with more than one: {}\n\
+         POSTs received: {} (by endpoint: {by_behaviour:?}, fan-out {}), connections dropped while down: {}\n\
+         attempts recorded: {}\n\
+         time to drain after the faults stopped: {:.1} s",
+        f.events,
+        f.deliveries,
+        f.delivered,
+        f.dead,
+        f.kills,
+        f.injected_messages,
+        backend.fault_figures(),
+        f.lost,
+        f.early_deaths,
+        f.notices_missing,
+        f.notices_repeated,
+        f.posts,
+        bulk.hits.posts.load(Ordering::SeqCst),
+        f.dropped,
+        f.attempts,
+        f.drain.as_secs_f64(),
+    );
+    f
+}
+
+/// How many emails name each delivery (by its replay link).
+fn count_notices(emails: &[String]) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for text in emails {
+        for part in text.split("/v1/deliveries/").skip(1) {
+            let id: String = part
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            *counts.entry(id).or_default() += 1;
+        }
+    }
+    counts
+}
+
+fn check(f: &Figures) {
+    assert_eq!(f.events, ORDER_EVENTS + 2, "the API never accepted some events");
+    assert_eq!(f.lost, 0, "deliveries were lost");
+    assert_eq!(f.early_deaths, 0, "deliveries died before their schedule ran out");
+    assert_eq!(f.notices_missing, 0, "dead deliveries without a notice");
+    assert_eq!(f.notices_repeated, 0, "dead deliveries told more than once");
+    assert_eq!(
+        f.dead, ORDER_EVENTS,
+        "the always-failing endpoint's deliveries, and only those, die"
+    );
+    // An attempt is recorded only after its request went out; a crash between the two
+    // makes a POST with no record, never the other way round.
+    assert!(
+        f.posts + f.dropped >= f.attempts,
+        "fewer requests arrived than attempts were recorded"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_local() {
+    let data_dir = TempDir::new("chaos");
+    let backend = Local { data_dir };
+    let mut host = Host::new(
+        vec![
+            "--data-dir".into(),
+            backend.data_dir.0.display().to_string(),
+            "--visibility-timeout".into(),
+            "5".into(),
+        ],
+        Vec::new(),
+    );
+    let f = run("local", &backend, &mut host).await;
+    check(&f);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn chaos_aws() {
+    let Some(backend) = Aws::new().await else {
+        return;
+    };
+    let mut host = Host::new(vec!["--aws".into()], backend.host_env());
+    let f = run("aws", &backend, &mut host).await;
+    check(&f);
+}

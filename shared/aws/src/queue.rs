@@ -204,6 +204,7 @@ impl QueueConsumer for SqsConsumer {
             .max_number_of_messages(max.clamp(1, MAX_BATCH) as i32)
             .wait_time_seconds(wait.as_secs().min(20) as i32)
             .message_system_attribute_names(MessageSystemAttributeName::DeadLetterQueueSourceArn)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
             .send()
             .await
             .map_err(|e| classify("receive", e))?;
@@ -215,11 +216,17 @@ impl QueueConsumer for SqsConsumer {
                 let redriven = m
                     .attributes()
                     .is_some_and(|a| a.contains_key(&MessageSystemAttributeName::DeadLetterQueueSourceArn));
+                let receive_count = m
+                    .attributes()
+                    .and_then(|a| a.get(&MessageSystemAttributeName::ApproximateReceiveCount))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(1);
                 Received {
                     message: QueueMessage {
                         message_id: m.message_id().unwrap_or_default().to_owned(),
                         task: decode_task(m.body().unwrap_or_default()).map_err(|e| e.to_string()),
                         redriven,
+                        receive_count,
                     },
                     receipt: m.receipt_handle.unwrap_or_default(),
                 }

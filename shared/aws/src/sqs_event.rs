@@ -15,6 +15,11 @@ pub fn queue_message(record: &SqsMessage) -> QueueMessage {
         message_id: record.message_id.clone().unwrap_or_default(),
         task: decode_task(record.body.as_deref().unwrap_or_default()).map_err(|e| e.to_string()),
         redriven: record.attributes.contains_key("DeadLetterQueueSourceArn"),
+        receive_count: record
+            .attributes
+            .get("ApproximateReceiveCount")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(1),
     }
 }
 

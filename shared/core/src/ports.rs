@@ -174,6 +174,9 @@ pub struct QueueMessage {
     pub task: Result<DeliveryTask, String>,
     /// SQS marks a message it moved to the dead-letter queue (`DeadLetterQueueSourceArn`).
     pub redriven: bool,
+    /// How many times the queue has handed the message out, this time included (SQS's
+    /// `ApproximateReceiveCount`). Above 1, an earlier receiver did not finish with it.
+    pub receive_count: u32,
 }
 
 /// A message received from a [`QueueConsumer`], with the receipt that acknowledges it.

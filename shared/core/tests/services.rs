@@ -814,3 +814,49 @@ async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_to
     assert_eq!((report.notified, report.emails), (1, 1));
     assert_eq!(to(&h), ["b@example.com", "a@example.com"]);
 }
+
+#[tokio::test]
+async fn given_a_receiver_that_died_before_queueing_the_retry_then_the_redelivered_message_queues_it() {
+    use hookwise_core::ports::QueueMessage;
+    use hookwise_core::services::{Disposition, QueueRole};
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![10, 10])).await;
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().remove(0);
+    let message = |receive_count| QueueMessage {
+        message_id: "m-1".into(),
+        task: Ok(task.clone()),
+        redriven: false,
+        receive_count,
+    };
+
+    // Attempt 1 is recorded, then queueing its retry fails: the message must come back.
+    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
+    assert_eq!(
+        h.services.handle_messages(QueueRole::Delivery, &[message(1)], None).await,
+        vec![Disposition::Redeliver]
+    );
+    let d = &ingested.deliveries[0];
+    assert_eq!(h.store.get_delivery(&d.id).await.unwrap().unwrap().attempts, 1);
+    assert_eq!(h.queue.pending(), 0, "the retry was not queued");
+
+    // A duplicate of the message (received once) is just stale: its twin queues the retry.
+    assert_eq!(
+        h.services.handle_messages(QueueRole::Delivery, &[message(1)], None).await,
+        vec![Disposition::Done]
+    );
+    assert_eq!(h.queue.pending(), 0);
+
+    // Back again after the failure (or a crash): the retry is queued, once.
+    assert_eq!(
+        h.services.handle_messages(QueueRole::Delivery, &[message(2)], None).await,
+        vec![Disposition::Done]
+    );
+    h.clock.advance(Duration::seconds(11));
+    let queued = h.queue.take_visible();
+    assert_eq!(
+        queued.iter().map(|t| (&t.delivery_id, t.attempt)).collect::<Vec<_>>(),
+        vec![(&d.id, 2)]
+    );
+}

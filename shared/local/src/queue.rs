@@ -398,6 +398,7 @@ impl QueueConsumer for LocalConsumer {
                     message_id: r.receipt.id.to_string(),
                     task: Ok(r.task),
                     redriven: false,
+                    receive_count: r.receive_count,
                 },
                 receipt: r.receipt,
             })

@@ -425,7 +425,7 @@ impl BatchHandler for InvokeFunction {
             .iter()
             .zip(&bodies)
             .map(|(m, body)| {
-                let mut attributes = json!({"ApproximateReceiveCount": "1"});
+                let mut attributes = json!({"ApproximateReceiveCount": m.receive_count.to_string()});
                 if m.redriven {
                     attributes["DeadLetterQueueSourceArn"] = self.arn.clone().into();
                 }

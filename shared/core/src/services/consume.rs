@@ -2,6 +2,7 @@
 //! place. Every host runs it: the worker loop of `hookwise dev` and `dev --aws` (acking or
 //! returning each message) and the two SQS-triggered Lambdas (as `batchItemFailures`).
 
+use super::deliver::DeliverOutcome;
 use super::Services;
 use crate::ports::{DeliveryTask, QueueMessage};
 
@@ -58,6 +59,11 @@ impl Services {
         deadline: Option<chrono::DateTime<chrono::Utc>>,
     ) -> Vec<Disposition> {
         let tasks: Vec<DeliveryTask> = messages.iter().filter_map(|m| m.task.clone().ok()).collect();
+        let redelivered: Vec<bool> = messages
+            .iter()
+            .filter(|m| m.task.is_ok())
+            .map(|m| m.receive_count > 1)
+            .collect();
         for m in messages {
             match &m.task {
                 Ok(task) if role == QueueRole::DeadLetter => tracing::info!(
@@ -73,24 +79,38 @@ impl Services {
         }
         // Per task, in order: done or not.
         let handled: Vec<bool> = match role {
-            QueueRole::Delivery => self
-                .deliver_batch_within(&tasks, deadline)
-                .await
-                .into_iter()
-                .zip(&tasks)
-                .map(|(result, task)| match result {
-                    Ok(_) => true,
-                    Err(error) => {
-                        tracing::warn!(
-                            delivery_id = %task.delivery_id, attempt = task.attempt, %error,
-                            retryable = error.is_retryable(),
-                            "delivery failed; the queue will redeliver the message (a permanent error is \
-                             redriven to the dead-letter queue after maxReceiveCount)"
-                        );
-                        false
-                    }
-                })
-                .collect(),
+            QueueRole::Delivery => {
+                let mut results = Vec::with_capacity(tasks.len());
+                for ((result, task), redelivered) in self
+                    .deliver_batch_within(&tasks, deadline)
+                    .await
+                    .into_iter()
+                    .zip(&tasks)
+                    .zip(&redelivered)
+                {
+                    results.push(match result {
+                        Ok(DeliverOutcome::Stale) if *redelivered => self.resume_retry(task).await,
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(e),
+                    });
+                }
+                results
+                    .into_iter()
+                    .zip(&tasks)
+                    .map(|(result, task)| match result {
+                        Ok(()) => true,
+                        Err(error) => {
+                            tracing::warn!(
+                                delivery_id = %task.delivery_id, attempt = task.attempt, %error,
+                                retryable = error.is_retryable(),
+                                "delivery failed; the queue will redeliver the message (a permanent error is \
+                                 redriven to the dead-letter queue after maxReceiveCount)"
+                            );
+                            false
+                        }
+                    })
+                    .collect()
+            }
             QueueRole::DeadLetter => {
                 let ok = match self.handle_dead_letters(&tasks).await {
                     Ok(report) => {

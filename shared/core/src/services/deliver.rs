@@ -169,11 +169,9 @@ impl Services {
         match decision {
             Decision::Delivered => Ok(DeliverOutcome::Delivered),
             Decision::Retry { at, .. } => {
-                if let Err(err) = self.schedule_attempt(state::next_task(delivery), at).await {
-                    // The delivery is stored as retrying with its due time: the sweep
-                    // re-queues it once overdue, so this message is done either way.
-                    tracing::warn!(error = %err, "scheduling the retry failed; the sweep will pick it up");
-                }
+                // An error here redelivers the message, and `resume_retry` queues the retry
+                // then (the sweep would, but only once it is overdue).
+                self.schedule_attempt(state::next_task(delivery), at).await?;
                 Ok(DeliverOutcome::Retrying { at })
             }
             Decision::Dead => {
@@ -194,6 +192,23 @@ impl Services {
         } else {
             self.ports.scheduler.schedule(&ScheduledTask { task, due: at }).await
         }
+    }
+
+    /// A message that came back after its attempt was recorded (its receiver died, or
+    /// failed, after the state change): queue the retry that attempt decided on, in case
+    /// that is what did not happen. If it did, the second message is stale on arrival.
+    /// Only for redelivered messages: a mere duplicate's twin did the queueing.
+    pub(super) async fn resume_retry(&self, task: &DeliveryTask) -> Result<()> {
+        let Some(d) = self.ports.store.get_delivery(&task.delivery_id).await? else {
+            return Ok(());
+        };
+        if d.status == DeliveryStatus::Retrying && d.round == task.round && d.attempts == task.attempt {
+            let at = d.next_attempt_at.unwrap_or_else(|| self.now());
+            self.schedule_attempt(state::next_task(&d), at).await?;
+            tracing::info!(delivery_id = %d.id, attempt = task.attempt, %at,
+                "a message came back after its attempt was recorded; its retry is queued again");
+        }
+        Ok(())
     }
 
     /// A message whose work is recorded already. If it is the message that killed the

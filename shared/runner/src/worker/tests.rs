@@ -52,6 +52,7 @@ fn message(id: &str) -> QueueMessage {
         message_id: id.into(),
         task: Ok(task),
         redriven: false,
+        receive_count: 1,
     }
 }
 

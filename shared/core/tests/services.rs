@@ -701,14 +701,31 @@ async fn given_an_ingest_that_died_before_queueing_then_its_retry_with_the_same_
     use std::sync::atomic::Ordering;
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
-    // Stored, then the send to the queue is lost (as a crash between the two would lose it).
+    // Stored, then the send to the queue fails (as a crash between the two would leave it):
+    // the client hears of it, and retries with its key.
     h.queue.failing_enqueues.store(1, Ordering::SeqCst);
-    let first = h
+    let err = h
         .services
         .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
         .await
-        .unwrap();
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
     assert_eq!(h.queue.pending(), 0, "nothing queued");
+    let first = h
+        .services
+        .list_deliveries(&tenant, DeliveryQuery::default())
+        .await
+        .unwrap();
+    assert_eq!(first.items.len(), 1, "but stored");
+
+    // The retry's own enqueue fails: an error again, nothing lost.
+    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
+    assert!(h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
+        .await
+        .unwrap_err()
+        .is_retryable());
 
     let retry = h
         .services
@@ -716,11 +733,11 @@ async fn given_an_ingest_that_died_before_queueing_then_its_retry_with_the_same_
         .await
         .unwrap();
     assert!(!retry.created);
-    assert_eq!(retry.event.id, first.event.id);
+    assert_eq!(retry.event.id, first.items[0].event_id);
     let queued = h.queue.take_visible();
     assert_eq!(
         queued.iter().map(|t| (&t.delivery_id, t.attempt)).collect::<Vec<_>>(),
-        vec![(&first.deliveries[0].id, 1)]
+        vec![(&first.items[0].id, 1)]
     );
     h.services.deliver_batch(&queued).await.into_iter().for_each(|r| {
         r.unwrap();
@@ -740,7 +757,7 @@ async fn given_an_ingest_that_died_before_queueing_then_its_retry_with_the_same_
     let err = h.services.ingest(&tenant, other, Some("k-1".into())).await.unwrap_err();
     let Error::Validation(v) = err else { panic!("{err:?}") };
     assert_eq!(v.code, "idempotency_key_reused");
-    assert!(v.message.contains(first.event.id.as_str()), "{}", v.message);
+    assert!(v.message.contains(first.items[0].event_id.as_str()), "{}", v.message);
 }
 
 #[tokio::test]
@@ -834,7 +851,9 @@ async fn given_a_receiver_that_died_before_queueing_the_retry_then_the_redeliver
     // Attempt 1 is recorded, then queueing its retry fails: the message must come back.
     h.queue.failing_enqueues.store(1, Ordering::SeqCst);
     assert_eq!(
-        h.services.handle_messages(QueueRole::Delivery, &[message(1)], None).await,
+        h.services
+            .handle_messages(QueueRole::Delivery, &[message(1)], None)
+            .await,
         vec![Disposition::Redeliver]
     );
     let d = &ingested.deliveries[0];
@@ -843,14 +862,18 @@ async fn given_a_receiver_that_died_before_queueing_the_retry_then_the_redeliver
 
     // A duplicate of the message (received once) is just stale: its twin queues the retry.
     assert_eq!(
-        h.services.handle_messages(QueueRole::Delivery, &[message(1)], None).await,
+        h.services
+            .handle_messages(QueueRole::Delivery, &[message(1)], None)
+            .await,
         vec![Disposition::Done]
     );
     assert_eq!(h.queue.pending(), 0);
 
     // Back again after the failure (or a crash): the retry is queued, once.
     assert_eq!(
-        h.services.handle_messages(QueueRole::Delivery, &[message(2)], None).await,
+        h.services
+            .handle_messages(QueueRole::Delivery, &[message(2)], None)
+            .await,
         vec![Disposition::Done]
     );
     h.clock.advance(Duration::seconds(11));

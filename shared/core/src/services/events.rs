@@ -73,7 +73,13 @@ impl Services {
         }
         let tasks: Vec<_> = deliveries.iter().map(|d| (next_task(d), 0)).collect();
         if let Err(err) = self.ports.queue.enqueue(&tasks).await {
-            // The deliveries are pending and due now: the scheduler's sweep queues them.
+            // Stored, not queued. With a key the client's retry finishes the job at once (see
+            // `repeated`), so it gets the error; without one a retry would be a second event,
+            // so it gets its 202 and the scheduler's sweep queues the deliveries.
+            if event.idempotency_key.is_some() {
+                tracing::warn!(event_id = %event.id, error = %err, "enqueue after ingest failed; the client's retry with its Idempotency-Key queues the deliveries");
+                return Err(err.into());
+            }
             tracing::warn!(event_id = %event.id, error = %err, "enqueue after ingest failed; the sweep will pick the deliveries up");
         }
         Ok(Ingested {
@@ -86,7 +92,8 @@ impl Services {
     /// The same `Idempotency-Key` again. With the same type and payload it is the client's
     /// retry: it gets the first event, and the first attempts of deliveries still waiting for
     /// one are queued again, since the first request may have died between storing them and
-    /// queueing them (a message too many is harmless: the conditional writes absorb it). With
+    /// queueing them (a message too many is harmless: the conditional writes absorb it); if
+    /// that fails too, the client gets the error and retries again. With
     /// another type or payload it is a mistake, refused rather than answered with the
     /// first event.
     async fn repeated(&self, tenant: &Tenant, id: &EventId, new: &Event) -> Result<Ingested> {
@@ -107,7 +114,8 @@ impl Services {
             .map(|d| (next_task(d), 0))
             .collect();
         if let Err(err) = self.ports.queue.enqueue(&waiting).await {
-            tracing::warn!(event_id = %id, error = %err, "enqueue on a repeated ingest failed; the sweep will pick the deliveries up");
+            tracing::warn!(event_id = %id, error = %err, "enqueue on a repeated ingest failed; the client's next retry queues the deliveries");
+            return Err(err.into());
         }
         Ok(Ingested {
             event: existing.event,

@@ -30,8 +30,10 @@ scripts/lint-template.sh
 step "sam build of the four functions for arm64 with cargo-lambda (dev profile)"
 scripts/sam-build.sh --debug
 
-step "Rust tests, with moto and DynamoDB Local running for the AWS adapters"
-scripts/aws-test-services.sh run -- cargo test --workspace --locked
+step "Rust tests, then the chaos suite with its figures, with moto and DynamoDB Local running"
+scripts/aws-test-services.sh run -- bash -c '
+  cargo test --workspace --locked -- --skip chaos_ &&
+  cargo test --workspace --locked --test chaos -- --nocapture'
 
 step "Dashboard in headless Chromium, and the API against its OpenAPI document (schemathesis)"
 scripts/ui-tests.sh

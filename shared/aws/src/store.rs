@@ -1079,17 +1079,25 @@ impl Store for DynamoStore {
         Ok(())
     }
 
-    async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
+    async fn claim_dead_notice(
+        &self,
+        delivery: &DeliveryId,
+        round: u32,
+        now: DateTime<Utc>,
+        stale_before: DateTime<Utc>,
+    ) -> PortResult<NoticeClaim> {
         let nonce = claim_nonce();
         let mut item = with_key(HashMap::new(), &notice_key(delivery, round), "dead_notice");
         item.insert("claim".into(), s(&nonce));
-        item.insert(TTL_ATTRIBUTE.into(), self.expires_at(Utc::now()));
+        item.insert("claimed_at".into(), n(now.timestamp_millis()));
+        item.insert(TTL_ATTRIBUTE.into(), self.expires_at(now));
         let result = self
             .client
             .put_item()
             .table_name(&self.table)
             .set_item(Some(item))
-            .condition_expression("attribute_not_exists(pk)")
+            .condition_expression("attribute_not_exists(pk) OR (attribute_not_exists(sent_at) AND claimed_at < :stale)")
+            .expression_attribute_values(":stale", n(stale_before.timestamp_millis()))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .set_return_consumed_capacity(self.rcc())
             .send()
@@ -1097,16 +1105,38 @@ impl Store for DynamoStore {
         match result {
             Ok(out) => {
                 self.charge("claim dead notice", true, out.consumed_capacity());
-                Ok(true)
+                Ok(NoticeClaim::Claimed)
             }
             Err(err) => match err.as_service_error() {
-                // Claimed before, unless by this very call on an earlier try.
                 Some(PutItemError::ConditionalCheckFailedException(failed)) => {
-                    Ok(failed.item().and_then(|it| get_s(it, "claim").ok()) == Some(nonce.as_str()))
+                    let old = failed.item();
+                    Ok(if old.and_then(|it| get_s(it, "claim").ok()) == Some(nonce.as_str()) {
+                        NoticeClaim::Claimed // by this very call, on an earlier try
+                    } else if old.is_some_and(|it| it.contains_key("sent_at") || !it.contains_key("claimed_at")) {
+                        NoticeClaim::Sent // (a claim without a time predates claims that expire)
+                    } else {
+                        NoticeClaim::Held
+                    })
                 }
                 _ => Err(classify("claim dead notice", err)),
             },
         }
+    }
+
+    async fn mark_dead_notice_sent(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
+        let out = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key_item(&notice_key(delivery, round))))
+            .update_expression("SET sent_at = :now")
+            .expression_attribute_values(":now", n(Utc::now().timestamp_millis()))
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify("mark dead notice sent", e))?;
+        self.charge("mark dead notice sent", true, out.consumed_capacity());
+        Ok(())
     }
 }
 

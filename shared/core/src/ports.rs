@@ -138,11 +138,31 @@ pub trait Store: Send + Sync {
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth>;
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()>;
 
-    /// `true` the first time it is called for a delivery's round, `false` after: the owner
-    /// hears of each dead delivery once.
-    async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool>;
+    /// Claim the owner's notice of a delivery's dead round, at `now`, so that the owner
+    /// hears of it once. A claim never marked sent and made before `stale_before` is taken
+    /// over: its claimer died between claiming and sending.
+    async fn claim_dead_notice(
+        &self,
+        delivery: &DeliveryId,
+        round: u32,
+        now: DateTime<Utc>,
+        stale_before: DateTime<Utc>,
+    ) -> PortResult<NoticeClaim>;
+    /// The claimed notice's email went out: the claim is final.
+    async fn mark_dead_notice_sent(&self, delivery: &DeliveryId, round: u32) -> PortResult<()>;
     /// Give a claim back when its email could not be sent, so the next try sends it.
     async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()>;
+}
+
+/// What [`Store::claim_dead_notice`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NoticeClaim {
+    /// This caller is to send it.
+    Claimed,
+    /// It went out already.
+    Sent,
+    /// Another caller claimed it lately and has not marked it sent yet: ask again later.
+    Held,
 }
 
 /// One message on the delivery queue: make this attempt of this delivery.

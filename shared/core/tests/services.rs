@@ -883,3 +883,39 @@ async fn given_a_receiver_that_died_before_queueing_the_retry_then_the_redeliver
         vec![(&d.id, 2)]
     );
 }
+
+#[tokio::test]
+async fn given_a_handler_that_died_between_claiming_a_notice_and_sending_it_then_a_later_try_sends_it_once() {
+    use hookwise_core::ports::NoticeClaim;
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = subscribed(&h, "https://down.example.com/", Some(vec![])).await;
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let tasks = h.queue.take_visible();
+    h.services.deliver_batch(&tasks).await.into_iter().for_each(|r| {
+        r.unwrap();
+    });
+    let dead = h.queue.take_dead();
+    let d = &ingested.deliveries[0];
+    // The first handler claimed the notice, then died.
+    let now = h.clock.now();
+    assert_eq!(
+        h.store
+            .claim_dead_notice(&d.id, 0, now, now - Duration::minutes(1))
+            .await
+            .unwrap(),
+        NoticeClaim::Claimed
+    );
+
+    // Redelivered soon after: the claim may still be sent by its holder, so the batch waits.
+    h.clock.advance(Duration::seconds(10));
+    assert!(h.services.handle_dead_letters(&dead).await.is_err());
+    assert!(h.mailer.sent.lock().unwrap().is_empty());
+    // Once the claim is stale it is taken over and the email goes, once.
+    h.clock.advance(Duration::seconds(60));
+    let report = h.services.handle_dead_letters(&dead).await.unwrap();
+    assert_eq!((report.notified, report.emails), (1, 1));
+    h.clock.advance(Duration::minutes(5));
+    let report = h.services.handle_dead_letters(&dead).await.unwrap();
+    assert_eq!(report.emails, 0, "marked sent: never again");
+    assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);
+}

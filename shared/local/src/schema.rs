@@ -7,7 +7,8 @@ use rusqlite::Connection;
 
 use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 
-const VERSION: i64 = 1;
+/// 2: `dead_notices.sent_at`.
+const VERSION: i64 = 2;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS tenants (
@@ -69,6 +70,7 @@ CREATE TABLE IF NOT EXISTS dead_notices (
     delivery_id  TEXT NOT NULL,
     round        INTEGER NOT NULL,
     claimed_at   INTEGER NOT NULL,
+    sent_at      INTEGER,
     PRIMARY KEY (delivery_id, round)
 ) WITHOUT ROWID;
 
@@ -127,6 +129,13 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
         ));
     }
     conn.execute_batch(SCHEMA).map_err(|e| db_err("create the tables", e))?;
+    if version == 1 {
+        // Notices claimed before version 2 were sent (or given back): mark them so.
+        conn.execute_batch(
+            "ALTER TABLE dead_notices ADD COLUMN sent_at INTEGER; UPDATE dead_notices SET sent_at = claimed_at;",
+        )
+        .map_err(|e| db_err("upgrade the schema to version 2", e))?;
+    }
     conn.pragma_update(None, "user_version", VERSION)
         .map_err(|e| db_err("set user_version", e))?;
     Ok(())

@@ -4,7 +4,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hookwise_core::health::EndpointHealth;
 use hookwise_core::model::*;
-use hookwise_core::ports::{Created, DeliveryChange, DeliveryPage, DeliveryQuery, PortResult, Store};
+use hookwise_core::ports::{Created, DeliveryChange, DeliveryPage, DeliveryQuery, NoticeClaim, PortResult, Store};
 use hookwise_core::PortError;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -514,17 +514,49 @@ impl Store for LocalBackend {
         .await
     }
 
-    async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
+    async fn claim_dead_notice(
+        &self,
+        delivery: &DeliveryId,
+        round: u32,
+        now: DateTime<Utc>,
+        stale_before: DateTime<Utc>,
+    ) -> PortResult<NoticeClaim> {
+        let id = delivery.to_string();
+        let (now, stale_before) = (nanos(now), nanos(stale_before));
+        self.with_conn("claim dead-delivery notice", move |conn| {
+            let err = |e| db_err("claim dead-delivery notice", e);
+            let claimed = conn
+                .prepare_cached(
+                    "INSERT INTO dead_notices (delivery_id, round, claimed_at) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (delivery_id, round) DO UPDATE SET claimed_at = excluded.claimed_at
+                     WHERE sent_at IS NULL AND claimed_at < ?4",
+                )
+                .and_then(|mut s| s.execute(params![id, round, now, stale_before]))
+                .map_err(err)?;
+            if claimed == 1 {
+                return Ok(NoticeClaim::Claimed);
+            }
+            let sent: Option<i64> = conn
+                .prepare_cached("SELECT sent_at FROM dead_notices WHERE delivery_id = ?1 AND round = ?2")
+                .and_then(|mut s| s.query_row(params![id, round], |row| row.get(0)))
+                .map_err(err)?;
+            Ok(if sent.is_some() {
+                NoticeClaim::Sent
+            } else {
+                NoticeClaim::Held
+            })
+        })
+        .await
+    }
+
+    async fn mark_dead_notice_sent(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
         let id = delivery.to_string();
         let now = nanos(self.now());
-        self.with_conn("claim dead-delivery notice", move |conn| {
-            let inserted = conn
-                .prepare_cached(
-                    "INSERT OR IGNORE INTO dead_notices (delivery_id, round, claimed_at) VALUES (?1, ?2, ?3)",
-                )
+        self.with_conn("mark dead-delivery notice sent", move |conn| {
+            conn.prepare_cached("UPDATE dead_notices SET sent_at = ?3 WHERE delivery_id = ?1 AND round = ?2")
                 .and_then(|mut s| s.execute(params![id, round, now]))
-                .map_err(|e| db_err("claim dead-delivery notice", e))?;
-            Ok(inserted == 1)
+                .map_err(|e| db_err("mark dead-delivery notice sent", e))?;
+            Ok(())
         })
         .await
     }

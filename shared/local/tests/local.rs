@@ -284,7 +284,15 @@ async fn reopening_the_data_dir_loses_nothing() {
         due: start() + secs(3600),
     };
     first.schedule(&later).await.unwrap();
-    assert!(first.claim_dead_notice(&delivery.id, 0).await.unwrap());
+    let claimed_at = start();
+    assert_eq!(
+        first
+            .claim_dead_notice(&delivery.id, 0, claimed_at, claimed_at - secs(60))
+            .await
+            .unwrap(),
+        NoticeClaim::Claimed
+    );
+    first.mark_dead_notice_sent(&delivery.id, 0).await.unwrap();
     first
         .send(&OutgoingEmail {
             to: Email::parse("ops@acme.example").unwrap(),
@@ -308,7 +316,13 @@ async fn reopening_the_data_dir_loses_nothing() {
     );
     assert_eq!(again.get_delivery(&delivery.id).await.unwrap(), Some(retrying));
     assert_eq!(again.attempts(&delivery.id).await.unwrap(), vec![attempt]);
-    assert!(!again.claim_dead_notice(&delivery.id, 0).await.unwrap());
+    assert_eq!(
+        again
+            .claim_dead_notice(&delivery.id, 0, claimed_at + secs(3600), claimed_at + secs(3540))
+            .await
+            .unwrap(),
+        NoticeClaim::Sent
+    );
     assert_eq!(again.due(start() + secs(3600), 10).await.unwrap(), vec![later]);
     assert_eq!(again.outbox().await.unwrap().len(), 1);
     let dup = Event {
@@ -693,4 +707,32 @@ fn given_a_data_dir_owned_by_one_lock_then_a_second_is_refused_naming_the_owner_
     assert!(err.contains("--data-dir"), "{err}");
     drop(first);
     hookwise_local::DataDirLock::acquire(dir.path()).expect("free once the owner is gone");
+}
+
+#[tokio::test]
+async fn a_version_1_data_dir_is_upgraded_and_its_notices_count_as_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // What version 1 wrote: a claim had no sent mark, and meant the email went out.
+        let conn = rusqlite::Connection::open(dir.path().join("hookwise.db")).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE dead_notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL,
+                 claimed_at INTEGER NOT NULL, PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
+             INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000A', 0, 1);
+             PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+    let backend = LocalBackend::open(dir.path()).unwrap();
+    let id = DeliveryId::parse("dlv_01J0000000000000000000000A").unwrap();
+    let now = start() + secs(3600);
+    assert_eq!(
+        backend.claim_dead_notice(&id, 0, now, now - secs(60)).await.unwrap(),
+        NoticeClaim::Sent
+    );
+    let other = DeliveryId::parse("dlv_01J0000000000000000000000B").unwrap();
+    assert_eq!(
+        backend.claim_dead_notice(&other, 0, now, now - secs(60)).await.unwrap(),
+        NoticeClaim::Claimed
+    );
 }

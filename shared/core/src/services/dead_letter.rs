@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::Services;
+use crate::error::PortError;
 use crate::error::Result;
 use crate::model::*;
-use crate::ports::{DeliveryTask, OutgoingEmail};
+use crate::ports::{DeliveryTask, NoticeClaim, OutgoingEmail};
 use crate::state::{is_due_attempt, next_task};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,7 +33,12 @@ impl Services {
         let store = &self.ports.store;
         let mut by_owner: BTreeMap<String, (Email, Vec<Notice>)> = BTreeMap::new();
         let mut report = DeadLetterReport::default();
+        let mut held = 0;
+        let mut seen = std::collections::HashSet::new();
         for task in tasks {
+            if !seen.insert((&task.delivery_id, task.round)) {
+                continue; // a copy of a message in this batch: the same notice
+            }
             let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
                 continue;
             };
@@ -53,9 +59,22 @@ impl Services {
                 report.rescheduled += 1;
                 continue;
             }
-            if delivery.status != DeliveryStatus::Dead || !store.claim_dead_notice(&delivery.id, delivery.round).await?
-            {
+            if delivery.status != DeliveryStatus::Dead {
                 continue;
+            }
+            let now = self.now();
+            let stale_before = now - chrono::Duration::from_std(self.config.notice_claim_timeout).unwrap_or_default();
+            match store
+                .claim_dead_notice(&delivery.id, delivery.round, now, stale_before)
+                .await?
+            {
+                NoticeClaim::Claimed => {}
+                NoticeClaim::Sent => continue,
+                NoticeClaim::Held => {
+                    // Another handler is sending it (or died doing so: its claim goes stale).
+                    held += 1;
+                    continue;
+                }
             }
             tracing::info!(
                 delivery_id = %delivery.id, event_id = %delivery.event_id, tenant_id = %delivery.tenant_id,
@@ -106,6 +125,9 @@ impl Services {
             for (email, told) in &emails {
                 match self.ports.mailer.send(email).await {
                     Ok(()) => {
+                        for n in told.iter() {
+                            store.mark_dead_notice_sent(&n.delivery.id, n.delivery.round).await?;
+                        }
                         report.notified += told.len();
                         report.emails += 1;
                     }
@@ -121,8 +143,14 @@ impl Services {
             }
         }
         match failed {
-            None => Ok(report),
             Some(error) => Err(error.into()),
+            // Back with the batch until the other claim is sent or has gone stale.
+            None if held > 0 => Err(PortError::retryable(
+                "dead letters",
+                format!("{held} notice(s) claimed by another handler and not sent yet"),
+            )
+            .into()),
+            None => Ok(report),
         }
     }
 

@@ -59,6 +59,10 @@ pub struct Config {
     pub deadline_margin: Duration,
     /// When this many deliveries of one owner die in one batch, they get one digest email.
     pub digest_threshold: usize,
+    /// A dead-delivery notice claimed this long ago and never marked sent is claimed again:
+    /// its handler died between claiming it and sending the email. Shorter than the
+    /// dead-letter queue's visibility timeout (180 s), longer than a batch's emails take.
+    pub notice_claim_timeout: Duration,
     /// Where the API is reached, for the replay instructions in emails.
     pub public_api_url: String,
     /// The policy of a subscription created without one.
@@ -79,6 +83,7 @@ impl Default for Config {
             deliver_concurrency: 32,
             deadline_margin: DEADLINE_MARGIN,
             digest_threshold: 3,
+            notice_claim_timeout: Duration::from_secs(60),
             public_api_url: "http://127.0.0.1:8080".into(),
             default_retry_policy: RetryPolicy::standard(),
             retention: None,

@@ -85,6 +85,7 @@ macro_rules! store_contract_tests {
             a_cursor_the_store_did_not_hand_out_is_refused,
             overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the_time,
             a_dead_notice_is_claimed_once_per_round,
+            a_claim_never_marked_sent_is_taken_over_once_stale,
             a_released_dead_notice_can_be_claimed_again,
             endpoint_health_starts_empty_and_round_trips,
             tasks_enqueued_without_delay_are_visible_at_once,
@@ -1118,25 +1119,57 @@ pub async fn overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the
     .is_empty());
 }
 
+/// A claim at `at` (real time: the stores keep the claim's time).
+async fn claim(b: &dyn ContractBackend, d: &Delivery, round: u32, at: DateTime<Utc>) -> NoticeClaim {
+    b.store()
+        .claim_dead_notice(&d.id, round, at, at - minutes(1))
+        .await
+        .expect("claim dead notice")
+}
+
 pub async fn a_dead_notice_is_claimed_once_per_round(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let a = fx.stored_tenant(b).await;
     let subs = fx.sub_ids(2);
     let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let now = Utc::now();
 
-    assert!(b.store().claim_dead_notice(&ds[0].id, 0).await.expect("first claim"));
-    assert!(!b.store().claim_dead_notice(&ds[0].id, 0).await.expect("second claim"));
-    assert!(b.store().claim_dead_notice(&ds[0].id, 1).await.expect("next round"));
-    assert!(!b
-        .store()
-        .claim_dead_notice(&ds[0].id, 1)
-        .await
-        .expect("next round again"));
-    assert!(b
-        .store()
-        .claim_dead_notice(&ds[1].id, 0)
-        .await
-        .expect("another delivery"));
+    assert_eq!(claim(b, &ds[0], 0, now).await, NoticeClaim::Claimed);
+    assert_eq!(
+        claim(b, &ds[0], 0, now).await,
+        NoticeClaim::Held,
+        "claimed and not sent yet"
+    );
+    b.store().mark_dead_notice_sent(&ds[0].id, 0).await.expect("mark sent");
+    assert_eq!(claim(b, &ds[0], 0, now).await, NoticeClaim::Sent);
+    assert_eq!(
+        claim(b, &ds[0], 0, now + minutes(60)).await,
+        NoticeClaim::Sent,
+        "a sent notice is never claimed again"
+    );
+    assert_eq!(claim(b, &ds[0], 1, now).await, NoticeClaim::Claimed, "the next round");
+    assert_eq!(claim(b, &ds[1], 0, now).await, NoticeClaim::Claimed, "another delivery");
+}
+
+pub async fn a_claim_never_marked_sent_is_taken_over_once_stale(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(1);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let now = Utc::now();
+
+    assert_eq!(claim(b, &ds[0], 0, now).await, NoticeClaim::Claimed);
+    // Its claimer died before sending: within the minute it is held, after it taken over.
+    assert_eq!(
+        claim(b, &ds[0], 0, now + chrono::Duration::seconds(59)).await,
+        NoticeClaim::Held
+    );
+    assert_eq!(claim(b, &ds[0], 0, now + minutes(2)).await, NoticeClaim::Claimed);
+    assert_eq!(
+        claim(b, &ds[0], 0, now + minutes(2)).await,
+        NoticeClaim::Held,
+        "the new claim holds in turn"
+    );
 }
 
 pub async fn a_released_dead_notice_can_be_claimed_again(b: &dyn ContractBackend) {
@@ -1144,24 +1177,21 @@ pub async fn a_released_dead_notice_can_be_claimed_again(b: &dyn ContractBackend
     let a = fx.stored_tenant(b).await;
     let subs = fx.sub_ids(2);
     let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let now = Utc::now();
 
-    assert!(b.store().claim_dead_notice(&ds[0].id, 0).await.expect("claim"));
-    assert!(b
-        .store()
-        .claim_dead_notice(&ds[1].id, 0)
-        .await
-        .expect("claim the other"));
+    assert_eq!(claim(b, &ds[0], 0, now).await, NoticeClaim::Claimed);
+    assert_eq!(claim(b, &ds[1], 0, now).await, NoticeClaim::Claimed);
     b.store().release_dead_notice(&ds[0].id, 0).await.expect("release");
-    assert!(b
-        .store()
-        .claim_dead_notice(&ds[0].id, 0)
-        .await
-        .expect("claimed again after its release"));
-    assert!(!b
-        .store()
-        .claim_dead_notice(&ds[1].id, 0)
-        .await
-        .expect("the other is still claimed"));
+    assert_eq!(
+        claim(b, &ds[0], 0, now).await,
+        NoticeClaim::Claimed,
+        "claimed again after its release"
+    );
+    assert_eq!(
+        claim(b, &ds[1], 0, now).await,
+        NoticeClaim::Held,
+        "the other is still claimed"
+    );
     b.store()
         .release_dead_notice(&ds[1].id, 5)
         .await

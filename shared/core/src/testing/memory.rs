@@ -27,7 +27,8 @@ struct StoreData {
     deliveries: Vec<Delivery>,
     attempts: Vec<Attempt>,
     health: HashMap<SubscriptionId, EndpointHealth>,
-    notices: HashSet<(DeliveryId, u32)>,
+    /// Claimed notices: when, and whether sent.
+    notices: HashMap<(DeliveryId, u32), (DateTime<Utc>, bool)>,
 }
 
 #[derive(Default)]
@@ -217,8 +218,28 @@ impl Store for MemoryStore {
         lock(&self.data).health.insert(sub.clone(), health.clone());
         Ok(())
     }
-    async fn claim_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<bool> {
-        Ok(lock(&self.data).notices.insert((delivery.clone(), round)))
+    async fn claim_dead_notice(
+        &self,
+        delivery: &DeliveryId,
+        round: u32,
+        now: DateTime<Utc>,
+        stale_before: DateTime<Utc>,
+    ) -> PortResult<NoticeClaim> {
+        let mut d = lock(&self.data);
+        match d.notices.get(&(delivery.clone(), round)) {
+            Some((_, true)) => Ok(NoticeClaim::Sent),
+            Some((at, false)) if *at >= stale_before => Ok(NoticeClaim::Held),
+            _ => {
+                d.notices.insert((delivery.clone(), round), (now, false));
+                Ok(NoticeClaim::Claimed)
+            }
+        }
+    }
+    async fn mark_dead_notice_sent(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
+        if let Some(notice) = lock(&self.data).notices.get_mut(&(delivery.clone(), round)) {
+            notice.1 = true;
+        }
+        Ok(())
     }
     async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
         lock(&self.data).notices.remove(&(delivery.clone(), round));

@@ -37,7 +37,8 @@
 //! `expires_at` (epoch seconds) is the TTL of events, markers, deliveries, attempts and
 //! notices: their last change (a delivery's next attempt, if later) plus the configured
 //! retention. No policy may retry for longer than the retention
-//! (`hookwise_core::services::check_retention`), so an event outlives its retries.
+//! (`hookwise_core::services::check_retention`), so an event outlives its retries; a replay
+//! (a change to a new round) pushes its event's expiry to the replay plus the retention.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -463,6 +464,31 @@ impl DynamoStore {
         let keys: Vec<Key> = ids.iter().map(delivery_key).collect();
         let found = self.batch_get(&keys, what).await?;
         keys.iter().filter_map(|k| found.get(&k.0)).map(from_item).collect()
+    }
+
+    /// Push an event's expiry out to `until`, unless it is later already (or the event gone).
+    async fn keep_event_until(&self, event: &EventId, until: DateTime<Utc>) -> Result<(), PortError> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key_item(&event_key(event))))
+            .update_expression("SET #ttl = :until")
+            .condition_expression("attribute_exists(pk) AND #ttl < :until")
+            .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
+            .expression_attribute_values(":until", n(until.timestamp()))
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify("keep event", e));
+        match result {
+            Ok(out) => {
+                self.charge("keep event", true, out.consumed_capacity());
+                Ok(())
+            }
+            Err(PortError::ConditionFailed(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Write the deliveries an event's transaction could not hold, then clear them from the
@@ -917,6 +943,13 @@ impl Store for DynamoStore {
             ("#attempts".to_owned(), "attempts".to_owned()),
         ]);
         let item = self.delivery_item(&change.next);
+        if change.next.round != e.round {
+            // A replay: its round may retry for up to the retention (no policy may retry
+            // longer), so the event must outlive the round start by that much. First, so a
+            // replay never runs without its event.
+            self.keep_event_until(&change.next.event_id, change.next.updated_at + self.retention)
+                .await?;
+        }
 
         let Some(attempt) = &change.attempt else {
             // One conditional put (half a transaction's cost). If a retry of it finds its own

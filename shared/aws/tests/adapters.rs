@@ -481,3 +481,75 @@ async fn given_5000_stranded_deliveries_on_dynamodb_local_then_the_sweep_requeue
         5000.0 / swept_in.as_secs_f64()
     );
 }
+
+#[tokio::test]
+async fn given_a_replay_late_in_an_events_life_then_the_event_is_kept_for_the_new_round() {
+    let Some(ddb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+        return;
+    };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
+    use hookwise_core::model::*;
+    let env = support::env(&moto, &ddb, None).await;
+    let store = &env.adapters.store;
+    let retention = Duration::from_std(env.config.retention).unwrap();
+    let rng = &mut rand::rng();
+    let created = Utc::now() - retention + Duration::days(1); // a day left to live
+    let event = Event {
+        id: EventId::generate(created, rng),
+        tenant_id: TenantId::generate(created, rng),
+        event_type: EventType::parse("order.created").unwrap(),
+        payload: serde_json::json!({}),
+        created_at: created,
+        idempotency_key: None,
+    };
+    let d = Delivery::new(
+        DeliveryId::generate(created, rng),
+        &event,
+        SubscriptionId::generate(created, rng),
+    );
+    store.create_event(&event, std::slice::from_ref(&d)).await.unwrap();
+    let expiry = || async {
+        let out = env
+            .clients
+            .dynamodb
+            .get_item()
+            .table_name(&env.config.table)
+            .key(
+                "pk",
+                aws_sdk_dynamodb::types::AttributeValue::S(format!("EVT#{}", event.id)),
+            )
+            .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("#EVENT".into()))
+            .send()
+            .await
+            .unwrap();
+        let item = out.item.expect("the event");
+        item["expires_at"].as_n().unwrap().parse::<i64>().unwrap()
+    };
+    assert_eq!(expiry().await, (created + retention).timestamp());
+
+    // Dead, then replayed now: the new round may retry for up to the retention.
+    let dead = Delivery {
+        status: DeliveryStatus::Dead,
+        next_attempt_at: None,
+        updated_at: created + Duration::hours(1),
+        ..d.clone()
+    };
+    store
+        .apply_change(&hookwise_core::ports::DeliveryChange {
+            expected: hookwise_core::ports::Expected::of(&d),
+            next: dead.clone(),
+            attempt: None,
+        })
+        .await
+        .unwrap();
+    let now = Utc::now();
+    let replay = hookwise_core::state::replay(&dead, now).expect("a dead delivery replays");
+    store.apply_change(&replay).await.unwrap();
+    assert_eq!(expiry().await, (now + retention).timestamp());
+    // A later change of the same round leaves it alone.
+    let again = hookwise_core::state::requeued(&replay.next, now, now + Duration::minutes(30));
+    store.apply_change(&again).await.unwrap();
+    assert_eq!(expiry().await, (now + retention).timestamp());
+}

@@ -299,14 +299,10 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for PutItemFuse {
 
 #[tokio::test]
 async fn given_an_ingest_of_150_that_died_after_its_first_transaction_then_a_retry_or_the_sweep_writes_the_rest() {
-    let (Some(ddb), Some(moto)) = (
-        support::endpoint(support::DYNAMODB_LOCAL_URL),
-        support::endpoint(support::MOTO_URL),
-    ) else {
+    let Some(env) = support::dynamodb_local_env().await else {
         return;
     };
     use hookwise_core::model::*;
-    let env = support::env(&moto, &ddb, None).await;
     let fuse = PutItemFuse::default();
     let fused = hookwise_aws::DynamoStore::new(
         aws_sdk_dynamodb::Client::from_conf(
@@ -403,15 +399,11 @@ async fn given_an_ingest_of_150_that_died_after_its_first_transaction_then_a_ret
 /// stranded delivery is queued exactly once).
 #[tokio::test]
 async fn given_5000_stranded_deliveries_on_dynamodb_local_then_the_sweep_requeues_each_once() {
-    let (Some(ddb), Some(moto)) = (
-        support::endpoint(support::DYNAMODB_LOCAL_URL),
-        support::endpoint(support::MOTO_URL),
-    ) else {
+    let Some(env) = support::dynamodb_local_env().await else {
         return;
     };
     use hookwise_core::model::*;
     use std::sync::Arc;
-    let env = support::env(&moto, &ddb, None).await;
     let store = &env.adapters.store;
     let rng = &mut rand::rng();
     // Stored ten minutes ago, their messages lost.
@@ -484,14 +476,10 @@ async fn given_5000_stranded_deliveries_on_dynamodb_local_then_the_sweep_requeue
 
 #[tokio::test]
 async fn given_a_replay_late_in_an_events_life_then_the_event_is_kept_for_the_new_round() {
-    let Some(ddb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
-        return;
-    };
-    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+    let Some(env) = support::dynamodb_local_env().await else {
         return;
     };
     use hookwise_core::model::*;
-    let env = support::env(&moto, &ddb, None).await;
     let store = &env.adapters.store;
     let retention = Duration::from_std(env.config.retention).unwrap();
     let rng = &mut rand::rng();

@@ -401,11 +401,7 @@ async fn given_many_deaths_for_one_owner_in_a_batch_then_one_digest_email() {
 #[tokio::test]
 async fn given_a_backlog_older_than_the_grace_then_the_sweep_requeues_a_delivery_once_until_its_message_had_time() {
     let h = Harness::new(ScriptedSender::always(200));
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services
-        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
-        .await
-        .unwrap();
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     // The message waits behind a backlog: nobody takes it.
     h.clock.advance(Duration::minutes(6));

@@ -153,10 +153,15 @@ pub async fn moto_backend() -> Option<AwsBackend> {
 }
 
 /// Tables on DynamoDB Local, queues on moto.
-pub async fn dynamodb_local_backend() -> Option<AwsBackend> {
+pub async fn dynamodb_local_env() -> Option<Env> {
     let ddb = endpoint(DYNAMODB_LOCAL_URL)?;
     let moto = endpoint(MOTO_URL)?;
+    Some(env(&moto, &ddb, None).await)
+}
+
+/// Tables on DynamoDB Local, queues on moto.
+pub async fn dynamodb_local_backend() -> Option<AwsBackend> {
     Some(AwsBackend {
-        env: env(&moto, &ddb, None).await,
+        env: dynamodb_local_env().await?,
     })
 }

@@ -62,6 +62,29 @@ impl Drop for TempDir {
     }
 }
 
+/// Start `command` with stdout piped and hand its lines to `ready` until it says the process
+/// is ready; then keep draining stdout on a thread, so the child never blocks on a full pipe.
+/// Panics if the process exits first.
+pub fn spawn_until_ready(command: &mut Command, mut ready: impl FnMut(&str) -> bool) -> Child {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("hookwise starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    loop {
+        let line = lines
+            .next()
+            .expect("hookwise printed its ready lines before exiting")
+            .expect("a line");
+        if ready(&line) {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
 /// A running `hookwise dev`.
 pub struct Dev {
     child: Child,
@@ -85,33 +108,24 @@ impl Dev {
         } else {
             &["--visibility-timeout", "3"]
         };
-        let mut child = Command::new(hookwise_bin())
+        let mut command = Command::new(hookwise_bin());
+        command
             .args(["dev", "--listen", "127.0.0.1:0", "--scheduler-interval", "1"])
             .args(visibility)
             .arg("--data-dir")
             .arg(data_dir)
             .args(&args)
-            .env("HOOKWISE_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("hookwise dev starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+            .env("HOOKWISE_LOG", "warn");
         let (mut base, mut api_key) = (None, None);
-        while base.is_none() || api_key.is_none() {
-            let line = lines
-                .next()
-                .expect("hookwise dev printed its address and key before exiting")
-                .expect("a line");
+        let child = spawn_until_ready(&mut command, |line| {
             if let Some(url) = line.split("listening on ").nth(1) {
                 base = Some(url.trim().to_owned());
             }
             if let Some(key) = line.strip_prefix("API key:") {
                 api_key = Some(key.trim().to_owned());
             }
-        }
-        // Keep draining stdout so the child never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
+            base.is_some() && api_key.is_some()
+        });
         Self {
             child,
             base: base.unwrap(),

@@ -21,9 +21,8 @@
 mod aws_support;
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,7 +32,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use hookwise_core::ports::DeliveryTask;
 use hookwise_tests::fault_proxy::{FaultPlan, FaultProxy, Service};
-use hookwise_tests::{hookwise_bin, Api, TempDir};
+use hookwise_tests::{hookwise_bin, spawn_until_ready, Api, TempDir};
 use serde_json::{json, Value};
 
 const API_KEY: &str = "hwk_chaos_suite_key_0123456789abcdef";
@@ -210,28 +209,15 @@ impl Host {
 
     /// Start (again) on the same port, and wait for the ready line.
     fn start(&mut self) {
-        let mut child = Command::new(hookwise_bin())
+        let mut command = Command::new(hookwise_bin());
+        command
             .args(["dev", "--listen", &format!("127.0.0.1:{}", self.port)])
             .args(["--scheduler-interval", "1", "--owner-email", OWNER])
             .args(&self.args)
             .envs(self.env.iter().cloned())
             .env("HOOKWISE_API_KEY", API_KEY)
-            .env("HOOKWISE_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("hookwise dev starts");
-        let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        loop {
-            let line = lines
-                .next()
-                .expect("hookwise dev printed its ready line before exiting")
-                .expect("a line");
-            if line.contains("listening on") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
+            .env("HOOKWISE_LOG", "warn");
+        let child = spawn_until_ready(&mut command, |line| line.contains("listening on"));
         self.child = Some(child);
     }
 

@@ -468,27 +468,51 @@ impl DynamoStore {
 
     /// Push an event's expiry out to `until`, unless it is later already (or the event gone).
     async fn keep_event_until(&self, event: &EventId, until: DateTime<Utc>) -> Result<(), PortError> {
-        let result = self
+        let key = event_key(event);
+        let update = self.update_item(
+            &key,
+            "SET #ttl = :until",
+            Some("attribute_exists(pk) AND #ttl < :until"),
+            &[("#ttl", TTL_ATTRIBUTE)],
+            vec![(":until", n(until.timestamp()))],
+            "keep event",
+        );
+        match update.await {
+            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One conditional (or not) `UpdateItem`; a failed condition is `ConditionFailed`.
+    async fn update_item(
+        &self,
+        key: &Key,
+        update: &str,
+        condition: Option<&str>,
+        names: &[(&str, &str)],
+        values: Vec<(&str, AttributeValue)>,
+        what: &str,
+    ) -> Result<(), PortError> {
+        let mut request = self
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(key_item(&event_key(event))))
-            .update_expression("SET #ttl = :until")
-            .condition_expression("attribute_exists(pk) AND #ttl < :until")
-            .expression_attribute_names("#ttl", TTL_ATTRIBUTE)
-            .expression_attribute_values(":until", n(until.timestamp()))
+            .set_key(Some(key_item(key)))
+            .update_expression(update)
+            .set_condition_expression(condition.map(str::to_owned));
+        for (name, attribute) in names {
+            request = request.expression_attribute_names(*name, *attribute);
+        }
+        for (name, value) in values {
+            request = request.expression_attribute_values(name, value);
+        }
+        let out = request
             .set_return_consumed_capacity(self.rcc())
             .send()
             .await
-            .map_err(|e| classify("keep event", e));
-        match result {
-            Ok(out) => {
-                self.charge("keep event", true, out.consumed_capacity());
-                Ok(())
-            }
-            Err(PortError::ConditionFailed(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+            .map_err(|e| classify(what, e))?;
+        self.charge(what, true, out.consumed_capacity());
+        Ok(())
     }
 
     /// Write the deliveries an event's transaction could not hold, then clear them from the
@@ -516,23 +540,17 @@ impl DynamoStore {
             .buffer_unordered(CONCURRENCY * 4)
             .try_collect()
             .await?;
-        let out = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key_item(&event_key(&event.id))))
-            .update_expression("REMOVE #u, #s, #d")
-            .condition_expression("attribute_exists(pk)")
-            .expression_attribute_names("#u", UNWRITTEN)
-            .expression_attribute_names("#s", GSI_DUE_SHARD)
-            .expression_attribute_names("#d", GSI_DUE)
-            .set_return_consumed_capacity(self.rcc())
-            .send()
-            .await
-            .map_err(|e| classify("finish event", e));
-        match out {
-            Ok(out) => self.charge("finish event", true, out.consumed_capacity()),
-            Err(PortError::ConditionFailed(_)) => {} // expired meanwhile: nothing to finish
+        let key = event_key(&event.id);
+        let finish = self.update_item(
+            &key,
+            "REMOVE #u, #s, #d",
+            Some("attribute_exists(pk)"),
+            &[("#u", UNWRITTEN), ("#s", GSI_DUE_SHARD), ("#d", GSI_DUE)],
+            Vec::new(),
+            "finish event",
+        );
+        match finish.await {
+            Ok(()) | Err(PortError::ConditionFailed(_)) => {} // (expired meanwhile: nothing to finish)
             Err(e) => return Err(e),
         }
         Ok(written.into_iter().flatten().collect())
@@ -1157,19 +1175,15 @@ impl Store for DynamoStore {
     }
 
     async fn mark_dead_notice_sent(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
-        let out = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(key_item(&notice_key(delivery, round))))
-            .update_expression("SET sent_at = :now")
-            .expression_attribute_values(":now", n(Utc::now().timestamp_millis()))
-            .set_return_consumed_capacity(self.rcc())
-            .send()
-            .await
-            .map_err(|e| classify("mark dead notice sent", e))?;
-        self.charge("mark dead notice sent", true, out.consumed_capacity());
-        Ok(())
+        self.update_item(
+            &notice_key(delivery, round),
+            "SET sent_at = :now",
+            None,
+            &[],
+            vec![(":now", n(Utc::now().timestamp_millis()))],
+            "mark dead notice sent",
+        )
+        .await
     }
 }
 

@@ -46,9 +46,9 @@ impl Services {
     /// - Dead-letter queue: the batch is handled at once ([`Services::handle_dead_letters`]:
     ///   dead deliveries' owners are told, many deaths of one owner in one digest; deliveries
     ///   the queue gave up on go back on their schedule); if that fails, every task of the
-    ///   batch comes back (an owner already told is not told again; a notice whose email failed is sent then). A body that is not a
-    ///   task stays on the queue for an operator to look at: it is logged at every receive,
-    ///   never deleted unread.
+    ///   batch comes back (an owner already told is not told again; a notice whose email
+    ///   failed is sent then). A body that is not a task stays on the queue for an operator
+    ///   to look at: it is logged at every receive, never deleted unread.
     ///
     /// A `deadline` (a Lambda invocation's) bounds the deliveries: see
     /// [`Services::deliver_within`].
@@ -80,36 +80,25 @@ impl Services {
         // Per task, in order: done or not.
         let handled: Vec<bool> = match role {
             QueueRole::Delivery => {
-                let mut results = Vec::with_capacity(tasks.len());
-                for ((result, task), redelivered) in self
-                    .deliver_batch_within(&tasks, deadline)
-                    .await
-                    .into_iter()
-                    .zip(&tasks)
-                    .zip(&redelivered)
-                {
-                    results.push(match result {
+                let outcomes = self.deliver_batch_within(&tasks, deadline).await;
+                let mut handled = Vec::with_capacity(tasks.len());
+                for ((outcome, task), redelivered) in outcomes.into_iter().zip(&tasks).zip(&redelivered) {
+                    let result = match outcome {
                         Ok(DeliverOutcome::Stale) if *redelivered => self.resume_retry(task).await,
                         Ok(_) => Ok(()),
                         Err(e) => Err(e),
-                    });
+                    };
+                    if let Err(error) = &result {
+                        tracing::warn!(
+                            delivery_id = %task.delivery_id, attempt = task.attempt, %error,
+                            retryable = error.is_retryable(),
+                            "delivery failed; the queue will redeliver the message (a permanent error is \
+                             redriven to the dead-letter queue after maxReceiveCount)"
+                        );
+                    }
+                    handled.push(result.is_ok());
                 }
-                results
-                    .into_iter()
-                    .zip(&tasks)
-                    .map(|(result, task)| match result {
-                        Ok(()) => true,
-                        Err(error) => {
-                            tracing::warn!(
-                                delivery_id = %task.delivery_id, attempt = task.attempt, %error,
-                                retryable = error.is_retryable(),
-                                "delivery failed; the queue will redeliver the message (a permanent error is \
-                                 redriven to the dead-letter queue after maxReceiveCount)"
-                            );
-                            false
-                        }
-                    })
-                    .collect()
+                handled
             }
             QueueRole::DeadLetter => {
                 let ok = match self.handle_dead_letters(&tasks).await {

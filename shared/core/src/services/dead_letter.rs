@@ -4,8 +4,7 @@
 use std::collections::BTreeMap;
 
 use super::Services;
-use crate::error::PortError;
-use crate::error::Result;
+use crate::error::{PortError, Result};
 use crate::model::*;
 use crate::ports::{DeliveryTask, NoticeClaim, OutgoingEmail};
 use crate::state::{is_due_attempt, next_task};
@@ -35,6 +34,8 @@ impl Services {
         let mut report = DeadLetterReport::default();
         let mut held = 0;
         let mut seen = std::collections::HashSet::new();
+        let now = self.now();
+        let stale_before = now - chrono::Duration::from_std(self.config.notice_claim_timeout).unwrap_or_default();
         for task in tasks {
             if !seen.insert((&task.delivery_id, task.round)) {
                 continue; // a copy of a message in this batch: the same notice
@@ -62,8 +63,6 @@ impl Services {
             if delivery.status != DeliveryStatus::Dead {
                 continue;
             }
-            let now = self.now();
-            let stale_before = now - chrono::Duration::from_std(self.config.notice_claim_timeout).unwrap_or_default();
             match store
                 .claim_dead_notice(&delivery.id, delivery.round, now, stale_before)
                 .await?

@@ -10,7 +10,9 @@
 //! | idempotency marker | `IDEM#{tenant}#{key}`    | `#IDEM` (→ the event id)      |
 //! | delivery           | `DLV#{delivery}`         | `#DELIVERY`                   |
 //! | attempt            | `DLV#{delivery}`         | `ATT#{round:010}#{n:010}`     |
-//! | dead notice        | `DLV#{delivery}`         | `NOTICE#{round:010}`          |
+//! | dead notice        | `DLV#{delivery}`         | `NOTICE#{round:010}` (→ whom, sent when) |
+//! | owner's emails     | `OWNER#{email}`          | `#DIGEST` (last sent, claim, count)      |
+//! | waiting notice     | `OWNER#{email}`          | `NOTICE#{delivery}#{round:010}`          |
 //! | endpoint health    | `HEALTH#{subscription}`  | `#HEALTH`                     |
 //!
 //! Deliveries are read by id alone (queue messages carry only the id) and strongly
@@ -27,7 +29,9 @@
 //!
 //! An event with more deliveries than its transaction holds (98 with an idempotency key) is
 //! in `overdue` too, under its `created_at`, until the rest of its deliveries are written
-//! (`unwritten_deliveries`): the sweep finishes an ingest that died half way.
+//! (`unwritten_deliveries`): the sweep finishes an ingest that died half way. An owner's
+//! `#DIGEST` item is in `overdue` under `gsi_due_shard` = `DIGEST` while notices wait for
+//! their email (which the sweep's `DUE#` partitions never read).
 //!
 //! Two indexes are sparse so that an event delivered on its first attempt writes as few
 //! index entries as it can (each costs a write unit, twice inside a transaction):
@@ -45,9 +49,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, Put, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
-    TransactWriteItem,
+    TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, Utc};
@@ -63,7 +68,8 @@ use crate::config::AwsConfig;
 use crate::counter::RequestCounter;
 use crate::error::{classify, classify_transaction, TxFailure};
 use crate::item::{
-    corrupt, from_item, from_json, get_s, health_from_attr, health_to_attr, n, s, sortable_time, to_item, to_json, Item,
+    corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, n, s, sortable_time, to_item,
+    to_json, Item,
 };
 
 pub const PK: &str = "pk";
@@ -99,6 +105,8 @@ const MAX_TRANSACTION_ITEMS: usize = 100;
 const MAX_BATCH_GET: usize = 100;
 /// Batch requests in flight at once for one call.
 const CONCURRENCY: usize = 4;
+/// Notices marked sent at once when an email has gone out.
+const NOTICE_WRITES: usize = 16;
 const DEFAULT_PAGE: usize = 50;
 const MAX_PAGE: usize = 100;
 
@@ -135,6 +143,14 @@ fn attempt_key(a: &Attempt) -> Key {
 fn notice_key(id: &DeliveryId, round: u32) -> Key {
     (format!("DLV#{id}"), format!("NOTICE#{round:010}"))
 }
+fn digest_key(owner: &Email) -> Key {
+    (format!("OWNER#{owner}"), "#DIGEST".into())
+}
+fn waiting_notice_key(owner: &Email, id: &DeliveryId, round: u32) -> Key {
+    (format!("OWNER#{owner}"), format!("NOTICE#{id}#{round:010}"))
+}
+/// The `overdue` partition of owners' digests with notices waiting.
+const DIGEST_SHARD: &str = "DIGEST";
 fn health_key(sub: &SubscriptionId) -> Key {
     (format!("HEALTH#{sub}"), "#HEALTH".into())
 }
@@ -1116,74 +1132,260 @@ impl Store for DynamoStore {
         .await
     }
 
-    async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
-        let out = self
-            .client
-            .delete_item()
+    async fn queue_dead_notice(&self, owner: &Email, notice: &DeadNotice) -> PortResult<bool> {
+        let mut record = with_key(
+            HashMap::new(),
+            &notice_key(&notice.delivery_id, notice.round),
+            "dead_notice",
+        );
+        record.insert("recipient".into(), s(owner.as_str()));
+        // One time for the whole request, which its token covers: the SDK's retries of it send
+        // the same content, and a later call (a redelivered dead letter) another token.
+        let now = Utc::now();
+        record.insert(TTL_ATTRIBUTE.into(), self.expires_at(notice.died_at.max(now)));
+        let key = waiting_notice_key(owner, &notice.delivery_id, notice.round);
+        let mut waiting = with_key(to_item(notice), &key, "waiting_notice");
+        waiting.insert(TTL_ATTRIBUTE.into(), self.expires_at(notice.died_at.max(now)));
+        let digest = Update::builder()
             .table_name(&self.table)
-            .set_key(Some(key_item(&notice_key(delivery, round))))
-            .set_return_consumed_capacity(self.rcc())
-            .send()
-            .await
-            .map_err(|e| classify("release dead notice", e))?;
-        self.charge("release dead notice", true, out.consumed_capacity());
-        Ok(())
+            .set_key(Some(key_item(&digest_key(owner))))
+            .update_expression(
+                "SET recipient = :owner, #shard = :shard, #due = if_not_exists(#due, :due) ADD #counted :one",
+            )
+            .expression_attribute_names("#shard", GSI_DUE_SHARD)
+            .expression_attribute_names("#due", GSI_DUE)
+            .expression_attribute_names("#counted", "counted")
+            .expression_attribute_values(":owner", s(owner.as_str()))
+            .expression_attribute_values(":shard", s(DIGEST_SHARD))
+            .expression_attribute_values(":due", s(format!("{}#{owner}", sortable_time(now))))
+            .expression_attribute_values(":one", n(1))
+            .build()
+            .map_err(|e| build_err("digest update", e))?;
+        // Recorded once per round: a notice item exists once it is recorded, unless it is a
+        // claim left unsent by a build before digests (which named no recipient).
+        let items = vec![
+            self.put(
+                record,
+                Some("attribute_not_exists(pk) OR (attribute_not_exists(sent_at) AND attribute_not_exists(recipient) AND attribute_exists(claimed_at))"),
+            )?,
+            self.put(waiting, None)?,
+            TransactWriteItem::builder().update(digest).build(),
+        ];
+        let token = request_token(&[owner, notice, &now]);
+        match self.transact(items, Some(token), "queue dead notice").await {
+            Ok(()) => Ok(true),
+            Err(TxFailure::Condition(failed)) if failed.is_empty() || failed == [0] => Ok(false),
+            Err(TxFailure::Condition(failed)) => Err(PortError::permanent(
+                "queue dead notice",
+                format!("conditions failed on items {failed:?}"),
+            )),
+            Err(TxFailure::Other(e)) => Err(e),
+        }
     }
 
-    async fn claim_dead_notice(
+    async fn due_digests(&self, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>> {
+        let q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(INDEX_OVERDUE)
+            .key_condition_expression("#s = :s")
+            .expression_attribute_names("#s", GSI_DUE_SHARD)
+            .expression_attribute_values(":s", s(DIGEST_SHARD));
+        let keys: Vec<Key> = self
+            .query_all(q, "due digests")
+            .await?
+            .iter()
+            .map(|it| Ok((get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned())))
+            .collect::<PortResult<_>>()?;
+        let found = self.batch_get(&keys, "due digests").await?;
+        let mut owners = Vec::new();
+        for (pk, _) in &keys {
+            let Some(item) = found.get(pk) else { continue };
+            let last_sent: Option<i64> = item
+                .contains_key("last_sent_at")
+                .then(|| get_n(item, "last_sent_at"))
+                .transpose()?;
+            if last_sent.is_none_or(|t| t <= window_start.timestamp_millis()) {
+                let owner = get_s(item, "recipient")?;
+                owners.push(Email::parse(owner).map_err(|e| corrupt("recipient", e.to_string()))?);
+            }
+        }
+        owners.truncate(limit as usize);
+        Ok(owners)
+    }
+
+    async fn claim_digest(
         &self,
-        delivery: &DeliveryId,
-        round: u32,
+        owner: &Email,
         now: DateTime<Utc>,
+        window_start: DateTime<Utc>,
         stale_before: DateTime<Utc>,
-    ) -> PortResult<NoticeClaim> {
+    ) -> PortResult<Option<DigestClaim>> {
+        let at = now.timestamp_millis();
         let nonce = claim_nonce();
-        let mut item = with_key(HashMap::new(), &notice_key(delivery, round), "dead_notice");
-        item.insert("claim".into(), s(&nonce));
-        item.insert("claimed_at".into(), n(now.timestamp_millis()));
-        item.insert(TTL_ATTRIBUTE.into(), self.expires_at(now));
         let result = self
             .client
-            .put_item()
+            .update_item()
             .table_name(&self.table)
-            .set_item(Some(item))
-            .condition_expression("attribute_not_exists(pk) OR (attribute_not_exists(sent_at) AND claimed_at < :stale)")
+            .set_key(Some(key_item(&digest_key(owner))))
+            .update_expression("SET claimed_at = :now, claim = :nonce")
+            .condition_expression(
+                "attribute_exists(#due) AND (attribute_not_exists(last_sent_at) OR last_sent_at <= :window) \
+                 AND (attribute_not_exists(claimed_at) OR claimed_at < :stale)",
+            )
+            .expression_attribute_names("#due", GSI_DUE)
+            .expression_attribute_values(":now", n(at))
+            .expression_attribute_values(":nonce", s(&nonce))
+            .expression_attribute_values(":window", n(window_start.timestamp_millis()))
             .expression_attribute_values(":stale", n(stale_before.timestamp_millis()))
+            .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .set_return_consumed_capacity(self.rcc())
             .send()
             .await;
-        match result {
+        let digest = match result {
             Ok(out) => {
-                self.charge("claim dead notice", true, out.consumed_capacity());
-                Ok(NoticeClaim::Claimed)
+                self.charge("claim digest", true, out.consumed_capacity());
+                out.attributes.unwrap_or_default()
             }
             Err(err) => match err.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
-                    let old = failed.item();
-                    Ok(if old.and_then(|it| get_s(it, "claim").ok()) == Some(nonce.as_str()) {
-                        NoticeClaim::Claimed // by this very call, on an earlier try
-                    } else if old.is_some_and(|it| it.contains_key("sent_at") || !it.contains_key("claimed_at")) {
-                        NoticeClaim::Sent // (a claim without a time predates claims that expire)
-                    } else {
-                        NoticeClaim::Held
-                    })
+                Some(UpdateItemError::ConditionalCheckFailedException(failed))
+                    if failed.item().is_some_and(|it| it.get("claim") == Some(&s(&nonce))) =>
+                {
+                    failed.item().cloned().unwrap_or_default() // our own claim, on a retried request
                 }
-                _ => Err(classify("claim dead notice", err)),
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => return Ok(None),
+                _ => return Err(classify("claim digest", err)),
             },
+        };
+        let counted = if digest.contains_key("counted") {
+            get_n(&digest, "counted")?
+        } else {
+            0
+        };
+        let q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND begins_with(sk, :notice)")
+            .expression_attribute_values(":pk", s(digest_key(owner).0))
+            .expression_attribute_values(":notice", s("NOTICE#"));
+        let mut notices: Vec<DeadNotice> = self
+            .query_all(q, "claim digest")
+            .await?
+            .iter()
+            .map(from_item)
+            .collect::<PortResult<_>>()?;
+        notices.sort_by(|a, b| (a.died_at, &a.delivery_id).cmp(&(b.died_at, &b.delivery_id)));
+        let claim = DigestClaim {
+            owner: owner.clone(),
+            notices,
+            claimed_at: DateTime::from_timestamp_millis(at).unwrap_or(now),
+            counted,
+        };
+        if claim.notices.is_empty() {
+            self.close_digest(&claim, false).await?;
+            return Ok(None);
         }
+        Ok(Some(claim))
     }
 
-    async fn mark_dead_notice_sent(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
-        self.update_item(
-            &notice_key(delivery, round),
-            "SET sent_at = :now",
-            None,
+    async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+        let at = n(claim.claimed_at.timestamp_millis());
+        // Marked sent first, then no longer waiting: a crash between the two sends a notice
+        // again rather than never.
+        futures::stream::iter(claim.notices.iter().cloned())
+            .map(|notice| {
+                let at = at.clone();
+                async move {
+                    self.update_item(
+                        &notice_key(&notice.delivery_id, notice.round),
+                        "SET sent_at = :at",
+                        None,
+                        &[],
+                        vec![(":at", at)],
+                        "mark dead notice sent",
+                    )
+                    .await?;
+                    let out = self
+                        .client
+                        .delete_item()
+                        .table_name(&self.table)
+                        .set_key(Some(key_item(&waiting_notice_key(
+                            &claim.owner,
+                            &notice.delivery_id,
+                            notice.round,
+                        ))))
+                        .set_return_consumed_capacity(self.rcc())
+                        .send()
+                        .await
+                        .map_err(|e| classify("finish digest", e))?;
+                    self.charge("finish digest", true, out.consumed_capacity());
+                    Ok::<_, PortError>(())
+                }
+            })
+            .buffer_unordered(NOTICE_WRITES)
+            .try_collect::<Vec<()>>()
+            .await?;
+        self.close_digest(claim, true).await
+    }
+
+    async fn release_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+        let key = digest_key(&claim.owner);
+        let release = self.update_item(
+            &key,
+            "REMOVE claimed_at",
+            Some("claimed_at = :at"),
             &[],
-            vec![(":now", n(Utc::now().timestamp_millis()))],
-            "mark dead notice sent",
-        )
-        .await
+            vec![(":at", n(claim.claimed_at.timestamp_millis()))],
+            "release digest",
+        );
+        match release.await {
+            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()), // taken over meanwhile
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl DynamoStore {
+    /// End a claim: the owner's window starts at it if its email was `sent`, and the owner
+    /// leaves the `overdue` index unless a notice was counted since the claim.
+    async fn close_digest(&self, claim: &DigestClaim, sent: bool) -> Result<(), PortError> {
+        let key = digest_key(&claim.owner);
+        let at = n(claim.claimed_at.timestamp_millis());
+        let last_sent = if sent { "SET last_sent_at = :at " } else { "" };
+        let (remove_all, remove_claim) = (
+            format!("{last_sent}REMOVE claimed_at, #shard, #due"),
+            format!("{last_sent}REMOVE claimed_at"),
+        );
+        let nothing_new = self.update_item(
+            &key,
+            &remove_all,
+            Some("claimed_at = :at AND #counted = :counted"),
+            &[("#shard", GSI_DUE_SHARD), ("#due", GSI_DUE), ("#counted", "counted")],
+            vec![(":at", at.clone()), (":counted", n(claim.counted))],
+            "finish digest",
+        );
+        match nothing_new.await {
+            Ok(()) => return Ok(()),
+            Err(PortError::ConditionFailed(_)) => {}
+            Err(e) => return Err(e),
+        }
+        // A notice came meanwhile: it keeps the owner in the index for the next email.
+        let keep_waiting = self.update_item(
+            &key,
+            &remove_claim,
+            Some("claimed_at = :at"),
+            &[],
+            vec![(":at", at)],
+            "finish digest",
+        );
+        match keep_waiting.await {
+            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()), // or taken over meanwhile
+            Err(e) => Err(e),
+        }
     }
 }
 

@@ -138,31 +138,53 @@ pub trait Store: Send + Sync {
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth>;
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()>;
 
-    /// Claim the owner's notice of a delivery's dead round, at `now`, so that the owner
-    /// hears of it once. A claim never marked sent and made before `stale_before` is taken
-    /// over: its claimer died between claiming and sending.
-    async fn claim_dead_notice(
+    /// Record a dead round's notice for its owner's next email (`owner` is who is told).
+    /// `false` when this round's notice is already recorded, waiting or sent: each dead
+    /// round is told once.
+    async fn queue_dead_notice(&self, owner: &Email, notice: &DeadNotice) -> PortResult<bool>;
+    /// Owners with notices waiting whose last email went out at or before `window_start`
+    /// (or never): the ones whose next email may go now.
+    async fn due_digests(&self, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>>;
+    /// Claim `owner`'s next email at `now`, with every notice waiting for it (oldest death
+    /// first). `None` unless notices wait, the last email went out at or before
+    /// `window_start`, and no claim made after `stale_before` holds it (an older claim was
+    /// left by a handler that died before it sent its email).
+    async fn claim_digest(
         &self,
-        delivery: &DeliveryId,
-        round: u32,
+        owner: &Email,
         now: DateTime<Utc>,
+        window_start: DateTime<Utc>,
         stale_before: DateTime<Utc>,
-    ) -> PortResult<NoticeClaim>;
-    /// The claimed notice's email went out: the claim is final.
-    async fn mark_dead_notice_sent(&self, delivery: &DeliveryId, round: u32) -> PortResult<()>;
-    /// Give a claim back when its email could not be sent, so the next try sends it.
-    async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()>;
+    ) -> PortResult<Option<DigestClaim>>;
+    /// The claimed email went out: its notices are sent, and the owner's window starts at
+    /// the claim's time. A claim taken over meanwhile changes nothing of the owner's.
+    async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()>;
+    /// The claimed email could not be sent: the claim is given back and its notices wait.
+    async fn release_digest(&self, claim: &DigestClaim) -> PortResult<()>;
 }
 
-/// What [`Store::claim_dead_notice`] found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NoticeClaim {
-    /// This caller is to send it.
-    Claimed,
-    /// It went out already.
-    Sent,
-    /// Another caller claimed it lately and has not marked it sent yet: ask again later.
-    Held,
+/// A dead delivery's round, told to its owner in their next email.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadNotice {
+    pub delivery_id: DeliveryId,
+    pub round: u32,
+    pub tenant_id: TenantId,
+    pub subscription_id: SubscriptionId,
+    /// When the delivery died (its `updated_at`): a recover from here replays it.
+    pub died_at: DateTime<Utc>,
+}
+
+/// An owner's next email, claimed by one handler: what it is to carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DigestClaim {
+    pub owner: Email,
+    /// Oldest death first.
+    pub notices: Vec<DeadNotice>,
+    /// The claim's time: it names the claim, and becomes the owner's last email's.
+    pub claimed_at: DateTime<Utc>,
+    /// How many notices the owner's record had counted when claimed, for a backend that
+    /// checks none came since (DynamoDB); 0 elsewhere.
+    pub counted: u64,
 }
 
 /// One message on the delivery queue: make this attempt of this delivery.

@@ -807,9 +807,11 @@ async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_to
     assert_eq!(dead.len(), 2);
 
     h.mailer.refusing_once.lock().unwrap().insert("a@example.com".into());
-    assert!(
-        h.services.handle_dead_letters(&dead).await.is_err(),
-        "the batch comes back for a's notice"
+    let report = h.services.handle_dead_letters(&dead).await.unwrap();
+    assert_eq!(
+        (report.queued, report.emails),
+        (2, 1),
+        "both notices are kept, whatever became of the emails"
     );
     let to = |h: &Harness| {
         h.mailer
@@ -822,10 +824,15 @@ async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_to
     };
     assert_eq!(to(&h), ["b@example.com"], "b is told although a's email failed");
 
-    // The queue redelivers the batch: a is told now, b not twice.
-    let report = h.services.handle_dead_letters(&dead).await.unwrap();
-    assert_eq!((report.notified, report.emails), (1, 1));
+    // The scheduler's next tick tells a, and b not twice; nor does the same batch again.
+    let tick = h.services.run_scheduler().await.unwrap();
+    assert_eq!(tick.emails, 1);
     assert_eq!(to(&h), ["b@example.com", "a@example.com"]);
+    let report = h.services.handle_dead_letters(&dead).await.unwrap();
+    assert_eq!((report.queued, report.emails), (0, 0));
+    h.clock.advance(Duration::minutes(10));
+    assert_eq!(h.services.run_scheduler().await.unwrap().emails, 0);
+    assert_eq!(to(&h).len(), 2);
 }
 
 #[tokio::test]
@@ -881,37 +888,137 @@ async fn given_a_receiver_that_died_before_queueing_the_retry_then_the_redeliver
 }
 
 #[tokio::test]
-async fn given_a_handler_that_died_between_claiming_a_notice_and_sending_it_then_a_later_try_sends_it_once() {
-    use hookwise_core::ports::NoticeClaim;
+async fn given_a_handler_that_died_between_claiming_an_email_and_sending_it_then_a_later_tick_sends_it_once() {
     let h = Harness::new(ScriptedSender::always(500));
     let (tenant, _) = subscribed(&h, "https://down.example.com/", Some(vec![])).await;
-    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let tasks = h.queue.take_visible();
     h.services.deliver_batch(&tasks).await.into_iter().for_each(|r| {
         r.unwrap();
     });
     let dead = h.queue.take_dead();
-    let d = &ingested.deliveries[0];
-    // The first handler claimed the notice, then died.
+    // The first handler recorded the notice, claimed the owner's email, then died.
+    h.mailer
+        .refusing_once
+        .lock()
+        .unwrap()
+        .insert("owner@example.com".into());
+    h.services.handle_dead_letters(&dead).await.unwrap();
+    let owner = Email::parse("owner@example.com").unwrap();
     let now = h.clock.now();
-    assert_eq!(
-        h.store
-            .claim_dead_notice(&d.id, 0, now, now - Duration::minutes(1))
-            .await
-            .unwrap(),
-        NoticeClaim::Claimed
-    );
+    let claim = h
+        .store
+        .claim_digest(&owner, now, now - Duration::minutes(5), now - Duration::minutes(1))
+        .await
+        .unwrap();
+    assert!(claim.is_some(), "claimed by the handler that dies");
 
-    // Redelivered soon after: the claim may still be sent by its holder, so the batch waits.
+    // Soon after, the claim may still be sent by its holder: no email yet.
     h.clock.advance(Duration::seconds(10));
-    assert!(h.services.handle_dead_letters(&dead).await.is_err());
-    assert!(h.mailer.sent.lock().unwrap().is_empty());
+    assert_eq!(h.services.run_scheduler().await.unwrap().emails, 0);
     // Once the claim is stale it is taken over and the email goes, once.
     h.clock.advance(Duration::seconds(60));
-    let report = h.services.handle_dead_letters(&dead).await.unwrap();
-    assert_eq!((report.notified, report.emails), (1, 1));
-    h.clock.advance(Duration::minutes(5));
-    let report = h.services.handle_dead_letters(&dead).await.unwrap();
-    assert_eq!(report.emails, 0, "marked sent: never again");
+    assert_eq!(h.services.run_scheduler().await.unwrap().emails, 1);
+    h.clock.advance(Duration::minutes(10));
+    assert_eq!(h.services.run_scheduler().await.unwrap().emails, 0, "sent: never again");
+    h.services.handle_dead_letters(&dead).await.unwrap();
     assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn given_deaths_through_a_storm_then_an_owner_gets_at_most_one_email_per_window_naming_them_all() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let storm = h
+        .services
+        .create_subscription(
+            &tenant,
+            new_sub("https://down.example.com/", &["invoice.*"], Some(vec![])),
+        )
+        .await
+        .unwrap();
+    let mut other = new_sub("https://other.example.com/", &["other.*"], Some(vec![]));
+    other.owner_email = Some(Email::parse("other@example.com").unwrap());
+    h.services.create_subscription(&tenant, other).await.unwrap();
+    let sent = |h: &Harness| h.mailer.sent.lock().unwrap().clone();
+    let to = |h: &Harness, who: &str| sent(h).into_iter().filter(|m| m.to.as_str() == who).collect::<Vec<_>>();
+
+    // The first death after a quiet spell is told at once.
+    let first = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    assert_eq!(to(&h, "owner@example.com").len(), 1);
+    assert!(to(&h, "owner@example.com")[0]
+        .text
+        .contains(first.deliveries[0].id.as_str()));
+
+    // The deaths of the next minutes wait for the window; another owner's do not.
+    let mut storm_ids = Vec::new();
+    let storm_start = h.clock.now() + Duration::minutes(1);
+    for minute in 1..=4 {
+        h.clock.advance(Duration::minutes(1));
+        for _ in 0..15 {
+            let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+            storm_ids.push(ingested.deliveries[0].id.clone());
+        }
+        if minute == 2 {
+            h.services.ingest(&tenant, event("other.thing"), None).await.unwrap();
+        }
+        h.drain_now().await;
+        assert_eq!(
+            to(&h, "owner@example.com").len(),
+            1,
+            "within the window at minute {minute}"
+        );
+    }
+    assert_eq!(
+        to(&h, "other@example.com").len(),
+        1,
+        "another owner's window is their own"
+    );
+
+    // Five minutes after the first email, one digest tells of all sixty.
+    h.clock.advance(Duration::minutes(1));
+    h.drain_now().await;
+    let owner_emails = to(&h, "owner@example.com");
+    assert_eq!(owner_emails.len(), 2);
+    let digest = &owner_emails[1];
+    assert!(
+        digest.subject.contains("60 webhook deliveries failed"),
+        "{}",
+        digest.subject
+    );
+    let listed = storm_ids.iter().filter(|id| digest.text.contains(id.as_str())).count();
+    assert_eq!(
+        listed,
+        hookwise_core::services::DIGEST_LISTED,
+        "the first ones, one by one"
+    );
+    assert!(digest.text.contains("and 10 more"), "{}", digest.text);
+    let recover = format!("/v1/subscriptions/{}/recover", storm.id);
+    assert!(
+        digest.text.contains(&recover),
+        "how to replay them all:\n{}",
+        digest.text
+    );
+
+    // The recover the email names replays every one of them.
+    let since = digest
+        .text
+        .split("\"since\":\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a since in the recover command");
+    let since = chrono::DateTime::parse_from_rfc3339(since)
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    assert!(
+        since <= storm_start,
+        "{since} is after the storm began at {storm_start}"
+    );
+    let replayed = h
+        .services
+        .recover_subscription(&tenant, &storm.id, since)
+        .await
+        .unwrap();
+    assert_eq!(replayed.len(), 60, "the storm's deaths, not the one told before");
 }

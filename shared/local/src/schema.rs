@@ -7,8 +7,9 @@ use rusqlite::Connection;
 
 use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 
-/// 2: `dead_notices.sent_at`.
-const VERSION: i64 = 2;
+/// 2: `dead_notices.sent_at`. 3: `notices` (who is told, and when) and `digests` replace
+/// `dead_notices`.
+const VERSION: i64 = 3;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS tenants (
@@ -66,12 +67,23 @@ CREATE TABLE IF NOT EXISTS endpoint_health (
     doc              TEXT NOT NULL
 );
 
-CREATE TABLE IF NOT EXISTS dead_notices (
+-- A dead round's notice for its owner; `doc` is the notice, `sent_at` set once told.
+CREATE TABLE IF NOT EXISTS notices (
     delivery_id  TEXT NOT NULL,
     round        INTEGER NOT NULL,
-    claimed_at   INTEGER NOT NULL,
+    owner        TEXT NOT NULL,
+    died_at      INTEGER NOT NULL,
     sent_at      INTEGER,
+    doc          TEXT NOT NULL,
     PRIMARY KEY (delivery_id, round)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS notices_waiting ON notices (owner, died_at, delivery_id) WHERE sent_at IS NULL;
+
+-- An owner's emails: when the last went out, and the claim on the next.
+CREATE TABLE IF NOT EXISTS digests (
+    owner         TEXT PRIMARY KEY,
+    last_sent_at  INTEGER,
+    claimed_at    INTEGER
 ) WITHOUT ROWID;
 
 -- Both queues: `queue` is 'delivery' or 'dead'. A message is visible when
@@ -135,6 +147,16 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
             "ALTER TABLE dead_notices ADD COLUMN sent_at INTEGER; UPDATE dead_notices SET sent_at = claimed_at;",
         )
         .map_err(|e| db_err("upgrade the schema to version 2", e))?;
+    }
+    if (1..=2).contains(&version) {
+        // Sent notices stay told. One claimed and never sent is dropped: its dead letter is
+        // still on the queue (its batch failed), and queues it afresh when it comes back.
+        conn.execute_batch(
+            "INSERT INTO notices (delivery_id, round, owner, died_at, sent_at, doc)
+                 SELECT delivery_id, round, '', claimed_at, sent_at, '{}' FROM dead_notices WHERE sent_at IS NOT NULL;
+             DROP TABLE dead_notices;",
+        )
+        .map_err(|e| db_err("upgrade the schema to version 3", e))?;
     }
     conn.pragma_update(None, "user_version", VERSION)
         .map_err(|e| db_err("set user_version", e))?;

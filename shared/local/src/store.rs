@@ -4,7 +4,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hookwise_core::health::EndpointHealth;
 use hookwise_core::model::*;
-use hookwise_core::ports::{Created, DeliveryChange, DeliveryPage, DeliveryQuery, NoticeClaim, PortResult, Store};
+use hookwise_core::ports::{
+    Created, DeadNotice, DeliveryChange, DeliveryPage, DeliveryQuery, DigestClaim, PortResult, Store,
+};
 use hookwise_core::PortError;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -503,59 +505,123 @@ impl Store for LocalBackend {
         .await
     }
 
-    async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
-        let id = delivery.to_string();
-        self.with_conn("release dead-delivery notice", move |conn| {
-            conn.prepare_cached("DELETE FROM dead_notices WHERE delivery_id = ?1 AND round = ?2")
-                .and_then(|mut s| s.execute(params![id, round]))
-                .map_err(|e| db_err("release dead-delivery notice", e))?;
+    async fn queue_dead_notice(&self, owner: &Email, notice: &DeadNotice) -> PortResult<bool> {
+        let (id, round, owner) = (notice.delivery_id.to_string(), notice.round, owner.to_string());
+        let died_at = nanos(notice.died_at);
+        let doc = to_json("dead notice", notice)?;
+        self.with_conn("queue dead notice", move |conn| {
+            let added = conn
+                .prepare_cached(
+                    "INSERT INTO notices (delivery_id, round, owner, died_at, doc) VALUES (?1, ?2, ?3, ?4, ?5)
+                     ON CONFLICT (delivery_id, round) DO NOTHING",
+                )
+                .and_then(|mut s| s.execute(params![id, round, owner, died_at, doc]))
+                .map_err(|e| db_err("queue dead notice", e))?;
+            Ok(added == 1)
+        })
+        .await
+    }
+
+    async fn due_digests(&self, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>> {
+        let window_start = nanos(window_start);
+        let owners: Vec<String> = self
+            .with_conn("due digests", move |conn| {
+                conn.prepare_cached(
+                    "SELECT DISTINCT n.owner FROM notices n LEFT JOIN digests g ON g.owner = n.owner
+                     WHERE n.sent_at IS NULL AND (g.last_sent_at IS NULL OR g.last_sent_at <= ?1)
+                     ORDER BY n.owner LIMIT ?2",
+                )
+                .and_then(|mut s| {
+                    s.query_map(params![window_start, limit], |row| row.get(0))?
+                        .collect::<Result<_, _>>()
+                })
+                .map_err(|e| db_err("due digests", e))
+            })
+            .await?;
+        owners
+            .iter()
+            .map(|o| Email::parse(o).map_err(|e| PortError::permanent("due digests", format!("owner `{o}`: {e}"))))
+            .collect()
+    }
+
+    async fn claim_digest(
+        &self,
+        owner: &Email,
+        now: DateTime<Utc>,
+        window_start: DateTime<Utc>,
+        stale_before: DateTime<Utc>,
+    ) -> PortResult<Option<DigestClaim>> {
+        let who = owner.to_string();
+        let (at, window_start, stale_before) = (nanos(now), nanos(window_start), nanos(stale_before));
+        let docs: Option<Vec<String>> = self
+            .with_conn("claim digest", move |conn| {
+                let err = |e| db_err("claim digest", e);
+                let docs: Vec<String> = conn
+                    .prepare_cached(
+                        "SELECT doc FROM notices WHERE owner = ?1 AND sent_at IS NULL ORDER BY died_at, delivery_id",
+                    )
+                    .and_then(|mut s| s.query_map([&who], |row| row.get(0))?.collect::<Result<_, _>>())
+                    .map_err(err)?;
+                if docs.is_empty() {
+                    return Ok(None);
+                }
+                let claimed = conn
+                    .prepare_cached(
+                        "INSERT INTO digests (owner, claimed_at) VALUES (?1, ?2)
+                         ON CONFLICT (owner) DO UPDATE SET claimed_at = excluded.claimed_at
+                         WHERE (last_sent_at IS NULL OR last_sent_at <= ?3) AND (claimed_at IS NULL OR claimed_at < ?4)",
+                    )
+                    .and_then(|mut s| s.execute(params![who, at, window_start, stale_before]))
+                    .map_err(err)?;
+                Ok((claimed == 1).then_some(docs))
+            })
+            .await?;
+        let Some(docs) = docs else { return Ok(None) };
+        let notices = docs
+            .iter()
+            .map(|doc| from_json("dead notice", doc))
+            .collect::<PortResult<_>>()?;
+        Ok(Some(DigestClaim {
+            owner: owner.clone(),
+            notices,
+            claimed_at: now,
+            counted: 0,
+        }))
+    }
+
+    async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+        let owner = claim.owner.to_string();
+        let at = nanos(claim.claimed_at);
+        let sent: Vec<(String, u32)> = claim
+            .notices
+            .iter()
+            .map(|n| (n.delivery_id.to_string(), n.round))
+            .collect();
+        self.with_conn("finish digest", move |conn| {
+            let err = |e| db_err("finish digest", e);
+            let mut mark = conn
+                .prepare_cached("UPDATE notices SET sent_at = ?3 WHERE delivery_id = ?1 AND round = ?2")
+                .map_err(err)?;
+            for (id, round) in &sent {
+                mark.execute(params![id, round, at]).map_err(err)?;
+            }
+            conn.prepare_cached(
+                "UPDATE digests SET last_sent_at = claimed_at, claimed_at = NULL WHERE owner = ?1 AND claimed_at = ?2",
+            )
+            .and_then(|mut s| s.execute(params![owner, at]))
+            .map_err(err)?;
             Ok(())
         })
         .await
     }
 
-    async fn claim_dead_notice(
-        &self,
-        delivery: &DeliveryId,
-        round: u32,
-        now: DateTime<Utc>,
-        stale_before: DateTime<Utc>,
-    ) -> PortResult<NoticeClaim> {
-        let id = delivery.to_string();
-        let (now, stale_before) = (nanos(now), nanos(stale_before));
-        self.with_conn("claim dead-delivery notice", move |conn| {
-            let err = |e| db_err("claim dead-delivery notice", e);
-            let claimed = conn
-                .prepare_cached(
-                    "INSERT INTO dead_notices (delivery_id, round, claimed_at) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (delivery_id, round) DO UPDATE SET claimed_at = excluded.claimed_at
-                     WHERE sent_at IS NULL AND claimed_at < ?4",
-                )
-                .and_then(|mut s| s.execute(params![id, round, now, stale_before]))
-                .map_err(err)?;
-            if claimed == 1 {
-                return Ok(NoticeClaim::Claimed);
-            }
-            let sent: Option<i64> = conn
-                .prepare_cached("SELECT sent_at FROM dead_notices WHERE delivery_id = ?1 AND round = ?2")
-                .and_then(|mut s| s.query_row(params![id, round], |row| row.get(0)))
-                .map_err(err)?;
-            Ok(if sent.is_some() {
-                NoticeClaim::Sent
-            } else {
-                NoticeClaim::Held
-            })
-        })
-        .await
-    }
-
-    async fn mark_dead_notice_sent(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
-        let id = delivery.to_string();
-        let now = nanos(self.now());
-        self.with_conn("mark dead-delivery notice sent", move |conn| {
-            conn.prepare_cached("UPDATE dead_notices SET sent_at = ?3 WHERE delivery_id = ?1 AND round = ?2")
-                .and_then(|mut s| s.execute(params![id, round, now]))
-                .map_err(|e| db_err("mark dead-delivery notice sent", e))?;
+    async fn release_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+        let owner = claim.owner.to_string();
+        let at = nanos(claim.claimed_at);
+        self.with_conn("release digest", move |conn| {
+            conn.prepare_cached("UPDATE digests SET claimed_at = NULL WHERE owner = ?1 AND claimed_at = ?2")
+                .and_then(|mut s| s.execute(params![owner, at]))
+                .map_err(|e| db_err("release digest", e))?;
             Ok(())
         })
         .await

@@ -284,15 +284,15 @@ async fn reopening_the_data_dir_loses_nothing() {
         due: start() + secs(3600),
     };
     first.schedule(&later).await.unwrap();
-    let claimed_at = start();
-    assert_eq!(
-        first
-            .claim_dead_notice(&delivery.id, 0, claimed_at, claimed_at - secs(60))
-            .await
-            .unwrap(),
-        NoticeClaim::Claimed
-    );
-    first.mark_dead_notice_sent(&delivery.id, 0).await.unwrap();
+    let owner = Email::parse("ops@acme.example").unwrap();
+    let notice = DeadNotice {
+        delivery_id: delivery.id.clone(),
+        round: 0,
+        tenant_id: tenant.id.clone(),
+        subscription_id: sub.id.clone(),
+        died_at: start(),
+    };
+    assert!(first.queue_dead_notice(&owner, &notice).await.unwrap());
     first
         .send(&OutgoingEmail {
             to: Email::parse("ops@acme.example").unwrap(),
@@ -316,12 +316,15 @@ async fn reopening_the_data_dir_loses_nothing() {
     );
     assert_eq!(again.get_delivery(&delivery.id).await.unwrap(), Some(retrying));
     assert_eq!(again.attempts(&delivery.id).await.unwrap(), vec![attempt]);
-    assert_eq!(
-        again
-            .claim_dead_notice(&delivery.id, 0, claimed_at + secs(3600), claimed_at + secs(3540))
-            .await
-            .unwrap(),
-        NoticeClaim::Sent
+    let claim = again
+        .claim_digest(&owner, start(), start() - secs(300), start() - secs(60))
+        .await
+        .unwrap()
+        .expect("the notice waits for its email");
+    assert_eq!(claim.notices, vec![notice.clone()]);
+    assert!(
+        !again.queue_dead_notice(&owner, &notice).await.unwrap(),
+        "recorded once"
     );
     assert_eq!(again.due(start() + secs(3600), 10).await.unwrap(), vec![later]);
     assert_eq!(again.outbox().await.unwrap().len(), 1);
@@ -709,6 +712,18 @@ fn given_a_data_dir_owned_by_one_lock_then_a_second_is_refused_naming_the_owner_
     hookwise_local::DataDirLock::acquire(dir.path()).expect("free once the owner is gone");
 }
 
+/// A notice of `delivery` as the upgrade tests record it.
+fn upgraded_notice(delivery: &str) -> DeadNotice {
+    let mut rng = StdRng::seed_from_u64(3);
+    DeadNotice {
+        delivery_id: DeliveryId::parse(delivery).unwrap(),
+        round: 0,
+        tenant_id: TenantId::generate(start(), &mut rng),
+        subscription_id: SubscriptionId::generate(start(), &mut rng),
+        died_at: start(),
+    }
+}
+
 #[tokio::test]
 async fn a_version_1_data_dir_is_upgraded_and_its_notices_count_as_sent() {
     let dir = tempfile::tempdir().unwrap();
@@ -724,15 +739,37 @@ async fn a_version_1_data_dir_is_upgraded_and_its_notices_count_as_sent() {
         .unwrap();
     }
     let backend = LocalBackend::open(dir.path()).unwrap();
-    let id = DeliveryId::parse("dlv_01J0000000000000000000000A").unwrap();
-    let now = start() + secs(3600);
+    let owner = Email::parse("ops@acme.example").unwrap();
+    let told = upgraded_notice("dlv_01J0000000000000000000000A");
+    assert!(!backend.queue_dead_notice(&owner, &told).await.unwrap(), "told already");
+    let other = upgraded_notice("dlv_01J0000000000000000000000B");
+    assert!(backend.queue_dead_notice(&owner, &other).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_version_2_data_dir_keeps_its_sent_notices_and_drops_claims_never_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let conn = rusqlite::Connection::open(dir.path().join("hookwise.db")).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE dead_notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL,
+                 claimed_at INTEGER NOT NULL, sent_at INTEGER, PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
+             INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000A', 0, 1, 2);
+             INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000B', 0, 1, NULL);
+             PRAGMA user_version = 2;",
+        )
+        .unwrap();
+    }
+    let backend = LocalBackend::open(dir.path()).unwrap();
+    let owner = Email::parse("ops@acme.example").unwrap();
+    let sent = upgraded_notice("dlv_01J0000000000000000000000A");
+    assert!(!backend.queue_dead_notice(&owner, &sent).await.unwrap(), "told already");
+    // Its dead letter comes back (its batch failed) and records it afresh.
+    let unsent = upgraded_notice("dlv_01J0000000000000000000000B");
+    assert!(backend.queue_dead_notice(&owner, &unsent).await.unwrap());
     assert_eq!(
-        backend.claim_dead_notice(&id, 0, now, now - secs(60)).await.unwrap(),
-        NoticeClaim::Sent
-    );
-    let other = DeliveryId::parse("dlv_01J0000000000000000000000B").unwrap();
-    assert_eq!(
-        backend.claim_dead_notice(&other, 0, now, now - secs(60)).await.unwrap(),
-        NoticeClaim::Claimed
+        backend.due_digests(start(), 10).await.unwrap(),
+        vec![owner.clone()],
+        "and it waits for the owner's email"
     );
 }

@@ -5,6 +5,7 @@ mod consume;
 mod dead_letter;
 mod deliver;
 mod events;
+mod notices;
 mod replay;
 mod scheduler;
 mod subscriptions;
@@ -23,6 +24,7 @@ pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
 pub use deliver::DeliverOutcome;
 pub use events::{EventWithDeliveries, Ingested, NewEvent};
+pub use notices::DIGEST_LISTED;
 pub use scheduler::SchedulerReport;
 pub use subscriptions::{check_retention, NewSubscription, SubscriptionOverview, SubscriptionPatch};
 
@@ -57,11 +59,11 @@ pub struct Config {
     /// What a delivery keeps back from its host's deadline (a Lambda invocation's) for the
     /// store writes after its POST: the POST's timeout is cut to what is left after it.
     pub deadline_margin: Duration,
-    /// When this many deliveries of one owner die in one batch, they get one digest email.
-    pub digest_threshold: usize,
-    /// A dead-delivery notice claimed this long ago and never marked sent is claimed again:
-    /// its handler died between claiming it and sending the email. Shorter than the
-    /// dead-letter queue's visibility timeout (180 s), longer than a batch's emails take.
+    /// An owner gets at most one email per window: the deliveries that die after one email
+    /// wait for the window to pass, then go out together in one digest.
+    pub digest_window: Duration,
+    /// An owner's email claimed this long ago and never sent is claimed again: its handler
+    /// died between claiming it and sending it. Longer than sending an email takes.
     pub notice_claim_timeout: Duration,
     /// Where the API is reached, for the replay instructions in emails.
     pub public_api_url: String,
@@ -82,7 +84,7 @@ impl Default for Config {
             scheduler_budget: Duration::from_secs(40),
             deliver_concurrency: 32,
             deadline_margin: DEADLINE_MARGIN,
-            digest_threshold: 3,
+            digest_window: Duration::from_secs(5 * 60),
             notice_claim_timeout: Duration::from_secs(60),
             public_api_url: "http://127.0.0.1:8080".into(),
             default_retry_policy: RetryPolicy::standard(),

@@ -1,7 +1,7 @@
 //! The scheduler tick (every minute on AWS): move retries due within the horizon from the
 //! scheduler table to the queue with their residual delay, then re-queue deliveries left
 //! pending or retrying past their due time (an enqueue that failed after a write), each
-//! within the tick's time budget.
+//! within the tick's time budget; last, send the owners' emails whose digest window has opened.
 
 use std::time::Instant;
 
@@ -14,6 +14,8 @@ use crate::state::{next_task, requeued};
 
 /// Items handled per query.
 const PAGE: u32 = 500;
+/// How long a tick sends owners' emails for, at least.
+const EMAIL_SHARE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Store writes in flight at once while sweeping.
 const SWEEP_CONCURRENCY: usize = 16;
 
@@ -23,6 +25,8 @@ pub struct SchedulerReport {
     pub moved: usize,
     /// Overdue deliveries re-queued by the sweep.
     pub requeued: usize,
+    /// Owners' dead-delivery emails sent.
+    pub emails: usize,
 }
 
 impl Services {
@@ -31,10 +35,17 @@ impl Services {
         let until = Instant::now() + self.config.scheduler_budget;
         let moved = self.move_due_retries(until).await?;
         let requeued = self.sweep_overdue(until).await?;
-        if moved + requeued > 0 {
-            tracing::info!(moved, requeued, "scheduler tick");
+        // Emails get their share even when the sweep spent the budget (the Scheduler
+        // function's 60 s hold the budget and this).
+        let emails = self.send_due_digests(until.max(Instant::now() + EMAIL_SHARE)).await?;
+        if moved + requeued + emails > 0 {
+            tracing::info!(moved, requeued, emails, "scheduler tick");
         }
-        Ok(SchedulerReport { moved, requeued })
+        Ok(SchedulerReport {
+            moved,
+            requeued,
+            emails,
+        })
     }
 
     async fn move_due_retries(&self, until: Instant) -> Result<usize> {

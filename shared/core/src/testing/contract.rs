@@ -84,9 +84,11 @@ macro_rules! store_contract_tests {
             list_deliveries_clamps_the_page_size,
             a_cursor_the_store_did_not_hand_out_is_refused,
             overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the_time,
-            a_dead_notice_is_claimed_once_per_round,
-            a_claim_never_marked_sent_is_taken_over_once_stale,
-            a_released_dead_notice_can_be_claimed_again,
+            a_dead_notice_is_recorded_once_per_round,
+            an_owners_email_is_claimed_once_then_not_again_within_the_window,
+            a_claim_never_finished_is_taken_over_once_stale,
+            a_released_claim_leaves_its_notices_waiting,
+            a_notice_recorded_while_an_email_is_out_waits_for_the_next,
             endpoint_health_starts_empty_and_round_trips,
             tasks_enqueued_without_delay_are_visible_at_once,
             a_delayed_task_stays_hidden_until_its_delay_has_passed,
@@ -1119,83 +1121,184 @@ pub async fn overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the
     .is_empty());
 }
 
-/// A claim at `at` (real time: the stores keep the claim's time).
-async fn claim(b: &dyn ContractBackend, d: &Delivery, round: u32, at: DateTime<Utc>) -> NoticeClaim {
-    b.store()
-        .claim_dead_notice(&d.id, round, at, at - minutes(1))
-        .await
-        .expect("claim dead notice")
+/// An owner of this test's alone (the backend may be shared with other tests).
+fn owner(fx: &mut Fixture) -> Email {
+    let tag = TenantId::generate(t0(), &mut fx.rng).to_string().to_lowercase();
+    Email::parse(&format!("owner-{tag}@acme.example")).expect("a valid email")
 }
 
-pub async fn a_dead_notice_is_claimed_once_per_round(b: &dyn ContractBackend) {
+fn notice(d: &Delivery, round: u32, died_at: DateTime<Utc>) -> DeadNotice {
+    DeadNotice {
+        delivery_id: d.id.clone(),
+        round,
+        tenant_id: d.tenant_id.clone(),
+        subscription_id: d.subscription_id.clone(),
+        died_at,
+    }
+}
+
+async fn queue(b: &dyn ContractBackend, owner: &Email, n: &DeadNotice) -> bool {
+    b.store().queue_dead_notice(owner, n).await.expect("queue dead notice")
+}
+
+/// A claim at `at` within a 5-minute window and a one-minute claim timeout.
+async fn claim_at(b: &dyn ContractBackend, owner: &Email, at: DateTime<Utc>) -> Option<DigestClaim> {
+    b.store()
+        .claim_digest(owner, at, at - minutes(5), at - minutes(1))
+        .await
+        .expect("claim digest")
+}
+
+async fn due(b: &dyn ContractBackend, owner: &Email, at: DateTime<Utc>) -> bool {
+    b.store()
+        .due_digests(at - minutes(5), 1000)
+        .await
+        .expect("due digests")
+        .contains(owner)
+}
+
+fn told(claim: &DigestClaim) -> Vec<(DeliveryId, u32)> {
+    claim.notices.iter().map(|n| (n.delivery_id.clone(), n.round)).collect()
+}
+
+pub async fn a_dead_notice_is_recorded_once_per_round(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let a = fx.stored_tenant(b).await;
     let subs = fx.sub_ids(2);
     let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
-    let now = Utc::now();
+    let (owner, other) = (owner(&mut fx), owner(&mut fx));
 
-    assert_eq!(claim(b, &ds[0], 0, now).await, NoticeClaim::Claimed);
-    assert_eq!(
-        claim(b, &ds[0], 0, now).await,
-        NoticeClaim::Held,
-        "claimed and not sent yet"
+    assert!(queue(b, &owner, &notice(&ds[0], 0, t0())).await);
+    assert!(!queue(b, &owner, &notice(&ds[0], 0, t0())).await, "a repeat");
+    assert!(
+        !queue(b, &other, &notice(&ds[0], 0, t0())).await,
+        "a repeat, whoever it is for"
     );
-    b.store().mark_dead_notice_sent(&ds[0].id, 0).await.expect("mark sent");
-    assert_eq!(claim(b, &ds[0], 0, now).await, NoticeClaim::Sent);
-    assert_eq!(
-        claim(b, &ds[0], 0, now + minutes(60)).await,
-        NoticeClaim::Sent,
-        "a sent notice is never claimed again"
+    assert!(
+        queue(b, &owner, &notice(&ds[0], 1, t0() + minutes(1))).await,
+        "the next round"
     );
-    assert_eq!(claim(b, &ds[0], 1, now).await, NoticeClaim::Claimed, "the next round");
-    assert_eq!(claim(b, &ds[1], 0, now).await, NoticeClaim::Claimed, "another delivery");
+    assert!(queue(b, &owner, &notice(&ds[1], 0, t0())).await, "another delivery");
+
+    let claim = claim_at(b, &owner, t0()).await.expect("the owner's email");
+    assert_eq!(claim.notices.len(), 3);
+    for n in [notice(&ds[0], 0, t0()), notice(&ds[1], 0, t0())] {
+        assert!(claim.notices[..2].contains(&n), "notices come back whole: {n:?}");
+    }
+    assert_eq!(
+        claim.notices[2],
+        notice(&ds[0], 1, t0() + minutes(1)),
+        "oldest death first"
+    );
+    b.store().finish_digest(&claim).await.expect("finish");
+    assert!(
+        !queue(b, &owner, &notice(&ds[0], 0, t0())).await,
+        "a sent notice is not told again"
+    );
+    assert!(claim_at(b, &owner, t0() + minutes(60)).await.is_none(), "nothing waits");
+    assert!(!due(b, &owner, t0() + minutes(60)).await);
 }
 
-pub async fn a_claim_never_marked_sent_is_taken_over_once_stale(b: &dyn ContractBackend) {
+pub async fn an_owners_email_is_claimed_once_then_not_again_within_the_window(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(3);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let (owner, other) = (owner(&mut fx), owner(&mut fx));
+    let now = t0() + minutes(10);
+
+    assert!(!due(b, &owner, now).await, "nothing waits yet");
+    queue(b, &owner, &notice(&ds[0], 0, t0())).await;
+    queue(b, &other, &notice(&ds[1], 0, t0())).await;
+    assert!(due(b, &owner, now).await && due(b, &other, now).await);
+
+    let claim = claim_at(b, &owner, now).await.expect("never emailed: due at once");
+    assert_eq!(told(&claim), vec![(ds[0].id.clone(), 0)]);
+    assert_eq!((claim.owner.clone(), claim.claimed_at), (owner.clone(), now));
+    assert!(claim_at(b, &owner, now).await.is_none(), "claimed once");
+    b.store().finish_digest(&claim).await.expect("finish");
+    assert!(
+        claim_at(b, &other, now).await.is_some(),
+        "another owner's window is their own"
+    );
+
+    // A death a minute later waits until five minutes after the email.
+    queue(b, &owner, &notice(&ds[2], 0, now + minutes(1))).await;
+    for at in [now + minutes(1), now + minutes(4)] {
+        assert!(!due(b, &owner, at).await, "within the window at {at}");
+        assert!(claim_at(b, &owner, at).await.is_none(), "within the window at {at}");
+    }
+    assert!(due(b, &owner, now + minutes(5)).await, "the window has passed");
+    let next = claim_at(b, &owner, now + minutes(5))
+        .await
+        .expect("the window has passed");
+    assert_eq!(told(&next), vec![(ds[2].id.clone(), 0)], "only what waited");
+}
+
+pub async fn a_claim_never_finished_is_taken_over_once_stale(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let a = fx.stored_tenant(b).await;
     let subs = fx.sub_ids(1);
     let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
-    let now = Utc::now();
+    let owner = owner(&mut fx);
+    queue(b, &owner, &notice(&ds[0], 0, t0())).await;
 
-    assert_eq!(claim(b, &ds[0], 0, now).await, NoticeClaim::Claimed);
+    let first = claim_at(b, &owner, t0()).await.expect("claimed");
     // Its claimer died before sending: within the minute it is held, after it taken over.
-    assert_eq!(
-        claim(b, &ds[0], 0, now + chrono::Duration::seconds(59)).await,
-        NoticeClaim::Held
-    );
-    assert_eq!(claim(b, &ds[0], 0, now + minutes(2)).await, NoticeClaim::Claimed);
-    assert_eq!(
-        claim(b, &ds[0], 0, now + minutes(2)).await,
-        NoticeClaim::Held,
+    assert!(claim_at(b, &owner, t0() + chrono::Duration::seconds(59))
+        .await
+        .is_none());
+    let second = claim_at(b, &owner, t0() + minutes(2)).await.expect("taken over");
+    assert_eq!(told(&second), told(&first));
+    assert!(
+        claim_at(b, &owner, t0() + minutes(2)).await.is_none(),
         "the new claim holds in turn"
     );
+    // The first claimer's late release does not free the second's claim.
+    b.store().release_digest(&first).await.expect("release");
+    assert!(claim_at(b, &owner, t0() + minutes(2)).await.is_none());
+    b.store().finish_digest(&second).await.expect("finish");
+    assert!(!queue(b, &owner, &notice(&ds[0], 0, t0())).await, "sent");
 }
 
-pub async fn a_released_dead_notice_can_be_claimed_again(b: &dyn ContractBackend) {
+pub async fn a_released_claim_leaves_its_notices_waiting(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let a = fx.stored_tenant(b).await;
     let subs = fx.sub_ids(2);
     let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
-    let now = Utc::now();
+    let owner = owner(&mut fx);
+    queue(b, &owner, &notice(&ds[0], 0, t0())).await;
+    queue(b, &owner, &notice(&ds[1], 0, t0() + minutes(1))).await;
 
-    assert_eq!(claim(b, &ds[0], 0, now).await, NoticeClaim::Claimed);
-    assert_eq!(claim(b, &ds[1], 0, now).await, NoticeClaim::Claimed);
-    b.store().release_dead_notice(&ds[0].id, 0).await.expect("release");
-    assert_eq!(
-        claim(b, &ds[0], 0, now).await,
-        NoticeClaim::Claimed,
-        "claimed again after its release"
-    );
-    assert_eq!(
-        claim(b, &ds[1], 0, now).await,
-        NoticeClaim::Held,
-        "the other is still claimed"
-    );
-    b.store()
-        .release_dead_notice(&ds[1].id, 5)
+    let claim = claim_at(b, &owner, t0() + minutes(2)).await.expect("claimed");
+    b.store().release_digest(&claim).await.expect("release");
+    assert!(due(b, &owner, t0() + minutes(2)).await, "still due");
+    let again = claim_at(b, &owner, t0() + minutes(2))
         .await
-        .expect("releasing what was never claimed is fine");
+        .expect("claimed again after its release");
+    assert_eq!(told(&again), told(&claim));
+    assert!(
+        !queue(b, &owner, &notice(&ds[0], 0, t0())).await,
+        "a waiting notice is not recorded twice"
+    );
+}
+
+pub async fn a_notice_recorded_while_an_email_is_out_waits_for_the_next(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(2);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let owner = owner(&mut fx);
+    queue(b, &owner, &notice(&ds[0], 0, t0())).await;
+
+    let claim = claim_at(b, &owner, t0()).await.expect("claimed");
+    // Another handler records a death while this email is on its way.
+    assert!(queue(b, &owner, &notice(&ds[1], 0, t0())).await);
+    b.store().finish_digest(&claim).await.expect("finish");
+    assert!(!due(b, &owner, t0() + minutes(4)).await, "within the window");
+    assert!(due(b, &owner, t0() + minutes(5)).await, "it waits for the next email");
+    let next = claim_at(b, &owner, t0() + minutes(5)).await.expect("the next email");
+    assert_eq!(told(&next), vec![(ds[1].id.clone(), 0)]);
 }
 
 pub async fn endpoint_health_starts_empty_and_round_trips(b: &dyn ContractBackend) {

@@ -27,8 +27,16 @@ struct StoreData {
     deliveries: Vec<Delivery>,
     attempts: Vec<Attempt>,
     health: HashMap<SubscriptionId, EndpointHealth>,
-    /// Claimed notices: when, and whether sent.
-    notices: HashMap<(DeliveryId, u32), (DateTime<Utc>, bool)>,
+    /// Dead rounds' notices: to whom, and whether sent.
+    notices: HashMap<(DeliveryId, u32), (Email, DeadNotice, bool)>,
+    digests: HashMap<Email, MemoryDigest>,
+}
+
+/// An owner's emails: when the last went out, and the claim on the next.
+#[derive(Default)]
+struct MemoryDigest {
+    last_sent: Option<DateTime<Utc>>,
+    claimed_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Default)]
@@ -218,31 +226,87 @@ impl Store for MemoryStore {
         lock(&self.data).health.insert(sub.clone(), health.clone());
         Ok(())
     }
-    async fn claim_dead_notice(
-        &self,
-        delivery: &DeliveryId,
-        round: u32,
-        now: DateTime<Utc>,
-        stale_before: DateTime<Utc>,
-    ) -> PortResult<NoticeClaim> {
+    async fn queue_dead_notice(&self, owner: &Email, notice: &DeadNotice) -> PortResult<bool> {
         let mut d = lock(&self.data);
-        match d.notices.get(&(delivery.clone(), round)) {
-            Some((_, true)) => Ok(NoticeClaim::Sent),
-            Some((at, false)) if *at >= stale_before => Ok(NoticeClaim::Held),
-            _ => {
-                d.notices.insert((delivery.clone(), round), (now, false));
-                Ok(NoticeClaim::Claimed)
+        let key = (notice.delivery_id.clone(), notice.round);
+        if d.notices.contains_key(&key) {
+            return Ok(false);
+        }
+        d.notices.insert(key, (owner.clone(), notice.clone(), false));
+        Ok(true)
+    }
+    async fn due_digests(&self, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>> {
+        let d = lock(&self.data);
+        let mut owners: Vec<Email> = d
+            .notices
+            .values()
+            .filter(|(owner, _, sent)| {
+                !sent
+                    && d.digests
+                        .get(owner)
+                        .and_then(|g| g.last_sent)
+                        .is_none_or(|t| t <= window_start)
+            })
+            .map(|(owner, _, _)| owner.clone())
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        owners.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        owners.truncate(limit as usize);
+        Ok(owners)
+    }
+    async fn claim_digest(
+        &self,
+        owner: &Email,
+        now: DateTime<Utc>,
+        window_start: DateTime<Utc>,
+        stale_before: DateTime<Utc>,
+    ) -> PortResult<Option<DigestClaim>> {
+        let mut d = lock(&self.data);
+        let mut notices: Vec<DeadNotice> = d
+            .notices
+            .values()
+            .filter(|(o, _, sent)| o == owner && !sent)
+            .map(|(_, n, _)| n.clone())
+            .collect();
+        let digest = d.digests.entry(owner.clone()).or_default();
+        if notices.is_empty()
+            || digest.last_sent.is_some_and(|t| t > window_start)
+            || digest.claimed_at.is_some_and(|t| t >= stale_before)
+        {
+            return Ok(None);
+        }
+        digest.claimed_at = Some(now);
+        notices.sort_by(|a, b| (a.died_at, &a.delivery_id).cmp(&(b.died_at, &b.delivery_id)));
+        Ok(Some(DigestClaim {
+            owner: owner.clone(),
+            notices,
+            claimed_at: now,
+            counted: 0,
+        }))
+    }
+    async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+        let mut d = lock(&self.data);
+        for n in &claim.notices {
+            if let Some(notice) = d.notices.get_mut(&(n.delivery_id.clone(), n.round)) {
+                notice.2 = true;
             }
         }
-    }
-    async fn mark_dead_notice_sent(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
-        if let Some(notice) = lock(&self.data).notices.get_mut(&(delivery.clone(), round)) {
-            notice.1 = true;
+        let digest = d.digests.entry(claim.owner.clone()).or_default();
+        if digest.claimed_at == Some(claim.claimed_at) {
+            *digest = MemoryDigest {
+                last_sent: Some(claim.claimed_at),
+                claimed_at: None,
+            };
         }
         Ok(())
     }
-    async fn release_dead_notice(&self, delivery: &DeliveryId, round: u32) -> PortResult<()> {
-        lock(&self.data).notices.remove(&(delivery.clone(), round));
+    async fn release_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+        let mut d = lock(&self.data);
+        let digest = d.digests.entry(claim.owner.clone()).or_default();
+        if digest.claimed_at == Some(claim.claimed_at) {
+            digest.claimed_at = None;
+        }
         Ok(())
     }
 }

@@ -44,6 +44,8 @@ const TIMEOUT_MS: u64 = 1000;
 const ORDER_EVENTS: usize = 40;
 const FAN_OUT: usize = 150;
 const DRAIN: Duration = Duration::from_secs(240);
+/// The owner's digest window: at most one email per this long.
+const DIGEST_WINDOW: Duration = Duration::from_secs(5);
 /// How long the faults go on after the last event was accepted: longer than a schedule.
 const FAULT_PHASE: Duration = Duration::from_secs(25);
 
@@ -213,6 +215,7 @@ impl Host {
         command
             .args(["dev", "--listen", &format!("127.0.0.1:{}", self.port)])
             .args(["--scheduler-interval", "1", "--owner-email", OWNER])
+            .args(["--digest-window", &DIGEST_WINDOW.as_secs().to_string()])
             .args(&self.args)
             .envs(self.env.iter().cloned())
             .env("HOOKWISE_API_KEY", API_KEY)
@@ -511,6 +514,9 @@ struct Figures {
     injected_messages: usize,
     kills: u32,
     drain: Duration,
+    /// Emails to the owner, and how long the run took from the first event on.
+    emails: usize,
+    run: Duration,
 }
 
 async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
@@ -521,6 +527,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
     let bulk = Endpoint::start(Behaviour::Steady).await;
 
     host.start();
+    let run_start = Instant::now();
     let api = host.api();
     wait_ready(&api).await;
     let mut behaviour_of: HashMap<String, Behaviour> = HashMap::new();
@@ -642,6 +649,8 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         injected_messages: injected,
         kills: host.kills,
         drain,
+        emails: emails.len(),
+        run: run_start.elapsed(),
     };
     for ev in &events {
         let ds = ev["deliveries"].as_array().unwrap();
@@ -687,6 +696,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
          lost: {}  early deaths: {}  dead without a notice: {}  with more than one: {}\n\
          POSTs received: {} (by endpoint: {by_behaviour:?}, fan-out {}), connections dropped while down: {}\n\
          attempts recorded: {}\n\
+         emails to the owner: {} in {:.0} s, with a {} s digest window\n\
          events the client had to send again (crashes, 503s): {retried:?}\n\
          time to drain after the store and queue faults stopped (SES's go on): {:.1} s",
         f.events,
@@ -704,6 +714,9 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         bulk.hits.posts.load(Ordering::SeqCst),
         f.dropped,
         f.attempts,
+        f.emails,
+        f.run.as_secs_f64(),
+        DIGEST_WINDOW.as_secs(),
         f.drain.as_secs_f64(),
     );
     f
@@ -730,6 +743,15 @@ fn check(f: &Figures) {
     assert_eq!(f.early_deaths, 0, "deliveries died before their schedule ran out");
     assert_eq!(f.notices_missing, 0, "dead deliveries without a notice");
     assert_eq!(f.notices_repeated, 0, "dead deliveries told more than once");
+    // At most one email per window: a storm of deaths is not a storm of emails.
+    let windows = f.run.as_secs_f64() / DIGEST_WINDOW.as_secs_f64();
+    assert!(
+        f.emails as f64 <= windows.floor() + 1.0,
+        "{} emails in {:.0} s: more than one per {} s window",
+        f.emails,
+        f.run.as_secs_f64(),
+        DIGEST_WINDOW.as_secs()
+    );
     assert_eq!(
         f.dead, ORDER_EVENTS,
         "the always-failing endpoint's deliveries, and only those, die"

@@ -78,10 +78,12 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
         sender: Arc::new(sender),
         clock: Arc::new(SystemClock),
     };
+    let defaults = Config::default();
     let config = Config {
         deliver_concurrency: args.concurrency,
         public_api_url: format!("http://{addr}"),
-        ..Config::default()
+        digest_window: args.digest_window.map_or(defaults.digest_window, Duration::from_secs),
+        ..defaults
     };
     let services = Arc::new(Services::new(ports, config, rand::rngs::StdRng::from_os_rng()));
     let api_key = kept_api_key(&local.data_dir, args.api_key.as_deref())?;

@@ -96,6 +96,9 @@ pub async fn run(args: CommonArgs, aws: AwsArgs) -> anyhow::Result<ExitCode> {
     let core = Config {
         deliver_concurrency: args.concurrency,
         public_api_url,
+        digest_window: args
+            .digest_window
+            .map_or(service_config.digest_window, Duration::from_secs),
         ..service_config
     };
     let services = Arc::new(Services::new(ports, core, rand::rngs::StdRng::from_os_rng()));

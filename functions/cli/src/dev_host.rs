@@ -45,6 +45,10 @@ pub struct CommonArgs {
     /// Deliveries handled at once.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
+    /// Seconds an owner waits between dead-delivery emails (default 300; with `--aws` and no
+    /// `--provision`, HOOKWISE_DIGEST_WINDOW_SECONDS).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    pub digest_window: Option<u64>,
 }
 
 impl CommonArgs {

@@ -29,12 +29,15 @@ pub mod env {
     pub const DEFAULT_RETRY_POLICY: &str = "HOOKWISE_DEFAULT_RETRY_POLICY";
     pub const ALLOWED_TARGET_CIDRS: &str = "HOOKWISE_ALLOWED_TARGET_CIDRS";
     pub const PUBLIC_API_URL: &str = "HOOKWISE_PUBLIC_API_URL";
+    pub const DIGEST_WINDOW_SECONDS: &str = "HOOKWISE_DIGEST_WINDOW_SECONDS";
 }
 
 pub const ENV_PREFIX: &str = "HOOKWISE_";
 /// SQS's limit on `DelaySeconds`.
 pub const SQS_MAX_DELAY_SECONDS: u32 = 900;
 pub const DEFAULT_RETENTION_DAYS: u32 = 30;
+/// The longest digest window: a day.
+pub const MAX_DIGEST_WINDOW_SECONDS: u64 = 86_400;
 
 /// A retention in days as a duration.
 pub fn retention_days(days: u32) -> Duration {
@@ -74,6 +77,9 @@ pub struct FunctionConfig {
     /// Comma-separated CIDRs the SSRF guard lets deliveries reach.
     #[serde(default, deserialize_with = "comma_separated")]
     pub allowed_target_cidrs: Vec<IpNet>,
+    /// An owner gets at most one dead-delivery email per this many seconds.
+    #[serde(default = "default_digest_window")]
+    pub digest_window_seconds: u64,
 }
 
 fn sqs_max_delay() -> u32 {
@@ -81,6 +87,9 @@ fn sqs_max_delay() -> u32 {
 }
 fn default_retention_days() -> u32 {
     DEFAULT_RETENTION_DAYS
+}
+fn default_digest_window() -> u64 {
+    Config::default().digest_window.as_secs()
 }
 fn standard() -> String {
     "standard".into()
@@ -132,6 +141,13 @@ impl FunctionConfig {
                 self.queue_max_delay_seconds
             )));
         }
+        if self.digest_window_seconds > MAX_DIGEST_WINDOW_SECONDS {
+            return Err(ConfigError::Invalid(format!(
+                "{} is {}: must be 0 to {MAX_DIGEST_WINDOW_SECONDS} (a day)",
+                env::DIGEST_WINDOW_SECONDS,
+                self.digest_window_seconds
+            )));
+        }
         let policy = self.retry_policy()?;
         hookwise_core::services::check_retention(&policy, Some(retention_days(self.retention_days))).map_err(|e| {
             ConfigError::Invalid(format!(
@@ -167,6 +183,7 @@ impl FunctionConfig {
         let mut config = Config {
             default_retry_policy: self.retry_policy().expect("validated when read"),
             retention: Some(retention_days(self.retention_days)),
+            digest_window: Duration::from_secs(self.digest_window_seconds),
             ..Config::default()
         };
         if let Some(url) = self.public_api_url.as_ref().filter(|u| !u.trim().is_empty()) {
@@ -306,6 +323,7 @@ mod tests {
         assert!(c.allowed_target_cidrs.is_empty());
         assert_eq!(c.service_config().default_retry_policy, RetryPolicy::standard());
         assert_eq!(c.service_config().retention, Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(c.service_config().digest_window, Duration::from_secs(300));
     }
 
     #[test]
@@ -320,6 +338,8 @@ mod tests {
         assert!(err.to_string().contains(env::DEFAULT_RETRY_POLICY), "{err}");
         let err = FunctionConfig::from_vars(vars(&[(env::ALLOWED_TARGET_CIDRS, "10.0.0.0/8, nope")], &[])).unwrap_err();
         assert!(err.to_string().contains("nope"), "{err}");
+        let err = FunctionConfig::from_vars(vars(&[(env::DIGEST_WINDOW_SECONDS, "86401")], &[])).unwrap_err();
+        assert!(err.to_string().contains(env::DIGEST_WINDOW_SECONDS), "{err}");
         // The standard policy can retry for 16.6 days: one day of retention would delete live work.
         let err = FunctionConfig::from_vars(vars(&[(env::RETENTION_DAYS, "1")], &[])).unwrap_err();
         assert!(
@@ -337,6 +357,7 @@ mod tests {
                 (env::DEFAULT_RETRY_POLICY, "ledger"),
                 (env::PUBLIC_API_URL, "https://api.example.com"),
                 (env::ALLOWED_TARGET_CIDRS, "10.0.0.0/8, 127.0.0.0/8"),
+                (env::DIGEST_WINDOW_SECONDS, "60"),
             ],
             &[],
         ))
@@ -346,6 +367,7 @@ mod tests {
         let services = c.service_config();
         assert_eq!(services.default_retry_policy, RetryPolicy::ledger());
         assert_eq!(services.public_api_url, "https://api.example.com");
+        assert_eq!(services.digest_window, Duration::from_secs(60));
         assert_eq!(c.allowed_target_cidrs.len(), 2);
     }
 }

@@ -1272,19 +1272,14 @@ impl Store for DynamoStore {
             .key_condition_expression("pk = :pk AND begins_with(sk, :notice)")
             .expression_attribute_values(":pk", s(digest_key(owner).0))
             .expression_attribute_values(":notice", s("NOTICE#"));
-        let mut notices: Vec<DeadNotice> = self
+        let notices = self
             .query_all(q, "claim digest")
             .await?
             .iter()
             .map(from_item)
             .collect::<PortResult<_>>()?;
-        notices.sort_by(|a, b| (a.died_at, &a.delivery_id).cmp(&(b.died_at, &b.delivery_id)));
-        let claim = DigestClaim {
-            owner: owner.clone(),
-            notices,
-            claimed_at: DateTime::from_timestamp_millis(at).unwrap_or(now),
-            counted,
-        };
+        let claimed_at = DateTime::from_timestamp_millis(at).unwrap_or(now);
+        let claim = DigestClaim::new(owner.clone(), notices, claimed_at, counted);
         if claim.notices.is_empty() {
             self.close_digest(&claim, false).await?;
             return Ok(None);

@@ -187,6 +187,19 @@ pub struct DigestClaim {
     pub counted: u64,
 }
 
+impl DigestClaim {
+    /// The claim, its notices put oldest death first.
+    pub fn new(owner: Email, mut notices: Vec<DeadNotice>, claimed_at: DateTime<Utc>, counted: u64) -> Self {
+        notices.sort_by(|a, b| (a.died_at, &a.delivery_id).cmp(&(b.died_at, &b.delivery_id)));
+        Self {
+            owner,
+            notices,
+            claimed_at,
+            counted,
+        }
+    }
+}
+
 /// One message on the delivery queue: make this attempt of this delivery.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct DeliveryTask {

@@ -581,12 +581,7 @@ impl Store for LocalBackend {
             .iter()
             .map(|doc| from_json("dead notice", doc))
             .collect::<PortResult<_>>()?;
-        Ok(Some(DigestClaim {
-            owner: owner.clone(),
-            notices,
-            claimed_at: now,
-            counted: 0,
-        }))
+        Ok(Some(DigestClaim::new(owner.clone(), notices, now, 0)))
     }
 
     async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()> {

@@ -1121,6 +1121,15 @@ pub async fn overdue_deliveries_are_the_pending_and_retrying_ones_due_before_the
     .is_empty());
 }
 
+impl Fixture {
+    /// `n` deliveries of one stored event, to be told of as dead.
+    async fn deliveries(&mut self, b: &dyn ContractBackend, n: usize) -> Vec<Delivery> {
+        let a = self.stored_tenant(b).await;
+        let subs = self.sub_ids(n);
+        self.stored_event(b, &a.id, t0(), &subs).await.1
+    }
+}
+
 /// An owner of this test's alone (the backend may be shared with other tests).
 fn owner(fx: &mut Fixture) -> Email {
     let tag = TenantId::generate(t0(), &mut fx.rng).to_string().to_lowercase();
@@ -1163,9 +1172,7 @@ fn told(claim: &DigestClaim) -> Vec<(DeliveryId, u32)> {
 
 pub async fn a_dead_notice_is_recorded_once_per_round(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
-    let a = fx.stored_tenant(b).await;
-    let subs = fx.sub_ids(2);
-    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let ds = fx.deliveries(b, 2).await;
     let (owner, other) = (owner(&mut fx), owner(&mut fx));
 
     assert!(queue(b, &owner, &notice(&ds[0], 0, t0())).await);
@@ -1201,9 +1208,7 @@ pub async fn a_dead_notice_is_recorded_once_per_round(b: &dyn ContractBackend) {
 
 pub async fn an_owners_email_is_claimed_once_then_not_again_within_the_window(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
-    let a = fx.stored_tenant(b).await;
-    let subs = fx.sub_ids(3);
-    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let ds = fx.deliveries(b, 3).await;
     let (owner, other) = (owner(&mut fx), owner(&mut fx));
     let now = t0() + minutes(10);
 
@@ -1237,9 +1242,7 @@ pub async fn an_owners_email_is_claimed_once_then_not_again_within_the_window(b:
 
 pub async fn a_claim_never_finished_is_taken_over_once_stale(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
-    let a = fx.stored_tenant(b).await;
-    let subs = fx.sub_ids(1);
-    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let ds = fx.deliveries(b, 1).await;
     let owner = owner(&mut fx);
     queue(b, &owner, &notice(&ds[0], 0, t0())).await;
 
@@ -1263,9 +1266,7 @@ pub async fn a_claim_never_finished_is_taken_over_once_stale(b: &dyn ContractBac
 
 pub async fn a_released_claim_leaves_its_notices_waiting(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
-    let a = fx.stored_tenant(b).await;
-    let subs = fx.sub_ids(2);
-    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let ds = fx.deliveries(b, 2).await;
     let owner = owner(&mut fx);
     queue(b, &owner, &notice(&ds[0], 0, t0())).await;
     queue(b, &owner, &notice(&ds[1], 0, t0() + minutes(1))).await;
@@ -1285,9 +1286,7 @@ pub async fn a_released_claim_leaves_its_notices_waiting(b: &dyn ContractBackend
 
 pub async fn a_notice_recorded_while_an_email_is_out_waits_for_the_next(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
-    let a = fx.stored_tenant(b).await;
-    let subs = fx.sub_ids(2);
-    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let ds = fx.deliveries(b, 2).await;
     let owner = owner(&mut fx);
     queue(b, &owner, &notice(&ds[0], 0, t0())).await;
 

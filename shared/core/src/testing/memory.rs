@@ -263,7 +263,7 @@ impl Store for MemoryStore {
         stale_before: DateTime<Utc>,
     ) -> PortResult<Option<DigestClaim>> {
         let mut d = lock(&self.data);
-        let mut notices: Vec<DeadNotice> = d
+        let notices: Vec<DeadNotice> = d
             .notices
             .values()
             .filter(|(o, _, sent)| o == owner && !sent)
@@ -277,13 +277,7 @@ impl Store for MemoryStore {
             return Ok(None);
         }
         digest.claimed_at = Some(now);
-        notices.sort_by(|a, b| (a.died_at, &a.delivery_id).cmp(&(b.died_at, &b.delivery_id)));
-        Ok(Some(DigestClaim {
-            owner: owner.clone(),
-            notices,
-            claimed_at: now,
-            counted: 0,
-        }))
+        Ok(Some(DigestClaim::new(owner.clone(), notices, now, 0)))
     }
     async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()> {
         let mut d = lock(&self.data);

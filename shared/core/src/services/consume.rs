@@ -44,11 +44,12 @@ impl Services {
     ///   task is redelivered too (during a deploy a newer reader may take it); if none does,
     ///   the redrive parks it on the dead-letter queue.
     /// - Dead-letter queue: the batch is handled at once ([`Services::handle_dead_letters`]:
-    ///   dead deliveries' owners are told, many deaths of one owner in one digest; deliveries
-    ///   the queue gave up on go back on their schedule); if that fails, every task of the
-    ///   batch comes back (an owner already told is not told again; a notice whose email
-    ///   failed is sent then). A body that is not a task stays on the queue for an operator
-    ///   to look at: it is logged at every receive, never deleted unread.
+    ///   dead deliveries' notices are stored and their owners emailed as their digest windows
+    ///   allow; deliveries the queue gave up on go back on their schedule); if that fails,
+    ///   every task of the batch comes back (a notice already stored is not stored twice). A
+    ///   failed email does not fail the batch: its notices wait for the scheduler's next
+    ///   tick. A body that is not a task stays on the queue for an operator to look at: it is
+    ///   logged at every receive, never deleted unread.
     ///
     /// A `deadline` (a Lambda invocation's) bounds the deliveries: see
     /// [`Services::deliver_within`].
@@ -103,8 +104,9 @@ impl Services {
             QueueRole::DeadLetter => {
                 let ok = match self.handle_dead_letters(&tasks).await {
                     Ok(report) => {
-                        if report.emails + report.rescheduled > 0 {
+                        if report.queued + report.emails + report.rescheduled > 0 {
                             tracing::info!(
+                                queued = report.queued,
                                 notified = report.notified,
                                 emails = report.emails,
                                 rescheduled = report.rescheduled,

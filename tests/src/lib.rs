@@ -178,6 +178,40 @@ impl Drop for Dev {
     }
 }
 
+/// Batch ingest end to end, on whatever host `api` talks to: 25 events in one request, one of
+/// them invalid, to two subscriptions on `receiver`. The invalid one is refused in its place,
+/// and each of the 24 others reaches both endpoints, once.
+pub async fn batch_reaches_every_subscription(api: &Api, receiver: &Receiver, within: Duration) {
+    api.subscribe(serde_json::json!({"url": receiver.url("/a")})).await;
+    api.subscribe(serde_json::json!({"url": receiver.url("/b")})).await;
+    let events: Vec<Value> = (0..25)
+        .map(|n| {
+            let kind = if n == 7 { "Not A Type!" } else { "order.created" };
+            serde_json::json!({"type": kind, "payload": {"n": n}, "idempotency_key": format!("batch-{n}")})
+        })
+        .collect();
+    let (status, batch) = api
+        .post("/v1/events/batch", serde_json::json!({"events": events}))
+        .await;
+    assert_eq!(status, 202, "{batch}");
+    assert_eq!(
+        (batch["accepted"].as_u64(), batch["failed"].as_u64()),
+        (Some(24), Some(1)),
+        "{batch}"
+    );
+    assert_eq!(batch["results"][7]["error"]["code"], "invalid_event_type");
+    receiver.wait_count(48, within).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut sent: Vec<u64> = receiver
+        .requests()
+        .iter()
+        .map(|r| r.json()["data"]["n"].as_u64().expect("the payload's n"))
+        .collect();
+    sent.sort_unstable();
+    let want: Vec<u64> = (0..25u64).filter(|n| *n != 7).flat_map(|n| [n, n]).collect();
+    assert_eq!(sent, want, "each accepted event to both subscriptions, once");
+}
+
 /// A small client for the API.
 #[derive(Clone)]
 pub struct Api {

@@ -372,6 +372,15 @@ async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attem
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_dev_aws_and_a_batch_of_events_then_each_valid_one_reaches_every_subscription_once() {
+    let Some(moto_url) = moto() else { return };
+    let mut dev = DevAws::start(&moto_url, "devbatch", &[]);
+    let receiver = Receiver::start(0).await;
+    hookwise_tests::batch_reaches_every_subscription(&dev.api(), &receiver, WAIT).await;
+    dev.assert_clean_shutdown();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn given_dev_aws_and_an_always_failing_endpoint_then_it_goes_dead_with_one_ses_v2_email_and_replay_delivers_it() {
     let Some(moto_url) = moto() else { return };
     let owner = format!("{}@owner.example", unique_prefix("o"));

@@ -135,6 +135,14 @@ async fn given_the_same_idempotency_key_twice_then_one_event_and_one_delivery_pe
 }
 
 #[tokio::test]
+async fn given_a_batch_of_events_then_each_valid_one_reaches_every_subscription_once() {
+    let dir = TempDir::new("batch");
+    let dev = Dev::start(&dir.0, &[]);
+    let receiver = Receiver::start(0).await;
+    hookwise_tests::batch_reaches_every_subscription(&dev.api(), &receiver, WAIT).await;
+}
+
+#[tokio::test]
 async fn given_three_subscriptions_with_filters_then_an_event_reaches_only_the_matching_ones() {
     let dir = TempDir::new("fanout");
     let dev = Dev::start(&dir.0, &[]);

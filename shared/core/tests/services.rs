@@ -1022,3 +1022,66 @@ async fn given_deaths_through_a_storm_then_an_owner_gets_at_most_one_email_per_w
         .unwrap();
     assert_eq!(replayed.len(), 60, "the storm's deaths, not the one told before");
 }
+
+#[tokio::test]
+async fn given_a_batch_whose_enqueue_fails_then_its_keyed_events_get_the_error_and_a_keyless_one_waits_for_the_sweep() {
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
+    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
+    let results = h
+        .services
+        .ingest_batch(
+            &tenant,
+            vec![
+                (event("invoice.paid"), Some("k-1".into())),
+                (event("invoice.paid"), None),
+                (
+                    NewEvent {
+                        event_type: EventType::parse("invoice.paid").unwrap(),
+                        payload: serde_json::json!([1, 2]),
+                    },
+                    None,
+                ),
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(results[0].as_ref().unwrap_err().is_retryable(), "{:?}", results[0]);
+    assert!(results[1].as_ref().unwrap().created, "stored; the sweep queues it");
+    let Err(Error::Validation(v)) = &results[2] else {
+        panic!("{:?}", results[2])
+    };
+    assert_eq!(v.code, "invalid_payload", "an invalid event fails alone");
+    assert_eq!(h.queue.pending(), 0, "nothing queued");
+
+    // The keyed event's retry queues its delivery at once; the keyless one's waits for the
+    // sweep, five minutes on.
+    let retry = h
+        .services
+        .ingest_batch(&tenant, vec![(event("invoice.paid"), Some("k-1".into()))])
+        .await
+        .unwrap();
+    assert!(!retry[0].as_ref().unwrap().created);
+    let queued = h.queue.take_visible();
+    assert_eq!(queued.len(), 1);
+    h.services.deliver_batch(&queued).await.into_iter().for_each(|r| {
+        r.unwrap();
+    });
+    h.clock.advance(Duration::minutes(6));
+    h.services.run_scheduler().await.unwrap();
+    let swept = h.queue.take_visible();
+    assert_eq!(
+        swept.iter().map(|t| &t.delivery_id).collect::<Vec<_>>(),
+        vec![&results[1].as_ref().unwrap().deliveries[0].id]
+    );
+
+    // An empty or oversized batch is refused whole.
+    for n in [0, hookwise_core::services::MAX_BATCH + 1] {
+        let batch = (0..n).map(|_| (event("invoice.paid"), None)).collect();
+        let Err(Error::Validation(v)) = h.services.ingest_batch(&tenant, batch).await else {
+            panic!("{n} events")
+        };
+        assert_eq!(v.code, "invalid_batch");
+    }
+}

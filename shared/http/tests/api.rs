@@ -8,7 +8,7 @@ use axum::Router;
 use chrono::Duration;
 use hookwise_core::services::{Config, Services};
 use hookwise_core::testing::memory::{status_outcome, Harness, ScriptedSender};
-use hookwise_http::api::MAX_BODY_BYTES;
+use hookwise_http::api::{MAX_BATCH_BODY_BYTES, MAX_BODY_BYTES};
 use hookwise_http::{router, ApiState};
 use rand::SeedableRng;
 use serde_json::{json, Value};
@@ -897,4 +897,115 @@ async fn given_a_client_that_never_finishes_its_body_then_it_gets_408_after_the_
     let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
     let body: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(body["error"]["code"], "request_timeout");
+}
+
+// Batch ingest
+
+#[tokio::test]
+async fn given_a_batch_then_each_event_is_answered_in_its_place_and_an_invalid_one_fails_alone() {
+    let app = app().await;
+    let sub = app.subscribe(&app.a, json!({"url": "https://example.com/h"})).await;
+    let batch = json!({"events": [
+        {"type": "order.placed", "payload": {"order": 1}, "idempotency_key": "order-1"},
+        {"type": "Not A Type!", "payload": {}},
+        {"type": "order.placed", "payload": [1]},
+        {"type": "order.placed", "payload": {}, "priority": 1},
+        {"type": "order.placed", "payload": {"exact": 94.0}},
+        {"type": "order.placed", "payload": {"order": 2}, "idempotency_key": "order-1"},
+    ]});
+    let r = app.call("POST", "/v1/events/batch", &app.a, Some(batch.clone())).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.body);
+    assert_eq!(
+        (r.body["accepted"].as_u64(), r.body["failed"].as_u64()),
+        (Some(2), Some(4))
+    );
+    let results = r.body["results"].as_array().unwrap();
+    assert_eq!(results.len(), 6, "one result per event, in order");
+    assert_eq!(results[0]["replayed"], false);
+    assert_eq!(results[0]["deliveries"][0]["subscription_id"], sub["id"]);
+    for (i, code) in [
+        (1, "invalid_event_type"),
+        (2, "invalid_payload"),
+        (3, "unknown_field"),
+        (5, "idempotency_key_reused"),
+    ] {
+        assert_eq!(results[i]["error"]["code"], code, "{}", results[i]);
+        assert_eq!(results[i]["error"]["status"], 422);
+    }
+    assert!(
+        results[1]["error"]["message"].as_str().unwrap().contains("events[1]"),
+        "{}",
+        results[1]
+    );
+    // Stored as sent: the payload is the customer's, number formats and all.
+    let exact = app
+        .call("GET", &format!("/v1/events/{}", id(&results[4])), &app.a, None)
+        .await;
+    assert_eq!(exact.body["payload"], json!({"exact": 94.0}));
+    assert_eq!(
+        app.harness.queue.take_visible().len(),
+        2,
+        "both accepted events are queued"
+    );
+
+    // The same batch again: the keyed event is the same one, the keyless one a new one.
+    let again = app.call("POST", "/v1/events/batch", &app.a, Some(batch)).await;
+    let results_again = again.body["results"].as_array().unwrap();
+    assert_eq!(results_again[0]["replayed"], true);
+    assert_eq!(id(&results_again[0]), id(&results[0]));
+    assert_ne!(id(&results_again[4]), id(&results[4]));
+}
+
+#[tokio::test]
+async fn given_a_bad_batch_then_it_is_refused_whole_with_a_reason() {
+    let app = app().await;
+    let one = json!({"type": "a.b", "payload": {}});
+    for (body, code) in [
+        (json!({"events": []}), "invalid_batch"),
+        (json!({"events": vec![one.clone(); 101]}), "invalid_batch"),
+        (json!({}), "missing_field"),
+        (json!({"events": [one.clone()], "extra": 1}), "unknown_field"),
+    ] {
+        let r = app.call("POST", "/v1/events/batch", &app.a, Some(body)).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (StatusCode::UNPROCESSABLE_ENTITY, code),
+            "{}",
+            r.body
+        );
+    }
+    // Its body may be 1 MB, four times a single event's, though each payload still fits 256 KB.
+    let blob = |n: usize| json!({"type": "a.b", "payload": {"blob": "x".repeat(n)}});
+    let fits = json!({"events": [blob(200_000), blob(200_000), blob(200_000)]});
+    let r = app.call("POST", "/v1/events/batch", &app.a, Some(fits)).await;
+    assert_eq!(
+        (r.status, r.body["accepted"].as_u64()),
+        (StatusCode::ACCEPTED, Some(3)),
+        "{}",
+        r.body
+    );
+    let one_too_big = json!({"events": [blob(MAX_BODY_BYTES), blob(10)]});
+    let r = app.call("POST", "/v1/events/batch", &app.a, Some(one_too_big)).await;
+    assert_eq!(
+        r.body["results"][0]["error"]["code"], "payload_too_large",
+        "{}",
+        r.body["results"][0]
+    );
+    assert_eq!(r.body["accepted"], 1);
+    let too_big = json!({"events": [blob(MAX_BATCH_BODY_BYTES)]});
+    let r = app.call("POST", "/v1/events/batch", &app.a, Some(too_big)).await;
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+    );
+    // No key, no batch.
+    let r = app
+        .send(
+            App::request("POST", "/v1/events/batch", None)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(json!({"events": [one]}).to_string()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
 }

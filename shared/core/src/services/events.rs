@@ -1,15 +1,22 @@
 //! Ingest: store the event and one delivery per matching subscription, then queue them.
 //! Also the read side: an event with its deliveries, a delivery with its attempts.
 
+use futures::StreamExt;
 use serde::Deserialize;
 
 use super::Services;
-use crate::error::{Error, Result, ValidationError};
+use crate::error::{Error, PortError, Result, ValidationError};
 use crate::model::*;
 use crate::ports::{Created, DeliveryPage, DeliveryQuery};
 use crate::state::next_task;
 
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+/// Events in one `POST /v1/events/batch`.
+pub const MAX_BATCH: usize = 100;
+/// An event's payload, as JSON: what the single-event request's body limit leaves room for.
+pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+/// Events of a batch written to the store at once.
+const STORE_CONCURRENCY: usize = 8;
 
 /// `POST /v1/events`.
 #[derive(Debug, Clone, Deserialize)]
@@ -35,11 +42,104 @@ pub struct EventWithDeliveries {
 }
 
 impl Services {
-    #[tracing::instrument(name = "ingest", skip_all,
-        fields(tenant_id = %tenant.id, event_type = %new.event_type, event_id = tracing::field::Empty))]
+    /// One event: a batch of one.
     pub async fn ingest(&self, tenant: &Tenant, new: NewEvent, idempotency_key: Option<String>) -> Result<Ingested> {
+        let mut results = self.ingest_batch(tenant, vec![(new, idempotency_key)]).await?;
+        results.pop().expect("one result per event")
+    }
+
+    /// Up to [`MAX_BATCH`] events, each with its own result in order: one that is invalid, or
+    /// whose key was used for another body, fails alone. The subscriptions are read once,
+    /// each event is stored with its deliveries (all or nothing, per event), then every new
+    /// delivery is queued in one go. An `Err` is the whole request's: an empty or oversized
+    /// batch, or the subscriptions could not be read.
+    #[tracing::instrument(name = "ingest", skip_all, fields(tenant_id = %tenant.id, events = batch.len()))]
+    pub async fn ingest_batch(
+        &self,
+        tenant: &Tenant,
+        batch: Vec<(NewEvent, Option<String>)>,
+    ) -> Result<Vec<Result<Ingested>>> {
+        if batch.is_empty() || batch.len() > MAX_BATCH {
+            return Err(ValidationError::new("invalid_batch", format!("a batch holds 1 to {MAX_BATCH} events")).into());
+        }
+        let now = self.now();
+        let events: Vec<Result<Event>> = batch
+            .into_iter()
+            .map(|(new, key)| self.new_event(tenant, new, key, now))
+            .collect();
+        let subscriptions = if events.iter().any(Result::is_ok) {
+            self.ports.store.list_subscriptions(&tenant.id).await?
+        } else {
+            Vec::new()
+        };
+        // Stored before any attempt (seed 000): once this returns, each stored event is durable.
+        let stored: Vec<Result<Ingested>> = futures::stream::iter(events)
+            .map(|event| async {
+                let event = event?;
+                let deliveries: Vec<Delivery> = subscriptions
+                    .iter()
+                    .filter(|s| s.wants(&event.event_type))
+                    .map(|s| Delivery::new(DeliveryId::generate(now, &mut *self.rng()), &event, s.id.clone()))
+                    .collect();
+                match self.ports.store.create_event(&event, &deliveries).await? {
+                    Created::Existing(id) => self.repeated(tenant, &id, &event).await,
+                    Created::New => Ok(Ingested {
+                        event,
+                        deliveries,
+                        created: true,
+                    }),
+                }
+            })
+            .buffered(STORE_CONCURRENCY)
+            .collect()
+            .await;
+
+        let tasks: Vec<_> = stored
+            .iter()
+            .flatten()
+            .filter(|i| i.created)
+            .flat_map(|i| i.deliveries.iter().map(|d| (next_task(d), 0)))
+            .collect();
+        let Err(err) = self.ports.queue.enqueue(&tasks).await else {
+            return Ok(stored);
+        };
+        // Stored, not queued. With a key the client's retry finishes the job at once (see
+        // `repeated`), so that event gets the error; without one a retry would be a second
+        // event, so it is accepted and the scheduler's sweep queues its deliveries.
+        tracing::warn!(error = %err, "enqueue after ingest failed; a retry with the same Idempotency-Key, or else the sweep, queues the deliveries");
+        let retryable = matches!(err, PortError::Retryable { .. });
+        Ok(stored
+            .into_iter()
+            .map(|result| match result {
+                Ok(i) if i.created && i.event.idempotency_key.is_some() => Err(if retryable {
+                    PortError::retryable("enqueue", err.to_string())
+                } else {
+                    PortError::permanent("enqueue", err.to_string())
+                }
+                .into()),
+                other => other,
+            })
+            .collect())
+    }
+
+    /// The event as it will be stored, if its input is valid.
+    fn new_event(
+        &self,
+        tenant: &Tenant,
+        new: NewEvent,
+        idempotency_key: Option<String>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Event> {
         if !new.payload.is_object() {
             return Err(ValidationError::new("invalid_payload", "payload must be a JSON object").into());
+        }
+        let size = serde_json::to_vec(&new.payload).map_or(usize::MAX, |p| p.len());
+        if size > MAX_PAYLOAD_BYTES {
+            return Err(ValidationError::new(
+                "payload_too_large",
+                format!("payload is {size} bytes; at most {} KB", MAX_PAYLOAD_BYTES / 1024),
+            )
+            .into());
         }
         if let Some(key) = &idempotency_key {
             if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
@@ -50,42 +150,13 @@ impl Services {
                 .into());
             }
         }
-        let now = self.now();
-        let event = Event {
+        Ok(Event {
             id: EventId::generate(now, &mut *self.rng()),
             tenant_id: tenant.id.clone(),
             event_type: new.event_type,
             payload: new.payload,
             created_at: now,
             idempotency_key,
-        };
-        tracing::Span::current().record("event_id", tracing::field::display(&event.id));
-        let subscriptions = self.ports.store.list_subscriptions(&tenant.id).await?;
-        let deliveries: Vec<Delivery> = subscriptions
-            .iter()
-            .filter(|s| s.wants(&event.event_type))
-            .map(|s| Delivery::new(DeliveryId::generate(now, &mut *self.rng()), &event, s.id.clone()))
-            .collect();
-
-        // Stored before any attempt (seed 000): once this returns, the event is durable.
-        if let Created::Existing(id) = self.ports.store.create_event(&event, &deliveries).await? {
-            return self.repeated(tenant, &id, &event).await;
-        }
-        let tasks: Vec<_> = deliveries.iter().map(|d| (next_task(d), 0)).collect();
-        if let Err(err) = self.ports.queue.enqueue(&tasks).await {
-            // Stored, not queued. With a key the client's retry finishes the job at once (see
-            // `repeated`), so it gets the error; without one a retry would be a second event,
-            // so it gets its 202 and the scheduler's sweep queues the deliveries.
-            if event.idempotency_key.is_some() {
-                tracing::warn!(event_id = %event.id, error = %err, "enqueue after ingest failed; the client's retry with its Idempotency-Key queues the deliveries");
-                return Err(err.into());
-            }
-            tracing::warn!(event_id = %event.id, error = %err, "enqueue after ingest failed; the sweep will pick the deliveries up");
-        }
-        Ok(Ingested {
-            event,
-            deliveries,
-            created: true,
         })
     }
 

@@ -44,7 +44,11 @@ impl ApiError {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "payload_too_large",
-            format!("the request body is larger than {} KB", super::MAX_BODY_BYTES / 1024),
+            format!(
+                "the request body is larger than {} KB ({} KB for POST /v1/events/batch)",
+                super::MAX_BODY_BYTES / 1024,
+                super::MAX_BATCH_BODY_BYTES / 1024
+            ),
         )
     }
 }

@@ -95,15 +95,23 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     }
     let value: serde_json::Value = serde_json::from_slice(bytes)
         .map_err(|e| ApiError::bad_request("malformed_json", format!("the request body is not valid JSON: {e}")))?;
-    let mut value = value;
+    parse_value(value, "the request body")
+}
+
+/// A JSON object (`what` names it in the error) to `T`: 422 if it does not fit.
+pub fn parse_value<T: DeserializeOwned>(mut value: serde_json::Value, what: &str) -> Result<T, ApiError> {
     let Some(fields) = value.as_object_mut() else {
         return Err(ApiError::unprocessable(
             "invalid_body",
-            "the request body must be a JSON object",
+            format!("{what} must be a JSON object"),
         ));
     };
-    // The event payload is the customer's data and goes out exactly as it came in.
-    for (_, field) in fields.iter_mut().filter(|(name, _)| *name != "payload") {
+    // Event payloads are the customer's data and go out exactly as they came in (a batch's
+    // events are parsed one by one, each the same way).
+    for (_, field) in fields
+        .iter_mut()
+        .filter(|(name, _)| !matches!(name.as_str(), "payload" | "events"))
+    {
         whole_numbers_as_integers(field);
     }
     serde_path_to_error::deserialize(&value).map_err(misfit)

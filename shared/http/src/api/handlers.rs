@@ -5,13 +5,13 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use hookwise_core::model::{DeliveryId, DeliveryStatus, EventId, SubscriptionId};
+use hookwise_core::model::{DeliveryId, DeliveryStatus, EventId, EventType, SubscriptionId};
 use hookwise_core::ports::DeliveryQuery;
-use hookwise_core::services::{NewEvent, NewSubscription, Services, SubscriptionPatch};
+use hookwise_core::services::{Ingested, NewEvent, NewSubscription, Services, SubscriptionPatch, MAX_BATCH};
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{path_id, ApiJson, ApiQuery, Authenticated, PathId};
+use super::extract::{self, path_id, ApiJson, ApiQuery, Authenticated, PathId};
 use super::views::*;
 use super::ApiState;
 
@@ -150,19 +150,7 @@ pub async fn ingest_event(
         })?),
     };
     let ingested = s.services.ingest(&tenant, new, key).await?;
-    let body = AcceptedEvent {
-        id: ingested.event.id,
-        deliveries: ingested
-            .deliveries
-            .into_iter()
-            .map(|d| AcceptedDelivery {
-                id: d.id,
-                subscription_id: d.subscription_id,
-                status: d.status,
-            })
-            .collect(),
-    };
-    let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
+    let mut response = (StatusCode::ACCEPTED, Json(AcceptedEvent::from(&ingested))).into_response();
     if !ingested.created {
         // The key named an event already accepted: nothing new was written.
         response
@@ -170,6 +158,92 @@ pub async fn ingest_event(
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     Ok(response)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Batch {
+    /// Parsed one by one: an invalid event fails alone.
+    events: Vec<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchEvent {
+    #[serde(rename = "type")]
+    event_type: EventType,
+    payload: serde_json::Value,
+    idempotency_key: Option<String>,
+}
+
+pub async fn ingest_batch(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    ApiJson(batch): ApiJson<Batch>,
+) -> ApiResult<(StatusCode, Json<AcceptedBatch>)> {
+    if batch.events.is_empty() || batch.events.len() > MAX_BATCH {
+        return Err(ApiError::unprocessable(
+            "invalid_batch",
+            format!("`events` holds 1 to {MAX_BATCH} events (got {})", batch.events.len()),
+        ));
+    }
+    // The events that parse go to the service; each result keeps its place.
+    let mut valid = Vec::new();
+    let places: Vec<Result<usize, ApiError>> = batch
+        .events
+        .into_iter()
+        .enumerate()
+        .map(|(i, value)| {
+            let e: BatchEvent = extract::parse_value(value, "an event").map_err(|mut e| {
+                e.message = format!("events[{i}]: {}", e.message);
+                e
+            })?;
+            let new = NewEvent {
+                event_type: e.event_type,
+                payload: e.payload,
+            };
+            valid.push((new, e.idempotency_key));
+            Ok(valid.len() - 1)
+        })
+        .collect();
+    let mut ingested: Vec<Option<hookwise_core::Result<Ingested>>> = if valid.is_empty() {
+        Vec::new()
+    } else {
+        s.services
+            .ingest_batch(&tenant, valid)
+            .await?
+            .into_iter()
+            .map(Some)
+            .collect()
+    };
+    let results: Vec<BatchResult> = places
+        .into_iter()
+        .map(|place| {
+            let result = place.and_then(|i| {
+                ingested[i]
+                    .take()
+                    .expect("one result per valid event")
+                    .map_err(ApiError::from)
+            });
+            match result {
+                Ok(i) => BatchResult::Accepted {
+                    event: AcceptedEvent::from(&i),
+                    replayed: !i.created,
+                },
+                Err(e) => e.into(),
+            }
+        })
+        .collect();
+    let accepted = results
+        .iter()
+        .filter(|r| matches!(r, BatchResult::Accepted { .. }))
+        .count();
+    let body = AcceptedBatch {
+        accepted,
+        failed: results.len() - accepted,
+        results,
+    };
+    Ok((StatusCode::ACCEPTED, Json(body)))
 }
 
 pub async fn get_event(

@@ -24,6 +24,8 @@ pub use views::*;
 
 /// The largest request body accepted (the event payload limit): larger is 413.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// `POST /v1/events/batch`'s body: up to 100 events.
+pub const MAX_BATCH_BODY_BYTES: usize = 1024 * 1024;
 
 /// The longest one request may take, reading its body included: past it the client gets 408
 /// and the connection is free, so a slow client cannot hold up shutdown.
@@ -57,12 +59,12 @@ impl ApiState {
 /// The route table, written once: it builds the Router and lists [`ROUTES`], which the
 /// spec-in-step test compares with `openapi.json` both ways.
 macro_rules! route_table {
-    ($($method:ident $path:literal => $handler:path;)*) => {
+    ($($method:ident $path:literal => $handler:path $(, $layer:expr)?;)*) => {
         /// Every `(METHOD, path)` the Router serves, paths in axum's (and OpenAPI's) `{id}` form.
         pub const ROUTES: &[(&str, &str)] = &[$((stringify!($method), $path)),*];
 
         fn add_routes(router: Router<ApiState>) -> Router<ApiState> {
-            router$(.route($path, on(MethodFilter::$method, $handler)))*
+            router$(.route($path, on(MethodFilter::$method, $handler)$(.layer($layer))?))*
         }
     };
 }
@@ -81,6 +83,7 @@ route_table! {
     POST   "/v1/subscriptions/{id}/rotate-secret"  => handlers::rotate_secret;
     POST   "/v1/subscriptions/{id}/recover"        => handlers::recover_subscription;
     POST   "/v1/events"                            => handlers::ingest_event;
+    POST   "/v1/events/batch"                      => handlers::ingest_batch, DefaultBodyLimit::max(MAX_BATCH_BODY_BYTES);
     GET    "/v1/events/{id}"                       => handlers::get_event;
     POST   "/v1/events/{id}/replay"                => handlers::replay_event;
     GET    "/v1/deliveries"                        => handlers::list_deliveries;

@@ -3,7 +3,10 @@
 use chrono::{DateTime, Utc};
 use hookwise_core::model::*;
 use hookwise_core::policy::RetryPolicy;
+use hookwise_core::services::Ingested;
 use serde::Serialize;
+
+use super::ApiError;
 
 #[derive(Debug, Serialize)]
 pub struct SubscriptionView {
@@ -178,6 +181,67 @@ pub struct AcceptedDelivery {
 pub struct AcceptedEvent {
     pub id: EventId,
     pub deliveries: Vec<AcceptedDelivery>,
+}
+
+impl From<&Ingested> for AcceptedEvent {
+    fn from(ingested: &Ingested) -> Self {
+        Self {
+            id: ingested.event.id.clone(),
+            deliveries: ingested
+                .deliveries
+                .iter()
+                .map(|d| AcceptedDelivery {
+                    id: d.id.clone(),
+                    subscription_id: d.subscription_id.clone(),
+                    status: d.status,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `POST /v1/events/batch` → 202: one result per event, in the order sent.
+#[derive(Debug, Serialize)]
+pub struct AcceptedBatch {
+    pub accepted: usize,
+    pub failed: usize,
+    pub results: Vec<BatchResult>,
+}
+
+/// An event of a batch: accepted (`replayed` when its key named an event already accepted,
+/// and nothing new was written), or refused with the error a single request would have got.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum BatchResult {
+    Accepted {
+        #[serde(flatten)]
+        event: AcceptedEvent,
+        replayed: bool,
+    },
+    Failed {
+        error: BatchError,
+    },
+}
+
+#[derive(Debug, Serialize)]
+pub struct BatchError {
+    /// The status a single `POST /v1/events` would have answered: 422 is the client's to fix,
+    /// 503 worth sending again (with the same `idempotency_key`).
+    pub status: u16,
+    pub code: String,
+    pub message: String,
+}
+
+impl From<ApiError> for BatchResult {
+    fn from(e: ApiError) -> Self {
+        Self::Failed {
+            error: BatchError {
+                status: e.status.as_u16(),
+                code: e.code.into_owned(),
+                message: e.message,
+            },
+        }
+    }
 }
 
 /// `GET /v1/events/{id}`.

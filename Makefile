@@ -22,3 +22,4 @@ lint:
 bench:
 	scripts/bench-storm.sh
 	scripts/bench-delivery.sh
+	scripts/bench-cost.sh

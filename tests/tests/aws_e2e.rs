@@ -1,7 +1,7 @@
 //! Hookwise on AWS APIs, end to end: the four compiled function binaries hosted by
 //! `cargo lambda watch`, tables on DynamoDB Local and queues and SES v2 on moto (all made
 //! from template.yaml), an SQS event-source emulator and a scheduler timer in the test, and
-//! a real receiving HTTP server. Plus the AWS requests a delivered event costs.
+//! a real receiving HTTP server. (What a delivered event costs is `tests/cost.rs`.)
 //!
 //! Run by scripts/aws-e2e.sh; without moto, DynamoDB Local or cargo-lambda the tests skip,
 //! unless HOOKWISE_TEST_REQUIRE_AWS=1 (the script sets it), when they fail.
@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_support::{AwsEnv, EventSources, Gateway, LambdaHost, SENDER};
-use hookwise_aws::{decode_task, AwsAdapters, AwsConfig, RequestCounter, RequestCounts};
-use hookwise_core::model::{Email, EventType};
+use hookwise_aws::{decode_task, AwsAdapters, AwsConfig};
+use hookwise_core::model::Email;
 use hookwise_core::ports::{DeliveryTask, SystemClock};
-use hookwise_core::services::{Config, NewEvent, Services};
+use hookwise_core::services::{Config, Services};
 use hookwise_http::{HttpSender, SenderConfig};
 use hookwise_tests::Receiver;
 use rand::SeedableRng;
@@ -191,134 +191,4 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
         sources.log.lock().unwrap().failures
     );
     sources.stop().await;
-}
-
-/// Prices assumed (us-east-1, on-demand, as of 2025–2026): see docs/aws.md.
-const HTTP_API_PER_M: f64 = 1.00;
-const LAMBDA_REQUEST_PER_M: f64 = 0.20;
-const LAMBDA_GB_SECOND: f64 = 0.000_013_333_4;
-const DYNAMODB_WRU_PER_M: f64 = 0.625;
-const DYNAMODB_RRU_PER_M: f64 = 0.125;
-const SQS_PER_M: f64 = 0.40;
-
-fn per_event(c: &RequestCounts, service: &str, events: f64) -> f64 {
-    c.service_total(service) as f64 / events
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn given_first_attempt_successes_then_the_aws_requests_per_delivered_event_are_counted_and_priced() {
-    let counter = RequestCounter::new();
-    let Some(env) = AwsEnv::new("count", Some(&counter)).await else {
-        return;
-    };
-    let services = services(&env, 900);
-    let (tenant, key) = services
-        .create_tenant("count", Email::parse("owner@example.com").unwrap())
-        .await
-        .unwrap();
-    let receiver = Receiver::start(0).await;
-    let sub = serde_json::from_value(json!({"url": receiver.url("/ok"), "event_types": ["*"]})).unwrap();
-    services.create_subscription(&tenant, sub).await.unwrap();
-
-    const EVENTS: usize = 20;
-    counter.reset();
-    // Ingest: what the API does per POST /v1/events (authenticate, then ingest).
-    for i in 0..EVENTS {
-        let tenant = services.authenticate(&key).await.expect("the key");
-        let event = NewEvent {
-            event_type: EventType::parse("order.paid").unwrap(),
-            payload: json!({"order": i}),
-        };
-        services.ingest(&tenant, event, None).await.expect("ingest");
-    }
-    let ingest = counter.snapshot();
-    // Deliver: what the event source mapping and the deliver function do, batches of 10.
-    let sqs = &env.clients.sqs;
-    let queue = &env.provisioned.delivery_queue_url;
-    let mut delivered = 0;
-    let start = Instant::now();
-    while delivered < EVENTS {
-        assert!(start.elapsed() < WAIT, "only {delivered} of {EVENTS} delivered");
-        let out = sqs
-            .receive_message()
-            .queue_url(queue)
-            .max_number_of_messages(10)
-            .wait_time_seconds(1)
-            .send()
-            .await
-            .unwrap();
-        let messages = out.messages.unwrap_or_default();
-        if messages.is_empty() {
-            continue;
-        }
-        let tasks: Vec<_> = messages
-            .iter()
-            .map(|m| decode_task(m.body().unwrap()).unwrap())
-            .collect();
-        for r in services.deliver_batch(&tasks).await {
-            assert_eq!(
-                r.expect("delivered"),
-                hookwise_core::services::DeliverOutcome::Delivered
-            );
-        }
-        let entries = messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
-                    .id(i.to_string())
-                    .receipt_handle(m.receipt_handle().unwrap())
-                    .build()
-                    .unwrap()
-            })
-            .collect();
-        sqs.delete_message_batch()
-            .queue_url(queue)
-            .set_entries(Some(entries))
-            .send()
-            .await
-            .unwrap();
-        delivered += messages.len();
-    }
-    let total = counter.snapshot();
-    assert_eq!(receiver.count(), EVENTS, "every event delivered on its first attempt");
-
-    let n = EVENTS as f64;
-    let (ddb_req, sqs_req) = (per_event(&total, "dynamodb", n), per_event(&total, "sqs", n));
-    let (rru, wru) = (total.read_units / n, total.write_units / n);
-    println!("AWS requests per delivered event (first-attempt success, {EVENTS} events, batches of 10):");
-    println!(
-        "  ingest:  DynamoDB {:.2} requests, {:.2} RRU, {:.2} WRU; SQS {:.2} requests",
-        per_event(&ingest, "dynamodb", n),
-        ingest.read_units / n,
-        ingest.write_units / n,
-        per_event(&ingest, "sqs", n)
-    );
-    println!("  total:   DynamoDB {ddb_req:.2} requests, {rru:.2} RRU, {wru:.2} WRU; SQS {sqs_req:.2} requests");
-    for (op, count) in &total.requests {
-        println!("    {op:<40} {:.2}", *count as f64 / n);
-    }
-    println!("  capacity units per event, by store call:");
-    for (call, units) in &total.units_by_call {
-        println!("    {call:<40} {:.2}", units / n);
-    }
-    // Lambda: one ingest invocation of ~30 ms and one deliver invocation of ~300 ms per
-    // event at 256 MB (the unbatched worst case), plus the HTTP API request.
-    let lambda = 2.0 * LAMBDA_REQUEST_PER_M + 1e6 * (0.25 * 0.03 + 0.25 * 0.3) * LAMBDA_GB_SECOND;
-    let dynamodb = wru * DYNAMODB_WRU_PER_M + rru * DYNAMODB_RRU_PER_M;
-    let sqs_cost = sqs_req * SQS_PER_M;
-    let per_million = HTTP_API_PER_M + lambda + dynamodb + sqs_cost;
-    println!("cost per million events: HTTP API ${HTTP_API_PER_M:.2} + Lambda ${lambda:.2} + DynamoDB ${dynamodb:.2} + SQS ${sqs_cost:.2} = ${per_million:.2}");
-
-    assert!(
-        wru >= 2.0,
-        "at least the event+delivery write and the delivered write: {total:?}"
-    );
-    assert!(sqs_req >= 1.0, "at least the enqueue: {total:?}");
-    // A regression guard: today ≈ $14.5 per million events (the two transactions bill
-    // twice, with the delivery's index entries); docs/aws.md says where the units go.
-    assert!(
-        per_million < 16.0,
-        "a delivered event costs ${per_million:.2} per million: {total:?}"
-    );
 }

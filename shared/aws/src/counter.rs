@@ -1,6 +1,12 @@
 //! Counting what Hookwise asks of AWS: every HTTP request the SDK sends (retries included,
 //! as AWS bills them), by service and operation, plus the DynamoDB capacity units the store
-//! was charged. A test divides them by the events delivered to get the cost per event.
+//! was charged, the table's and the indexes' apart. The cost meter (`tests/tests/cost.rs`)
+//! divides them by the events delivered to get the cost per event.
+//!
+//! DynamoDB Local under-reports `TransactWriteItems`: items of equal cost in one transaction
+//! are charged once. So the counter also works out what each transaction's puts cost from
+//! their sizes (two units per KB, rounded up per item), and
+//! [`RequestCounts::billed_write_units`] counts the larger of the two.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -13,14 +19,24 @@ use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::ConfigBag;
 
+use crate::store::INDEX_KEYS;
+
 /// What was counted so far.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RequestCounts {
     /// Requests by `"{service}.{operation}"`, e.g. `"dynamodb.TransactWriteItems"`.
     pub requests: BTreeMap<String, u64>,
-    /// DynamoDB read and write capacity units consumed (what on-demand bills as request units).
+    /// DynamoDB read and write capacity units consumed (what on-demand bills as request units),
+    /// table and indexes together, as reported.
     pub read_units: f64,
     pub write_units: f64,
+    /// The part of `write_units` charged to global secondary indexes.
+    pub index_write_units: f64,
+    /// The write units reported for transactions, and what they are billed: per transaction,
+    /// the larger of the reported units and those its items' sizes and index keys say it
+    /// costs (see the module's note).
+    pub transaction_units_reported: f64,
+    pub transaction_units_billed: f64,
     /// Capacity units by store call, e.g. `"write: apply change"`: where the units go.
     pub units_by_call: BTreeMap<String, f64>,
 }
@@ -38,6 +54,12 @@ impl RequestCounts {
     pub fn total(&self) -> u64 {
         self.requests.values().sum()
     }
+
+    /// The write units AWS would bill: as reported, with each transaction at least what its
+    /// items' sizes and index keys say.
+    pub fn billed_write_units(&self) -> f64 {
+        self.write_units - self.transaction_units_reported + self.transaction_units_billed
+    }
 }
 
 /// An SDK interceptor that counts requests; clone it into every client
@@ -46,6 +68,9 @@ impl RequestCounts {
 #[derive(Debug, Clone, Default)]
 pub struct RequestCounter {
     counts: Arc<Mutex<RequestCounts>>,
+    /// Transactions sent and not answered yet, by their client request token: what their
+    /// items say they cost.
+    sized: Arc<Mutex<BTreeMap<String, f64>>>,
 }
 
 impl RequestCounter {
@@ -79,16 +104,39 @@ impl RequestCounter {
         write: bool,
         consumed: impl IntoIterator<Item = &'a ConsumedCapacity>,
     ) {
-        let units: f64 = consumed.into_iter().filter_map(ConsumedCapacity::capacity_units).sum();
+        let consumed: Vec<&ConsumedCapacity> = consumed.into_iter().collect();
+        let units: f64 = consumed.iter().filter_map(|c| c.capacity_units()).sum();
+        let index_units: f64 = consumed
+            .iter()
+            .flat_map(|c| c.global_secondary_indexes().into_iter().flatten())
+            .filter_map(|(_, capacity)| capacity.capacity_units())
+            .sum();
         let mut c = self.lock();
         if write {
             c.write_units += units;
+            c.index_write_units += index_units;
         } else {
             c.read_units += units;
         }
         *c.units_by_call
             .entry(format!("{}: {what}", if write { "write" } else { "read" }))
             .or_default() += units;
+    }
+
+    /// A transaction's units as reported (the store calls this beside `record_capacity`),
+    /// with its client request token, which names what its items said it costs.
+    pub(crate) fn record_transaction<'a>(
+        &self,
+        token: Option<&str>,
+        consumed: impl IntoIterator<Item = &'a ConsumedCapacity>,
+    ) {
+        let reported: f64 = consumed.into_iter().filter_map(ConsumedCapacity::capacity_units).sum();
+        let sized = token
+            .and_then(|t| self.sized.lock().unwrap_or_else(|p| p.into_inner()).remove(t))
+            .unwrap_or(0.0);
+        let mut c = self.lock();
+        c.transaction_units_reported += reported;
+        c.transaction_units_billed += reported.max(sized);
     }
 }
 
@@ -99,15 +147,91 @@ impl Intercept for RequestCounter {
 
     fn read_before_transmit(
         &self,
-        _context: &BeforeTransmitInterceptorContextRef<'_>,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
         _runtime_components: &RuntimeComponents,
         cfg: &mut ConfigBag,
     ) -> Result<(), BoxError> {
         match cfg.load::<Metadata>() {
-            Some(m) => self.record_request(m.service(), m.name()),
+            Some(m) => {
+                self.record_request(m.service(), m.name());
+                if m.name() == "TransactWriteItems" {
+                    let sized = context.request().body().bytes().and_then(transaction_units_by_size);
+                    if let Some((token, units)) = sized {
+                        self.sized
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(token, units);
+                    }
+                }
+            }
             None => self.record_request("unknown", "unknown"),
         }
         Ok(())
+    }
+}
+
+/// A `TransactWriteItems` request's client token, and what its items cost by their size and
+/// index keys: two write units per KB of each item, rounded up (an update's or a condition
+/// check's, whose item the request does not carry, as one KB), and two per index entry of a
+/// new item (a put on the condition that none is there). Entries an overwrite adds, moves or
+/// removes are not known from the request: for those the reported units must do.
+fn transaction_units_by_size(body: &[u8]) -> Option<(String, f64)> {
+    let request = serde_json::from_slice::<serde_json::Value>(body).ok()?;
+    let token = request["ClientRequestToken"].as_str()?.to_owned();
+    let items = request["TransactItems"].as_array().cloned().unwrap_or_default();
+    let units = items
+        .iter()
+        .map(|item| {
+            let put = &item["Put"];
+            let Some(attributes) = put["Item"].as_object() else {
+                return 2.0;
+            };
+            let kb = item_size(attributes).div_ceil(1024).max(1);
+            let new = put["ConditionExpression"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("attribute_not_exists(pk)"));
+            let entries = if new {
+                INDEX_KEYS
+                    .iter()
+                    .filter(|keys| keys.iter().all(|k| attributes.contains_key(*k)))
+                    .count()
+            } else {
+                0
+            };
+            2.0 * (kb + entries) as f64
+        })
+        .sum();
+    Some((token, units))
+}
+
+/// An item's size as DynamoDB counts it: each attribute's name and value, in bytes.
+fn item_size(attributes: &serde_json::Map<String, serde_json::Value>) -> usize {
+    attributes
+        .iter()
+        .map(|(name, value)| name.len() + value_size(value))
+        .sum()
+}
+
+fn value_size(value: &serde_json::Value) -> usize {
+    let Some((kind, v)) = value.as_object().and_then(|o| o.iter().next()) else {
+        return 0;
+    };
+    let text = |v: &serde_json::Value| v.as_str().map_or(0, str::len);
+    match kind.as_str() {
+        "S" => text(v),
+        // Numbers: about one byte per two significant digits, plus one.
+        "N" => text(v).div_ceil(2) + 1,
+        // Base64 on the wire.
+        "B" => text(v) * 3 / 4,
+        "BOOL" | "NULL" => 1,
+        "SS" | "NS" | "BS" => v.as_array().map_or(0, |a| a.iter().map(text).sum()),
+        "L" => 3 + v.as_array().map_or(0, |a| a.iter().map(|e| 1 + value_size(e)).sum()),
+        "M" => {
+            3 + v
+                .as_object()
+                .map_or(0, |m| m.iter().map(|(k, e)| 1 + k.len() + value_size(e)).sum())
+        }
+        _ => 0,
     }
 }
 
@@ -130,5 +254,43 @@ mod tests {
         assert_eq!(s.units_by_call["write: put"], 2.0);
         c.reset();
         assert_eq!(c.snapshot(), RequestCounts::default());
+    }
+
+    #[test]
+    fn a_transaction_costs_two_units_per_started_kb_of_each_item_and_index_entry_it_adds() {
+        let big = "x".repeat(1500);
+        let body = serde_json::json!({"ClientRequestToken": "t-1", "TransactItems": [
+            {"Put": {"TableName": "t", "Item": {"pk": {"S": "a"}, "payload": {"S": big}},
+                     "ConditionExpression": "attribute_not_exists(pk)"}},
+            {"Put": {"TableName": "t", "ConditionExpression": "attribute_not_exists(pk)", "Item": {
+                "pk": {"S": "b"}, "gsi_tenant": {"S": "t"}, "gsi_created": {"S": "c"},
+                "gsi_subscription": {"S": "s"}, "gsi_due_shard": {"S": "DUE#1"}}}},
+            {"Put": {"TableName": "t", "ConditionExpression": "#status = :status", "Item": {
+                "pk": {"S": "c"}, "gsi_tenant": {"S": "t"}, "gsi_created": {"S": "c"}}}},
+            {"Update": {"TableName": "t", "Key": {"pk": {"S": "d"}}, "UpdateExpression": "SET x = :x"}},
+        ]});
+        // 2 KB; 1 KB and two index entries (the overdue one lacks its sort key); an overwrite
+        // of 1 KB; an update as 1 KB: twice over.
+        let sized = transaction_units_by_size(body.to_string().as_bytes());
+        assert_eq!(sized, Some(("t-1".to_owned(), 2.0 * (2.0 + 3.0 + 1.0 + 1.0))));
+        let nested = serde_json::json!({"m": {"M": {"k": {"L": [{"S": "ab"}, {"BOOL": true}]}}}});
+        assert_eq!(
+            item_size(nested.as_object().unwrap()),
+            1 + 3 + (1 + 1 + 3 + (1 + 2) + (1 + 1))
+        );
+    }
+
+    #[test]
+    fn a_transaction_is_billed_the_larger_of_its_reported_and_sized_units() {
+        let c = RequestCounter::new();
+        c.sized.lock().unwrap().insert("t-1".into(), 30.0);
+        let reported = ConsumedCapacity::builder().capacity_units(14.0).build();
+        c.record_capacity("create event", true, [&reported]);
+        c.record_transaction(Some("t-1"), [&reported]);
+        c.record_capacity("apply change", true, [&reported]);
+        c.record_transaction(Some("unsized"), [&reported]);
+        let counts = c.snapshot();
+        assert_eq!(counts.write_units, 28.0);
+        assert_eq!(counts.billed_write_units(), 30.0 + 14.0);
     }
 }

@@ -79,6 +79,13 @@ pub const INDEX_BY_TENANT: &str = "by-tenant";
 pub const INDEX_BY_TENANT_STATUS: &str = "by-tenant-status";
 pub const INDEX_BY_SUBSCRIPTION: &str = "by-subscription";
 pub const INDEX_OVERDUE: &str = "overdue";
+/// Each index's key attributes: an item is in the index when it has them all.
+pub(crate) const INDEX_KEYS: [&[&str]; 4] = [
+    &[GSI_TENANT, GSI_CREATED],
+    &[GSI_TENANT_STATUS, GSI_CREATED],
+    &[GSI_SUBSCRIPTION, GSI_CREATED],
+    &[GSI_DUE_SHARD, GSI_DUE],
+];
 /// Partitions of the overdue index, so a burst of retries does not heat one GSI key.
 pub const OVERDUE_SHARDS: u32 = 8;
 
@@ -204,7 +211,7 @@ impl DynamoStore {
     }
 
     fn rcc(&self) -> Option<ReturnConsumedCapacity> {
-        self.counter.as_ref().map(|_| ReturnConsumedCapacity::Total)
+        self.counter.as_ref().map(|_| ReturnConsumedCapacity::Indexes)
     }
 
     fn charge<'a>(
@@ -381,12 +388,15 @@ impl DynamoStore {
             .client
             .transact_write_items()
             .set_transact_items(Some(items))
-            .set_client_request_token(token)
+            .set_client_request_token(token.clone())
             .set_return_consumed_capacity(self.rcc())
             .send()
             .await
             .map_err(|e| classify_transaction(what, e))?;
         self.charge(what, true, out.consumed_capacity());
+        if let Some(c) = &self.counter {
+            c.record_transaction(token.as_deref(), out.consumed_capacity());
+        }
         Ok(())
     }
 

@@ -1085,3 +1085,62 @@ async fn given_a_batch_whose_enqueue_fails_then_its_keyed_events_get_the_error_a
         assert_eq!(v.code, "invalid_batch");
     }
 }
+
+#[tokio::test]
+async fn given_a_subscription_deleted_by_another_process_then_it_receives_for_at_most_the_lookup_time_to_live() {
+    use rand::SeedableRng;
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, sub) = subscribed(&h, "https://a.example.com/", None).await;
+    let other = hookwise_core::services::Services::new(
+        h.services.ports().clone(),
+        Config::default(),
+        rand::rngs::StdRng::seed_from_u64(9),
+    );
+    let posts = |h: &Harness| h.sender.requests.lock().unwrap().len();
+    // This process has looked the subscription up; then another process deletes it.
+    h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+    h.drain_now().await;
+    assert_eq!(posts(&h), 1);
+    other.delete_subscription(&tenant, &sub.id).await.unwrap();
+
+    // Within the time to live this process still sends to it, as documented...
+    h.clock.advance(Duration::seconds(29));
+    let stale = h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+    assert_eq!(stale.deliveries.len(), 1);
+    h.drain_now().await;
+    assert_eq!(posts(&h), 2);
+    // ...and not after it.
+    h.clock.advance(Duration::seconds(2));
+    let fresh = h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+    assert!(fresh.deliveries.is_empty(), "{:?}", fresh.deliveries);
+
+    // What this process writes itself it sees at once.
+    let mine = h
+        .services
+        .create_subscription(&tenant, new_sub("https://b.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.services
+            .ingest(&tenant, event("a.b"), None)
+            .await
+            .unwrap()
+            .deliveries
+            .len(),
+        1
+    );
+    h.services.delete_subscription(&tenant, &mine.id).await.unwrap();
+    assert!(h
+        .services
+        .ingest(&tenant, event("a.b"), None)
+        .await
+        .unwrap()
+        .deliveries
+        .is_empty());
+    h.drain_now().await;
+    assert_eq!(
+        posts(&h),
+        2,
+        "the delivery to the deleted subscription is abandoned, not sent"
+    );
+}

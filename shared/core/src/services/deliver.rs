@@ -109,12 +109,13 @@ impl Services {
         if !is_due_attempt(&delivery, task) {
             return self.finish_stale(&delivery, task).await;
         }
-        // Independent reads, made at once (on DynamoDB, four round trips become one's wait).
+        // Independent reads, made at once (on DynamoDB, four round trips become one's wait);
+        // the subscription and the tenant usually from what this process keeps (`lookups`).
         let (subscription, event, tenant, mut health) = futures::try_join!(
-            store.get_subscription(&delivery.tenant_id, &delivery.subscription_id),
-            store.get_event(&delivery.tenant_id, &delivery.event_id),
-            store.get_tenant(&delivery.tenant_id),
-            store.endpoint_health(&delivery.subscription_id),
+            self.kept_subscription(&delivery.tenant_id, &delivery.subscription_id),
+            async { Ok(store.get_event(&delivery.tenant_id, &delivery.event_id).await?) },
+            self.kept_tenant(&delivery.tenant_id),
+            async { Ok(store.endpoint_health(&delivery.subscription_id).await?) },
         )?;
         let (sub, event) = match (subscription, event) {
             (Some(s), Some(e)) if s.status == SubscriptionStatus::Active => (s, e),
@@ -271,7 +272,9 @@ impl Services {
             sub.status = SubscriptionStatus::Disabled;
             sub.disabled_reason = Some("the endpoint answered 410 Gone".into());
             sub.updated_at = super::subscriptions::next_version(read_at, self.now());
-            match self.ports.store.replace_subscription(&sub, read_at).await {
+            let result = self.ports.store.replace_subscription(&sub, read_at).await;
+            self.forget_subscription(&sub.tenant_id, &sub.id);
+            match result {
                 Ok(()) => return Ok(()),
                 Err(PortError::ConditionFailed(_)) => {}
                 Err(e) => return Err(e.into()),

@@ -68,9 +68,9 @@ impl Services {
             .map(|(new, key)| self.new_event(tenant, new, key, now))
             .collect();
         let subscriptions = if events.iter().any(Result::is_ok) {
-            self.ports.store.list_subscriptions(&tenant.id).await?
+            self.kept_subscriptions(&tenant.id).await?
         } else {
-            Vec::new()
+            Default::default()
         };
         // Stored before any attempt (seed 000): once this returns, each stored event is durable.
         let stored: Vec<Result<Ingested>> = futures::stream::iter(events)

@@ -5,6 +5,7 @@ mod consume;
 mod dead_letter;
 mod deliver;
 mod events;
+mod lookups;
 mod notices;
 mod replay;
 mod scheduler;
@@ -65,6 +66,9 @@ pub struct Config {
     /// An owner's email claimed this long ago and never sent is claimed again: its handler
     /// died between claiming it and sending it. Longer than sending an email takes.
     pub notice_claim_timeout: Duration,
+    /// How long a warm process keeps the tenants and subscriptions it looked up
+    /// (`lookups`): what another process changes is seen within this.
+    pub lookup_ttl: Duration,
     /// Where the API is reached, for the replay instructions in emails.
     pub public_api_url: String,
     /// The policy of a subscription created without one.
@@ -86,6 +90,7 @@ impl Default for Config {
             deadline_margin: DEADLINE_MARGIN,
             digest_window: Duration::from_secs(5 * 60),
             notice_claim_timeout: Duration::from_secs(60),
+            lookup_ttl: Duration::from_secs(30),
             public_api_url: "http://127.0.0.1:8080".into(),
             default_retry_policy: RetryPolicy::standard(),
             retention: None,
@@ -102,6 +107,7 @@ pub const SHORTEST_POST: Duration = Duration::from_secs(1);
 pub struct Services {
     ports: Ports,
     config: Config,
+    lookups: lookups::Lookups,
     // Held only between awaits, never across one.
     rng: Mutex<StdRng>,
 }
@@ -112,6 +118,7 @@ impl Services {
         Self {
             ports,
             config,
+            lookups: lookups::Lookups::new(),
             rng: Mutex::new(rng),
         }
     }

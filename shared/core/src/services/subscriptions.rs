@@ -176,6 +176,7 @@ impl Services {
             updated_at: now,
         };
         self.ports.store.create_subscription(&sub).await?;
+        self.forget_subscription(&tenant.id, &sub.id);
         Ok(sub)
     }
 
@@ -235,7 +236,9 @@ impl Services {
     /// else 409: a racing change is never reverted, a deleted subscription never revived.
     async fn replace_as_read(&self, mut sub: Subscription, read_at: DateTime<Utc>) -> Result<Subscription> {
         sub.updated_at = next_version(read_at, self.now());
-        match self.ports.store.replace_subscription(&sub, read_at).await {
+        let result = self.ports.store.replace_subscription(&sub, read_at).await;
+        self.forget_subscription(&sub.tenant_id, &sub.id);
+        match result {
             Ok(()) => Ok(sub),
             Err(PortError::ConditionFailed(_)) => Err(Error::conflict(format!(
                 "subscription {} changed (or was deleted) while this change was being made; read it again and retry",
@@ -246,7 +249,9 @@ impl Services {
     }
 
     pub async fn delete_subscription(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<()> {
-        if self.ports.store.delete_subscription(&tenant.id, id).await? {
+        let deleted = self.ports.store.delete_subscription(&tenant.id, id).await;
+        self.forget_subscription(&tenant.id, id);
+        if deleted? {
             Ok(())
         } else {
             Err(Error::not_found("subscription", id))

@@ -43,10 +43,6 @@ impl Services {
         if api_key.is_empty() {
             return Err(Error::Unauthorized);
         }
-        self.ports
-            .store
-            .tenant_by_api_key(&hash_api_key(api_key))
-            .await?
-            .ok_or(Error::Unauthorized)
+        self.tenant_by_api_key(api_key).await?.ok_or(Error::Unauthorized)
     }
 }

@@ -1,0 +1,143 @@
+//! What the hot paths read on every request and every attempt — an API key's tenant, a
+//! tenant, a subscription, a tenant's subscriptions — kept in the warm process for
+//! `Config::lookup_ttl` (30 s), so a busy endpoint costs no read per event for them.
+//!
+//! Only what was found is kept: a new tenant or API key works at once, and a delivery whose
+//! subscription is not in the cache reads it from the store. What another process changes
+//! is seen within the time to live: a subscription deleted or disabled there stops
+//! receiving within 30 s, and one created there receives the events ingested here from at
+//! most 30 s on; a secret rotated there signs from at most 30 s on (the old one signs through
+//! its grace period meanwhile). This process's own subscription writes forget what they
+//! change at once.
+//! Paths that read to write (PATCH, rotate-secret, the 410's disabling) read the store.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use chrono::{DateTime, Utc};
+
+use super::Services;
+use crate::auth::hash_api_key;
+use crate::error::Result;
+use crate::model::*;
+
+/// Entries a map holds before it starts afresh (a bound on memory, not a tuning knob).
+const MAX_ENTRIES: usize = 10_000;
+
+/// Values found at a time, each good until `ttl` after it.
+struct Kept<K, V> {
+    entries: Mutex<HashMap<K, (DateTime<Utc>, V)>>,
+}
+
+impl<K: Eq + Hash, V: Clone> Kept<K, V> {
+    fn new() -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<K, (DateTime<Utc>, V)>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, key: &K, fresh_after: DateTime<Utc>) -> Option<V> {
+        self.lock()
+            .get(key)
+            .filter(|(at, _)| *at > fresh_after)
+            .map(|(_, v)| v.clone())
+    }
+
+    fn put(&self, key: K, value: V, now: DateTime<Utc>) {
+        let mut entries = self.lock();
+        if entries.len() >= MAX_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(key, (now, value));
+    }
+
+    fn forget(&self, key: &K) {
+        self.lock().remove(key);
+    }
+}
+
+pub(crate) struct Lookups {
+    tenants_by_key: Kept<String, Tenant>,
+    tenants: Kept<TenantId, Tenant>,
+    subscriptions: Kept<(TenantId, SubscriptionId), Subscription>,
+    tenant_subscriptions: Kept<TenantId, Arc<Vec<Subscription>>>,
+}
+
+impl Lookups {
+    pub(crate) fn new() -> Self {
+        Self {
+            tenants_by_key: Kept::new(),
+            tenants: Kept::new(),
+            subscriptions: Kept::new(),
+            tenant_subscriptions: Kept::new(),
+        }
+    }
+}
+
+impl Services {
+    /// When an entry found before is too old to use.
+    fn kept_after(&self) -> DateTime<Utc> {
+        self.now() - chrono::Duration::from_std(self.config.lookup_ttl).unwrap_or_default()
+    }
+
+    pub(crate) async fn tenant_by_api_key(&self, api_key: &str) -> Result<Option<Tenant>> {
+        let hash = hash_api_key(api_key);
+        if let Some(t) = self.lookups.tenants_by_key.get(&hash, self.kept_after()) {
+            return Ok(Some(t));
+        }
+        let found = self.ports.store.tenant_by_api_key(&hash).await?;
+        if let Some(t) = &found {
+            self.lookups.tenants_by_key.put(hash, t.clone(), self.now());
+        }
+        Ok(found)
+    }
+
+    pub(crate) async fn kept_tenant(&self, id: &TenantId) -> Result<Option<Tenant>> {
+        if let Some(t) = self.lookups.tenants.get(id, self.kept_after()) {
+            return Ok(Some(t));
+        }
+        let found = self.ports.store.get_tenant(id).await?;
+        if let Some(t) = &found {
+            self.lookups.tenants.put(id.clone(), t.clone(), self.now());
+        }
+        Ok(found)
+    }
+
+    pub(crate) async fn kept_subscription(
+        &self,
+        tenant: &TenantId,
+        id: &SubscriptionId,
+    ) -> Result<Option<Subscription>> {
+        let key = (tenant.clone(), id.clone());
+        if let Some(s) = self.lookups.subscriptions.get(&key, self.kept_after()) {
+            return Ok(Some(s));
+        }
+        let found = self.ports.store.get_subscription(tenant, id).await?;
+        if let Some(s) = &found {
+            self.lookups.subscriptions.put(key, s.clone(), self.now());
+        }
+        Ok(found)
+    }
+
+    pub(crate) async fn kept_subscriptions(&self, tenant: &TenantId) -> Result<Arc<Vec<Subscription>>> {
+        if let Some(list) = self.lookups.tenant_subscriptions.get(tenant, self.kept_after()) {
+            return Ok(list);
+        }
+        let list = Arc::new(self.ports.store.list_subscriptions(tenant).await?);
+        self.lookups
+            .tenant_subscriptions
+            .put(tenant.clone(), list.clone(), self.now());
+        Ok(list)
+    }
+
+    /// This process changed (or deleted) a subscription: forget it, and its tenant's list.
+    pub(crate) fn forget_subscription(&self, tenant: &TenantId, id: &SubscriptionId) {
+        self.lookups.subscriptions.forget(&(tenant.clone(), id.clone()));
+        self.lookups.tenant_subscriptions.forget(tenant);
+    }
+}

@@ -30,6 +30,16 @@ impl EndpointHealth {
         }
     }
 
+    /// `samples` (recorded elsewhere, and not in these) added in time order, the window kept.
+    pub fn merge(&mut self, samples: &[HealthSample]) {
+        self.samples.extend_from_slice(samples);
+        self.samples.sort_by_key(|s| s.at);
+        if self.samples.len() > HEALTH_WINDOW {
+            let excess = self.samples.len() - HEALTH_WINDOW;
+            self.samples.drain(..excess);
+        }
+    }
+
     /// `health(e) = Σ 1[success] · e^(−λ·age) / |D_e|`; `None` with no history.
     pub fn score(&self, now: DateTime<Utc>) -> Option<f64> {
         if self.samples.is_empty() {
@@ -90,6 +100,36 @@ mod tests {
             success: true,
         });
         assert!((old.score(now).unwrap() - (-1.0f64).exp()).abs() < 1e-9);
+    }
+
+    #[test]
+    fn merged_samples_go_in_time_order_and_the_window_holds() {
+        let now = Utc::now();
+        let at = |s: i64| now + Duration::seconds(s);
+        let mut h = EndpointHealth::default();
+        h.record(HealthSample {
+            at: at(1),
+            success: true,
+        });
+        h.record(HealthSample {
+            at: at(3),
+            success: true,
+        });
+        h.merge(&[HealthSample {
+            at: at(2),
+            success: false,
+        }]);
+        let times: Vec<_> = h.samples.iter().map(|s| s.at).collect();
+        assert_eq!(times, vec![at(1), at(2), at(3)]);
+        let many: Vec<_> = (10..70)
+            .map(|s| HealthSample {
+                at: at(s),
+                success: false,
+            })
+            .collect();
+        h.merge(&many);
+        assert_eq!(h.samples.len(), HEALTH_WINDOW);
+        assert_eq!(h.samples[0].at, at(20), "the oldest go first");
     }
 
     #[test]

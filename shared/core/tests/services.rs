@@ -1144,3 +1144,44 @@ async fn given_a_subscription_deleted_by_another_process_then_it_receives_for_at
         "the delivery to the deleted subscription is abandoned, not sent"
     );
 }
+
+#[tokio::test]
+async fn given_a_burst_of_attempts_then_endpoint_health_is_saved_every_few_seconds_with_every_sample() {
+    use hookwise_core::services::HEALTH_SAVE_EVERY;
+    use rand::SeedableRng;
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, sub) = subscribed(&h, "https://a.example.com/", None).await;
+    let stored = |h: &Harness| {
+        let store = h.store.clone();
+        let id = sub.id.clone();
+        async move { store.endpoint_health(&id).await.unwrap().samples.len() }
+    };
+    for _ in 0..10 {
+        h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+    }
+    h.drain_now().await;
+    assert_eq!(stored(&h).await, 1, "the first sample is saved at once, the rest wait");
+    let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
+    assert_eq!(overview.health, Some(1.0), "this process sees its own samples");
+
+    // The next attempt after the interval saves them all.
+    h.clock.advance(Duration::from_std(HEALTH_SAVE_EVERY).unwrap());
+    h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+    h.drain_now().await;
+    assert_eq!(stored(&h).await, 11);
+
+    // Another process adds its samples to the stored ones rather than replacing them.
+    let other = hookwise_core::services::Services::new(
+        h.services.ports().clone(),
+        Config::default(),
+        rand::rngs::StdRng::seed_from_u64(9),
+    );
+    let task_for_other = {
+        h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+        h.queue.take_visible()
+    };
+    for r in other.deliver_batch(&task_for_other).await {
+        r.unwrap();
+    }
+    assert_eq!(stored(&h).await, 12);
+}

@@ -7,7 +7,7 @@ use futures::StreamExt;
 
 use super::Services;
 use crate::error::{PortError, Result};
-use crate::health::{EndpointHealth, HealthSample};
+use crate::health::HealthSample;
 use crate::model::*;
 use crate::ports::{DeliveryTask, ScheduledTask, WebhookRequest};
 use crate::signing::signature_header;
@@ -111,11 +111,11 @@ impl Services {
         }
         // Independent reads, made at once (on DynamoDB, four round trips become one's wait);
         // the subscription and the tenant usually from what this process keeps (`lookups`).
-        let (subscription, event, tenant, mut health) = futures::try_join!(
+        let (subscription, event, tenant, health) = futures::try_join!(
             self.kept_subscription(&delivery.tenant_id, &delivery.subscription_id),
             async { Ok(store.get_event(&delivery.tenant_id, &delivery.event_id).await?) },
             self.kept_tenant(&delivery.tenant_id),
-            async { Ok(store.endpoint_health(&delivery.subscription_id).await?) },
+            self.kept_health(&delivery.subscription_id),
         )?;
         let (sub, event) = match (subscription, event) {
             (Some(s), Some(e)) if s.status == SubscriptionStatus::Active => (s, e),
@@ -158,7 +158,14 @@ impl Services {
             Err(PortError::ConditionFailed(_)) => return Ok(DeliverOutcome::Stale),
             Err(e) => return Err(e.into()),
         }
-        self.record_health(&sub, &mut health, now, outcome.is_success()).await;
+        self.record_health(
+            &sub.id,
+            HealthSample {
+                at: now,
+                success: outcome.is_success(),
+            },
+        )
+        .await;
         if outcome.status_code == Some(410) {
             self.disable_gone(sub).await?;
         }
@@ -254,14 +261,6 @@ impl Services {
         }
         tracing::info!(reason, attempt = task.attempt, "delivery abandoned");
         self.hand_on(&change.next, Decision::Dead).await
-    }
-
-    /// Health is advisory: failing to save it must not fail the delivery.
-    async fn record_health(&self, sub: &Subscription, health: &mut EndpointHealth, at: DateTime<Utc>, success: bool) {
-        health.record(HealthSample { at, success });
-        if let Err(err) = self.ports.store.save_endpoint_health(&sub.id, health).await {
-            tracing::warn!(error = %err, "could not save endpoint health");
-        }
     }
 
     /// 410 Gone disables the subscription: a conditional write of the copy just read, tried

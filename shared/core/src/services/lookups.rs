@@ -10,6 +10,12 @@
 //! its grace period meanwhile). This process's own subscription writes forget what they
 //! change at once.
 //! Paths that read to write (PATCH, rotate-secret, the 410's disabling) read the store.
+//!
+//! Endpoint health is kept the same way, with the samples this process recorded since it
+//! last saved them: a save (read the stored samples, add these, write) happens at most every
+//! `HEALTH_SAVE_EVERY` per endpoint and process, not on every attempt. Health is advisory: two
+//! processes saving the same endpoint at the same moment can drop one's samples, and a
+//! process that stops holds its unsaved ones.
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -20,10 +26,23 @@ use chrono::{DateTime, Utc};
 use super::Services;
 use crate::auth::hash_api_key;
 use crate::error::Result;
+use crate::health::{EndpointHealth, HealthSample};
 use crate::model::*;
 
 /// Entries a map holds before it starts afresh (a bound on memory, not a tuning knob).
 const MAX_ENTRIES: usize = 10_000;
+/// The most often one process saves one endpoint's health.
+pub const HEALTH_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// An endpoint's health as this process knows it: read at `read_at`, with the samples it
+/// recorded since its last save (`unsaved`, in `health` too).
+#[derive(Clone)]
+struct KeptHealth {
+    health: EndpointHealth,
+    read_at: DateTime<Utc>,
+    unsaved: Vec<HealthSample>,
+    saved_at: Option<DateTime<Utc>>,
+}
 
 /// Values found at a time, each good until `ttl` after it.
 struct Kept<K, V> {
@@ -66,6 +85,7 @@ pub(crate) struct Lookups {
     tenants: Kept<TenantId, Tenant>,
     subscriptions: Kept<(TenantId, SubscriptionId), Subscription>,
     tenant_subscriptions: Kept<TenantId, Arc<Vec<Subscription>>>,
+    health: Mutex<HashMap<SubscriptionId, KeptHealth>>,
 }
 
 impl Lookups {
@@ -75,6 +95,7 @@ impl Lookups {
             tenants: Kept::new(),
             subscriptions: Kept::new(),
             tenant_subscriptions: Kept::new(),
+            health: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -139,5 +160,106 @@ impl Services {
     pub(crate) fn forget_subscription(&self, tenant: &TenantId, id: &SubscriptionId) {
         self.lookups.subscriptions.forget(&(tenant.clone(), id.clone()));
         self.lookups.tenant_subscriptions.forget(tenant);
+    }
+
+    fn kept_healths(&self) -> std::sync::MutexGuard<'_, HashMap<SubscriptionId, KeptHealth>> {
+        self.lookups.health.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The endpoint's health: as kept, or read afresh (with this process's unsaved samples).
+    pub(crate) async fn kept_health(&self, sub: &SubscriptionId) -> Result<EndpointHealth> {
+        let kept_after = self.kept_after();
+        if let Some(k) = self.kept_healths().get(sub).filter(|k| k.read_at > kept_after) {
+            return Ok(k.health.clone());
+        }
+        let mut health = self.ports.store.endpoint_health(sub).await?;
+        let now = self.now();
+        let mut kept = self.kept_healths();
+        if kept.len() >= MAX_ENTRIES {
+            kept.retain(|_, k| !k.unsaved.is_empty());
+        }
+        let entry = kept.entry(sub.clone()).or_insert_with(|| KeptHealth {
+            health: EndpointHealth::default(),
+            read_at: now,
+            unsaved: Vec::new(),
+            saved_at: None,
+        });
+        health.merge(&entry.unsaved);
+        entry.health = health.clone();
+        entry.read_at = now;
+        Ok(health)
+    }
+
+    /// The endpoint's health as stored, with this process's unsaved samples: for the API's
+    /// views, which must not lag behind another process's attempts by the time to live.
+    pub(crate) async fn stored_health(&self, sub: &SubscriptionId) -> Result<EndpointHealth> {
+        let mut health = self.ports.store.endpoint_health(sub).await?;
+        if let Some(k) = self.kept_healths().get(sub) {
+            health.merge(&k.unsaved);
+        }
+        Ok(health)
+    }
+
+    /// Record an attempt's outcome against its endpoint; save what is unsaved if the last
+    /// save is `HEALTH_SAVE_EVERY` old (or there was none). Failing to save is logged, not
+    /// fatal: health is advisory.
+    pub(crate) async fn record_health(&self, sub: &SubscriptionId, sample: HealthSample) {
+        let now = self.now();
+        let due = {
+            let mut kept = self.kept_healths();
+            let entry = kept.entry(sub.clone()).or_insert_with(|| KeptHealth {
+                health: EndpointHealth::default(),
+                read_at: DateTime::<Utc>::MIN_UTC,
+                unsaved: Vec::new(),
+                saved_at: None,
+            });
+            entry.health.record(sample);
+            entry.unsaved.push(sample);
+            let every = chrono::Duration::from_std(HEALTH_SAVE_EVERY).unwrap_or_default();
+            entry.saved_at.is_none_or(|at| now - at >= every)
+        };
+        if due {
+            if let Err(err) = self.save_health(sub, now).await {
+                tracing::warn!(error = %err, subscription_id = %sub, "could not save endpoint health");
+            }
+        }
+    }
+
+    /// Add this process's unsaved samples to the stored ones.
+    async fn save_health(&self, sub: &SubscriptionId, now: DateTime<Utc>) -> Result<()> {
+        let unsaved = match self.kept_healths().get_mut(sub) {
+            Some(k) => {
+                k.saved_at = Some(now);
+                std::mem::take(&mut k.unsaved)
+            }
+            None => return Ok(()),
+        };
+        let saved = async {
+            let mut stored = self.ports.store.endpoint_health(sub).await?;
+            stored.merge(&unsaved);
+            self.ports.store.save_endpoint_health(sub, &stored).await?;
+            Ok::<_, crate::PortError>(stored)
+        };
+        match saved.await {
+            Ok(stored) => {
+                if let Some(k) = self.kept_healths().get_mut(sub) {
+                    // Samples recorded while saving stay unsaved, and in the kept health.
+                    let mut health = stored;
+                    health.merge(&k.unsaved);
+                    k.health = health;
+                    k.read_at = now;
+                }
+                Ok(())
+            }
+            Err(err) => {
+                // Kept for the next save.
+                if let Some(k) = self.kept_healths().get_mut(sub) {
+                    let mut back = unsaved;
+                    back.append(&mut k.unsaved);
+                    k.unsaved = back;
+                }
+                Err(err.into())
+            }
+        }
     }
 }

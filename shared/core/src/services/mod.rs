@@ -25,6 +25,7 @@ pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
 pub use deliver::DeliverOutcome;
 pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD_BYTES};
+pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;
 pub use scheduler::SchedulerReport;
 pub use subscriptions::{check_retention, NewSubscription, SubscriptionOverview, SubscriptionPatch};

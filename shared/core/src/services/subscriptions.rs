@@ -130,7 +130,7 @@ impl Services {
     pub async fn subscription_overview(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<SubscriptionOverview> {
         let subscription = self.get_subscription(tenant, id).await?;
         let store = &self.ports.store;
-        let health = store.endpoint_health(id).await?.score(self.now());
+        let health = self.stored_health(id).await?.score(self.now());
         let mut counts = [0; 4];
         for (slot, status) in counts.iter_mut().zip(DeliveryStatus::ALL) {
             *slot = store.count_deliveries(&tenant.id, id, status).await?;

@@ -210,8 +210,8 @@ async fn wait_queue_empty(clients: &AwsClients, url: &str, within: Duration) {
     }
 }
 
-/// The scheduler table on moto: the version of its cursor (`#CURSOR`, bumped by every
-/// `schedule`; `None` if nothing was ever scheduled) and the tasks still waiting in it.
+/// The scheduler table on moto: the sum of its cursors' versions (`#CURSOR#{shard}`, bumped
+/// by every `schedule`; `None` if nothing was ever scheduled) and the tasks still waiting.
 async fn scheduler_table(clients: &AwsClients, table: &str) -> (Option<u64>, usize) {
     let out = clients
         .dynamodb
@@ -227,14 +227,14 @@ async fn scheduler_table(clients: &AwsClients, table: &str) -> (Option<u64>, usi
         if item
             .get("bucket")
             .and_then(|b| b.as_s().ok())
-            .is_some_and(|b| b == "#CURSOR")
+            .is_some_and(|b| b.starts_with("#CURSOR"))
         {
-            cursor = Some(
-                item.get("version")
-                    .and_then(|v| v.as_n().ok())
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0),
-            );
+            let version: u64 = item
+                .get("version")
+                .and_then(|v| v.as_n().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            cursor = Some(cursor.unwrap_or(0) + version);
         } else {
             tasks += 1;
         }

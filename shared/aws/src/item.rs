@@ -22,6 +22,14 @@ pub(crate) fn n(v: impl ToString) -> AttributeValue {
     AttributeValue::N(v.to_string())
 }
 
+/// Which of `shards` an id falls in: FNV-1a, stable across builds (unlike std's hasher).
+pub(crate) fn spread(id: &str, shards: u32) -> u32 {
+    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    (h % u64::from(shards)) as u32
+}
+
 /// A fixed-width UTC time (nanoseconds), so times sort as strings in keys.
 pub(crate) fn sortable_time(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%S%.9fZ").to_string()

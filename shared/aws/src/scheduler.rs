@@ -1,17 +1,26 @@
-//! The scheduler table: retries due later than SQS can delay, one partition per minute.
+//! The scheduler table: retries due later than SQS can delay, one partition per minute and
+//! shard.
 //!
-//! | item   | `bucket` (partition)          | `due_key` (sort)                        |
-//! |--------|-------------------------------|-----------------------------------------|
-//! | task   | due minute `2026-11-30T05:07` | `{due}#{delivery}#{round}#{attempt}`    |
-//! | cursor | `#CURSOR`                     | `#CURSOR`: `pending` (string set of the minutes that may hold tasks), `version` |
+//! | item   | `bucket` (partition)                  | `due_key` (sort)                     |
+//! |--------|---------------------------------------|--------------------------------------|
+//! | task   | due minute and shard `2026-11-30T05:07#3` | `{due}#{delivery}#{round}#{attempt}` |
+//! | cursor | `#CURSOR#3`                           | `#CURSOR`: `pending` (string set of the minutes that may hold tasks), `version` |
 //!
-//! A minute's due tasks are one Query. So that a minute is never skipped (a tick that
-//! failed, a Lambda that did not run for an hour), `schedule` adds its minute to the
-//! cursor's `pending` set, and `due` queries exactly the pending minutes up to `until`,
-//! oldest first; a minute found empty leaves the set, by a write conditional on the
-//! cursor's `version` so a task scheduled meanwhile keeps its minute in it.
+//! A delivery's tasks go to one of [`SHARDS`] shards (by its id), each with its own cursor
+//! and its own partition per minute, so a burst of long retries spreads over eight keys
+//! rather than heating one cursor item and one minute. A shard's minute of due tasks is one
+//! Query. So that a minute is never skipped (a tick that failed, a Lambda that did not run
+//! for an hour), `schedule` adds its minute to its shard's cursor, and `due` reads every
+//! cursor and queries exactly the pending minutes up to `until`, oldest first; a minute found
+//! empty leaves its cursor's set, by a write conditional on the cursor's `version` so a task
+//! scheduled meanwhile keeps its minute in it.
+//!
+//! A table written before the shards has one cursor, `#CURSOR`, and partitions named by the
+//! minute alone: `due` reads it as one more shard, so its tasks come due as before and it
+//! empties as they are removed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
@@ -23,11 +32,13 @@ use hookwise_core::ports::{DeliveryTask, PortResult, ScheduledTask, SchedulerTab
 use hookwise_core::PortError;
 
 use crate::error::classify;
-use crate::item::{corrupt, get_n, get_s, n, s, sortable_time, Item};
+use crate::item::{corrupt, get_n, get_s, n, s, sortable_time, spread, Item};
 
 pub const PARTITION_KEY: &str = "bucket";
 pub const SORT_KEY: &str = "due_key";
 const CURSOR: &str = "#CURSOR";
+/// Shards of the table's keys.
+pub const SHARDS: u32 = 8;
 /// DynamoDB's limit on one `BatchWriteItem`.
 const MAX_BATCH_WRITE: usize = 25;
 const CONCURRENCY: usize = 4;
@@ -47,15 +58,44 @@ fn due_key(item: &ScheduledTask) -> String {
     )
 }
 
-fn key(item: &ScheduledTask) -> Item {
-    HashMap::from([
-        (PARTITION_KEY.to_owned(), s(minute_bucket(item.due))),
-        (SORT_KEY.to_owned(), s(due_key(item))),
-    ])
+/// A cursor and the partitions it names: a shard's, or the one of a table written before
+/// the shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Shard {
+    Unsharded,
+    Of(u32),
 }
 
-fn cursor_key() -> Item {
-    HashMap::from([(PARTITION_KEY.to_owned(), s(CURSOR)), (SORT_KEY.to_owned(), s(CURSOR))])
+impl Shard {
+    fn all() -> impl Iterator<Item = Shard> {
+        std::iter::once(Shard::Unsharded).chain((0..SHARDS).map(Shard::Of))
+    }
+
+    fn of(task: &DeliveryTask) -> Shard {
+        Shard::Of(spread(task.delivery_id.as_str(), SHARDS))
+    }
+
+    fn bucket(self, minute: &str) -> String {
+        match self {
+            Shard::Unsharded => minute.to_owned(),
+            Shard::Of(n) => format!("{minute}#{n}"),
+        }
+    }
+
+    fn cursor_key(self) -> Item {
+        let pk = match self {
+            Shard::Unsharded => CURSOR.to_owned(),
+            Shard::Of(n) => format!("{CURSOR}#{n}"),
+        };
+        HashMap::from([(PARTITION_KEY.to_owned(), s(pk)), (SORT_KEY.to_owned(), s(CURSOR))])
+    }
+}
+
+fn key(shard: Shard, item: &ScheduledTask) -> Item {
+    HashMap::from([
+        (PARTITION_KEY.to_owned(), s(shard.bucket(&minute_bucket(item.due)))),
+        (SORT_KEY.to_owned(), s(due_key(item))),
+    ])
 }
 
 fn decode(item: &Item) -> PortResult<ScheduledTask> {
@@ -78,6 +118,8 @@ fn decode(item: &Item) -> PortResult<ScheduledTask> {
 pub struct DynamoScheduler {
     client: Client,
     table: String,
+    /// Tasks `due` found in unsharded partitions, by `due_key`, so `remove` deletes those.
+    unsharded: Arc<Mutex<HashSet<String>>>,
 }
 
 impl DynamoScheduler {
@@ -85,20 +127,25 @@ impl DynamoScheduler {
         Self {
             client,
             table: table.to_owned(),
+            unsharded: Arc::default(),
         }
+    }
+
+    fn unsharded(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.unsharded.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn table_name(&self) -> &str {
         &self.table
     }
 
-    /// The minutes that may hold tasks, and the cursor's version.
-    async fn cursor(&self) -> PortResult<(Vec<String>, u64)> {
+    /// A shard's minutes that may hold tasks, and its cursor's version.
+    async fn cursor(&self, shard: Shard) -> PortResult<(Vec<String>, u64)> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .set_key(Some(cursor_key()))
+            .set_key(Some(shard.cursor_key()))
             .consistent_read(true)
             .send()
             .await
@@ -150,12 +197,12 @@ impl DynamoScheduler {
         }
     }
 
-    async fn forget_minutes(&self, empty: Vec<String>, version: u64) -> PortResult<()> {
+    async fn forget_minutes(&self, shard: Shard, empty: Vec<String>, version: u64) -> PortResult<()> {
         let result = self
             .client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(cursor_key()))
+            .set_key(Some(shard.cursor_key()))
             .update_expression("DELETE #p :empty ADD #v :one")
             .condition_expression("#v = :version")
             .expression_attribute_names("#p", "pending")
@@ -216,7 +263,8 @@ impl DynamoScheduler {
 #[async_trait]
 impl SchedulerTable for DynamoScheduler {
     async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
-        let mut record = key(item);
+        let shard = Shard::of(&item.task);
+        let mut record = key(shard, item);
         record.insert(
             "due".into(),
             s(item.due.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
@@ -236,7 +284,7 @@ impl SchedulerTable for DynamoScheduler {
         self.client
             .update_item()
             .table_name(&self.table)
-            .set_key(Some(cursor_key()))
+            .set_key(Some(shard.cursor_key()))
             .update_expression("ADD #p :minute, #v :one")
             .expression_attribute_names("#p", "pending")
             .expression_attribute_names("#v", "version")
@@ -253,41 +301,72 @@ impl SchedulerTable for DynamoScheduler {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let (pending, version) = self.cursor().await?;
+        let cursors: Vec<(Shard, (Vec<String>, u64))> = futures::stream::iter(Shard::all())
+            .map(|shard| async move { Ok::<_, PortError>((shard, self.cursor(shard).await?)) })
+            .buffered(CONCURRENCY)
+            .try_collect()
+            .await?;
         let last = minute_bucket(until);
         let until_key = sortable_time(until);
-        let minutes: Vec<String> = pending.into_iter().filter(|m| *m <= last).collect();
-        let mut due = Vec::new();
-        let mut empty = Vec::new();
-        // Oldest minute first, a few queries in flight, in order.
+        let mut minutes: Vec<(String, Shard)> = cursors
+            .iter()
+            .flat_map(|(shard, (pending, _))| pending.iter().filter(|m| **m <= last).map(|m| (m.clone(), *shard)))
+            .collect();
+        minutes.sort();
+        let mut due: Vec<(Shard, ScheduledTask)> = Vec::new();
+        let mut empty: HashMap<Shard, Vec<String>> = HashMap::new();
+        // Oldest minute first, a few queries in flight, in order; a minute's shards together.
         let until_key = &until_key;
         let mut results = futures::stream::iter(minutes)
-            .map(|m| async move {
-                let tasks = self.query_minute(&m, until_key, limit).await;
-                (m, tasks)
+            .map(|(m, shard)| async move {
+                let tasks = self.query_minute(&shard.bucket(&m), until_key, limit).await;
+                (m, shard, tasks)
             })
             .buffered(CONCURRENCY);
-        while let Some((minute, tasks)) = results.next().await {
+        let mut minute_done: Option<String> = None;
+        while let Some((minute, shard, tasks)) = results.next().await {
+            if due.len() >= limit && minute_done.as_ref() != Some(&minute) {
+                break;
+            }
             let tasks = tasks?;
             // Every task of a minute before `until`'s is due: none found means none there.
             if tasks.is_empty() && minute < last {
-                empty.push(minute);
+                empty.entry(shard).or_default().push(minute.clone());
             }
-            due.extend(tasks);
-            if due.len() >= limit {
-                break;
-            }
+            due.extend(tasks.into_iter().map(|t| (shard, t)));
+            minute_done = Some(minute);
         }
         drop(results);
-        if !empty.is_empty() {
-            self.forget_minutes(empty, version).await?;
+        for (shard, minutes) in empty {
+            let version = cursors.iter().find(|(s, _)| *s == shard).map_or(0, |(_, (_, v))| *v);
+            self.forget_minutes(shard, minutes, version).await?;
         }
+        due.sort_by(|(_, a), (_, b)| (a.due, due_key(a)).cmp(&(b.due, due_key(b))));
         due.truncate(limit);
-        Ok(due)
+        let mut unsharded = self.unsharded();
+        for (shard, task) in &due {
+            if *shard == Shard::Unsharded {
+                unsharded.insert(due_key(task));
+            }
+        }
+        Ok(due.into_iter().map(|(_, t)| t).collect())
     }
 
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
-        let mut keys: Vec<Item> = items.iter().map(key).collect();
+        let mut keys: Vec<Item> = {
+            let mut unsharded = self.unsharded();
+            items
+                .iter()
+                .map(|item| {
+                    let shard = if unsharded.remove(&due_key(item)) {
+                        Shard::Unsharded
+                    } else {
+                        Shard::of(&item.task)
+                    };
+                    key(shard, item)
+                })
+                .collect()
+        };
         keys.dedup();
         let chunks: Vec<Vec<Item>> = keys.chunks(MAX_BATCH_WRITE).map(<[Item]>::to_vec).collect();
         futures::stream::iter(chunks)

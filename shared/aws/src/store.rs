@@ -68,8 +68,8 @@ use crate::config::AwsConfig;
 use crate::counter::RequestCounter;
 use crate::error::{classify, classify_transaction, TxFailure};
 use crate::item::{
-    corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, n, s, sortable_time, to_item,
-    to_json, Item,
+    corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, n, s, sortable_time, spread,
+    to_item, to_json, Item,
 };
 
 pub const PK: &str = "pk";
@@ -163,11 +163,7 @@ fn health_key(sub: &SubscriptionId) -> Key {
 }
 
 fn overdue_shard(id: &str) -> u32 {
-    // FNV-1a: stable across builds, unlike std's hasher.
-    let h = id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    });
-    (h % u64::from(OVERDUE_SHARDS)) as u32
+    spread(id, OVERDUE_SHARDS)
 }
 
 fn with_key(mut item: Item, key: &Key, kind: &str) -> Item {

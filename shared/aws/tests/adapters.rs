@@ -173,7 +173,73 @@ async fn scheduler_never_skips_a_minute(dynamodb_url: &str, moto_url: &str) {
     scheduler.schedule(&again).await.expect("schedule");
     let later = task(t0 + Duration::minutes(90));
     scheduler.schedule(&later).await.expect("schedule");
-    assert_eq!(scheduler.due(much_later, 10).await.expect("due"), vec![again, later]);
+    assert_eq!(
+        scheduler.due(much_later, 10).await.expect("due"),
+        vec![again.clone(), later.clone()]
+    );
+    scheduler.remove(&[again, later]).await.expect("remove");
+
+    // A table written before the shards: one cursor, partitions named by the minute alone.
+    // Its task comes due beside the sharded ones, and goes when removed.
+    let old = task(t0 + Duration::minutes(3));
+    let minute = "2031-01-01T08:03";
+    let ddb = &env.clients.dynamodb;
+    let table = scheduler.table_name();
+    let attr = |v: &str| aws_sdk_dynamodb::types::AttributeValue::S(v.to_owned());
+    ddb.put_item()
+        .table_name(table)
+        .item("bucket", attr(minute))
+        .item(
+            "due_key",
+            attr(&format!(
+                "{}#{}#0#2",
+                old.due.format("%Y-%m-%dT%H:%M:%S%.9fZ"),
+                old.task.delivery_id
+            )),
+        )
+        .item(
+            "due",
+            attr(&old.due.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
+        )
+        .item("delivery_id", attr(old.task.delivery_id.as_str()))
+        .item("round", aws_sdk_dynamodb::types::AttributeValue::N("0".into()))
+        .item("attempt", aws_sdk_dynamodb::types::AttributeValue::N("2".into()))
+        .send()
+        .await
+        .expect("an unsharded task");
+    ddb.put_item()
+        .table_name(table)
+        .item("bucket", attr("#CURSOR"))
+        .item("due_key", attr("#CURSOR"))
+        .item(
+            "pending",
+            aws_sdk_dynamodb::types::AttributeValue::Ss(vec![minute.into()]),
+        )
+        .item("version", aws_sdk_dynamodb::types::AttributeValue::N("7".into()))
+        .send()
+        .await
+        .expect("the unsharded cursor");
+    let new = task(t0 + Duration::minutes(3) + Duration::seconds(1));
+    scheduler.schedule(&new).await.expect("schedule");
+    assert_eq!(
+        scheduler.due(much_later, 10).await.expect("due"),
+        vec![old.clone(), new.clone()]
+    );
+    scheduler.remove(&[old, new]).await.expect("remove");
+    assert!(
+        scheduler.due(much_later, 10).await.expect("due").is_empty(),
+        "both removed"
+    );
+    let left = ddb
+        .get_item()
+        .table_name(table)
+        .key("bucket", attr("#CURSOR"))
+        .key("due_key", attr("#CURSOR"))
+        .send()
+        .await
+        .expect("read the old cursor");
+    let pending = left.item().and_then(|i| i.get("pending"));
+    assert!(pending.is_none(), "the emptied minute left the old cursor: {pending:?}");
 }
 
 #[tokio::test]

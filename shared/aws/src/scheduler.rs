@@ -341,7 +341,7 @@ impl SchedulerTable for DynamoScheduler {
             let version = cursors.iter().find(|(s, _)| *s == shard).map_or(0, |(_, (_, v))| *v);
             self.forget_minutes(shard, minutes, version).await?;
         }
-        due.sort_by(|(_, a), (_, b)| (a.due, due_key(a)).cmp(&(b.due, due_key(b))));
+        due.sort_by_key(|(_, t)| (t.due, due_key(t)));
         due.truncate(limit);
         let mut unsharded = self.unsharded();
         for (shard, task) in &due {

@@ -1287,7 +1287,8 @@ impl Store for DynamoStore {
         let claimed_at = DateTime::from_timestamp_millis(at).unwrap_or(now);
         let claim = DigestClaim::new(owner.clone(), notices, claimed_at, counted);
         if claim.notices.is_empty() {
-            self.close_digest(&claim, false).await?;
+            self.release_digest(&claim).await?;
+            self.leave_digest_index(&claim).await?;
             return Ok(None);
         }
         Ok(Some(claim))
@@ -1295,8 +1296,24 @@ impl Store for DynamoStore {
 
     async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()> {
         let at = n(claim.claimed_at.timestamp_millis());
-        // Marked sent first, then no longer waiting: a crash between the two sends a notice
-        // again rather than never.
+        // The window first: once the email is out, the owner's next may not go before the
+        // window is over, whatever fails below (then the next email mentions again what was
+        // not marked).
+        let key = digest_key(&claim.owner);
+        let window = self.update_item(
+            &key,
+            "SET last_sent_at = :at REMOVE claimed_at",
+            Some("claimed_at = :at"),
+            &[],
+            vec![(":at", at.clone())],
+            "finish digest",
+        );
+        match window.await {
+            Ok(()) | Err(PortError::ConditionFailed(_)) => {} // (or taken over meanwhile)
+            Err(e) => return Err(e),
+        }
+        // Marked sent, then no longer waiting: a crash between the two sends a notice again
+        // rather than never.
         futures::stream::iter(claim.notices.iter().cloned())
             .map(|notice| {
                 let at = at.clone();
@@ -1330,7 +1347,7 @@ impl Store for DynamoStore {
             .buffer_unordered(NOTICE_WRITES)
             .try_collect::<Vec<()>>()
             .await?;
-        self.close_digest(claim, true).await
+        self.leave_digest_index(claim).await
     }
 
     async fn release_digest(&self, claim: &DigestClaim) -> PortResult<()> {
@@ -1351,40 +1368,20 @@ impl Store for DynamoStore {
 }
 
 impl DynamoStore {
-    /// End a claim: the owner's window starts at it if its email was `sent`, and the owner
-    /// leaves the `overdue` index unless a notice was counted since the claim.
-    async fn close_digest(&self, claim: &DigestClaim, sent: bool) -> Result<(), PortError> {
+    /// The owner leaves the `overdue` index, unless a notice was stored since `claim` or
+    /// another claim holds the owner: those keep it there for the next email.
+    async fn leave_digest_index(&self, claim: &DigestClaim) -> Result<(), PortError> {
         let key = digest_key(&claim.owner);
-        let at = n(claim.claimed_at.timestamp_millis());
-        let last_sent = if sent { "SET last_sent_at = :at " } else { "" };
-        let (remove_all, remove_claim) = (
-            format!("{last_sent}REMOVE claimed_at, #shard, #due"),
-            format!("{last_sent}REMOVE claimed_at"),
-        );
-        let nothing_new = self.update_item(
+        let leave = self.update_item(
             &key,
-            &remove_all,
-            Some("claimed_at = :at AND #counted = :counted"),
+            "REMOVE #shard, #due",
+            Some("#counted = :counted AND attribute_not_exists(claimed_at)"),
             &[("#shard", GSI_DUE_SHARD), ("#due", GSI_DUE), ("#counted", "counted")],
-            vec![(":at", at.clone()), (":counted", n(claim.counted))],
+            vec![(":counted", n(claim.counted))],
             "finish digest",
         );
-        match nothing_new.await {
-            Ok(()) => return Ok(()),
-            Err(PortError::ConditionFailed(_)) => {}
-            Err(e) => return Err(e),
-        }
-        // A notice came meanwhile: it keeps the owner in the index for the next email.
-        let keep_waiting = self.update_item(
-            &key,
-            &remove_claim,
-            Some("claimed_at = :at"),
-            &[],
-            vec![(":at", at)],
-            "finish digest",
-        );
-        match keep_waiting.await {
-            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()), // or taken over meanwhile
+        match leave.await {
+            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()),
             Err(e) => Err(e),
         }
     }

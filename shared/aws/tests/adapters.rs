@@ -337,14 +337,35 @@ async fn given_a_message_on_sqs_the_consumer_port_receives_returns_and_acks_it()
     );
 }
 
-/// Fails every `PutItem` while lit: an ingest dies after its first transaction, as a crash
+/// Fails every request of one DynamoDB operation while lit: a call dies half way, as a crash
 /// or a throttling spell between its requests would leave it.
-#[derive(Debug, Clone, Default)]
-struct PutItemFuse(std::sync::Arc<std::sync::atomic::AtomicBool>);
+#[derive(Debug, Clone)]
+struct OperationFuse(&'static str, std::sync::Arc<std::sync::atomic::AtomicBool>);
 
-impl aws_smithy_runtime_api::client::interceptors::Intercept for PutItemFuse {
+impl OperationFuse {
+    fn new(operation: &'static str) -> Self {
+        Self(operation, Default::default())
+    }
+
+    /// A store whose requests go through this fuse.
+    fn store(&self, env: &support::Env) -> hookwise_aws::DynamoStore {
+        hookwise_aws::DynamoStore::new(
+            aws_sdk_dynamodb::Client::from_conf(
+                env.clients
+                    .dynamodb
+                    .config()
+                    .to_builder()
+                    .interceptor(self.clone())
+                    .build(),
+            ),
+            &env.config,
+        )
+    }
+}
+
+impl aws_smithy_runtime_api::client::interceptors::Intercept for OperationFuse {
     fn name(&self) -> &'static str {
-        "PutItemFuse"
+        "OperationFuse"
     }
 
     fn read_before_transmit(
@@ -353,11 +374,11 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for PutItemFuse {
         _runtime_components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
         cfg: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
-        let put = cfg
+        let hit = cfg
             .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
-            .is_some_and(|m| m.name() == "PutItem");
-        if put && self.0.load(std::sync::atomic::Ordering::SeqCst) {
-            return Err("the fuse is lit: no PutItem gets through".into());
+            .is_some_and(|m| m.name() == self.0);
+        if hit && self.1.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(format!("the fuse is lit: no {} gets through", self.0).into());
         }
         Ok(())
     }
@@ -369,18 +390,8 @@ async fn given_an_ingest_of_150_that_died_after_its_first_transaction_then_a_ret
         return;
     };
     use hookwise_core::model::*;
-    let fuse = PutItemFuse::default();
-    let fused = hookwise_aws::DynamoStore::new(
-        aws_sdk_dynamodb::Client::from_conf(
-            env.clients
-                .dynamodb
-                .config()
-                .to_builder()
-                .interceptor(fuse.clone())
-                .build(),
-        ),
-        &env.config,
-    );
+    let fuse = OperationFuse::new("PutItem");
+    let fused = fuse.store(&env);
     let store = &env.adapters.store;
     let rng = &mut rand::rng();
     let now = Utc::now();
@@ -413,7 +424,7 @@ async fn given_an_ingest_of_150_that_died_after_its_first_transaction_then_a_ret
     // With a key: the client's retry finishes the first request's ingest.
     let first = event(Some("big-1"), rng);
     let first_deliveries = deliveries(&first, rng);
-    fuse.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    fuse.1.store(true, std::sync::atomic::Ordering::SeqCst);
     let died = fused.create_event(&first, &first_deliveries).await;
     assert!(died.is_err(), "the fuse let the ingest through: {died:?}");
     assert_eq!(
@@ -438,7 +449,7 @@ async fn given_an_ingest_of_150_that_died_after_its_first_transaction_then_a_ret
     let second = event(None, rng);
     let second_deliveries = deliveries(&second, rng);
     assert!(fused.create_event(&second, &second_deliveries).await.is_err());
-    fuse.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    fuse.1.store(false, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(written(&second_deliveries).await, 99);
     let second_id = &second.id;
     let overdue = |due_before| async move {
@@ -606,4 +617,62 @@ async fn given_a_replay_late_in_an_events_life_then_the_event_is_kept_for_the_ne
     let again = hookwise_core::state::requeued(&replay.next, now, now + Duration::minutes(30));
     store.apply_change(&again).await.unwrap();
     assert_eq!(expiry().await, (now + retention).timestamp());
+}
+
+#[tokio::test]
+async fn given_an_email_whose_finish_dies_half_way_then_the_owners_window_holds_and_what_was_left_goes_in_the_next() {
+    let Some(env) = support::dynamodb_local_env().await else {
+        return;
+    };
+    use hookwise_core::model::*;
+    use hookwise_core::ports::DeadNotice;
+    let fuse = OperationFuse::new("DeleteItem");
+    let fused = fuse.store(&env);
+    let store = &env.adapters.store;
+    let rng = &mut rand::rng();
+    let t = Utc.with_ymd_and_hms(2031, 3, 1, 9, 0, 0).unwrap();
+    let owner = Email::parse(&format!("o{}@acme.example", rand::random::<u32>())).unwrap();
+    let notice = |rng: &mut rand::rngs::ThreadRng| DeadNotice {
+        delivery_id: DeliveryId::generate(t, rng),
+        round: 0,
+        tenant_id: TenantId::generate(t, rng),
+        subscription_id: SubscriptionId::generate(t, rng),
+        died_at: t,
+    };
+    for n in [notice(rng), notice(rng)] {
+        assert!(store.queue_dead_notice(&owner, &n).await.unwrap());
+    }
+    let claim_at = |at: chrono::DateTime<Utc>| {
+        store.claim_digest(&owner, at, at - Duration::minutes(5), at - Duration::minutes(1))
+    };
+    let claim = claim_at(t).await.unwrap().expect("claimed");
+    assert_eq!(claim.notices.len(), 2);
+
+    // The email went out; then finishing it fails at its deletes.
+    fuse.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(fused.finish_digest(&claim).await.is_err());
+    fuse.1.store(false, std::sync::atomic::Ordering::SeqCst);
+
+    // The owner's window holds all the same: no second email within it.
+    let later = t + Duration::minutes(2);
+    assert!(claim_at(later).await.unwrap().is_none(), "within the window");
+    assert!(!store
+        .due_digests(later - Duration::minutes(5), 100)
+        .await
+        .unwrap()
+        .contains(&owner));
+    // After it, what was not cleared goes in the next email (told again, never lost), then
+    // nothing is left.
+    let next = claim_at(t + Duration::minutes(5))
+        .await
+        .unwrap()
+        .expect("the next window");
+    assert_eq!(next.notices, claim.notices);
+    store.finish_digest(&next).await.unwrap();
+    assert!(claim_at(t + Duration::minutes(20)).await.unwrap().is_none());
+    assert!(!store
+        .due_digests(t + Duration::minutes(15), 100)
+        .await
+        .unwrap()
+        .contains(&owner));
 }

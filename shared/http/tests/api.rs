@@ -991,6 +991,10 @@ async fn given_a_bad_batch_then_it_is_refused_whole_with_a_reason() {
         "{}",
         r.body["results"][0]
     );
+    assert_eq!(
+        r.body["results"][0]["error"]["status"], 413,
+        "as a single request's would be"
+    );
     assert_eq!(r.body["accepted"], 1);
     let too_big = json!({"events": [blob(MAX_BATCH_BODY_BYTES)]});
     let r = app.call("POST", "/v1/events/batch", &app.a, Some(too_big)).await;

@@ -140,25 +140,40 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
             format!("its schema version {version} is newer than this build of Hookwise understands ({VERSION})"),
         ));
     }
-    conn.execute_batch(SCHEMA).map_err(|e| db_err("create the tables", e))?;
+    // The tables, each upgrade step and the new version in one transaction: a process killed
+    // half way leaves the database as it was, and the next start upgrades it again.
+    let tx = conn
+        .unchecked_transaction()
+        .map_err(|e| db_err("begin the schema upgrade", e))?;
+    tx.execute_batch(SCHEMA).map_err(|e| db_err("create the tables", e))?;
     if version == 1 {
         // Notices claimed before version 2 were sent (or given back): mark them so.
-        conn.execute_batch(
+        tx.execute_batch(
             "ALTER TABLE dead_notices ADD COLUMN sent_at INTEGER; UPDATE dead_notices SET sent_at = claimed_at;",
         )
         .map_err(|e| db_err("upgrade the schema to version 2", e))?;
     }
-    if (1..=2).contains(&version) {
+    let has_dead_notices: bool = tx
+        .query_row(
+            "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'dead_notices'",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(|e| db_err("read the schema", e))?;
+    if (1..=2).contains(&version) && has_dead_notices {
         // Sent notices stay told. One claimed and never sent is dropped: its dead letter is
         // still on the queue (its batch failed), and queues it afresh when it comes back.
-        conn.execute_batch(
-            "INSERT INTO notices (delivery_id, round, owner, died_at, sent_at, doc)
+        // (`OR IGNORE` and the check above: an earlier build upgraded step by step, and one
+        // killed between the steps left some of them done.)
+        tx.execute_batch(
+            "INSERT OR IGNORE INTO notices (delivery_id, round, owner, died_at, sent_at, doc)
                  SELECT delivery_id, round, '', claimed_at, sent_at, '{}' FROM dead_notices WHERE sent_at IS NOT NULL;
              DROP TABLE dead_notices;",
         )
         .map_err(|e| db_err("upgrade the schema to version 3", e))?;
     }
-    conn.pragma_update(None, "user_version", VERSION)
+    tx.pragma_update(None, "user_version", VERSION)
         .map_err(|e| db_err("set user_version", e))?;
+    tx.commit().map_err(|e| db_err("commit the schema upgrade", e))?;
     Ok(())
 }

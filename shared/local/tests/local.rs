@@ -773,3 +773,33 @@ async fn a_version_2_data_dir_keeps_its_sent_notices_and_drops_claims_never_sent
         "and it waits for the owner's email"
     );
 }
+
+#[tokio::test]
+async fn a_version_2_data_dir_left_half_upgraded_by_a_killed_process_still_opens_and_keeps_its_notices() {
+    for dropped in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // Killed after copying the sent notices, before (or after) dropping the old table,
+            // and before the version was set.
+            let conn = rusqlite::Connection::open(dir.path().join("hookwise.db")).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE dead_notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL,
+                     claimed_at INTEGER NOT NULL, sent_at INTEGER, PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
+                 INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000A', 0, 1, 2);
+                 CREATE TABLE notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL, owner TEXT NOT NULL,
+                     died_at INTEGER NOT NULL, sent_at INTEGER, doc TEXT NOT NULL,
+                     PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
+                 INSERT INTO notices VALUES ('dlv_01J0000000000000000000000A', 0, '', 1, 2, '{}');
+                 PRAGMA user_version = 2;",
+            )
+            .unwrap();
+            if dropped {
+                conn.execute_batch("DROP TABLE dead_notices;").unwrap();
+            }
+        }
+        let backend = LocalBackend::open(dir.path()).unwrap_or_else(|e| panic!("dropped {dropped}: {e}"));
+        let owner = Email::parse("ops@acme.example").unwrap();
+        let told = upgraded_notice("dlv_01J0000000000000000000000A");
+        assert!(!backend.queue_dead_notice(&owner, &told).await.unwrap(), "told already");
+    }
+}

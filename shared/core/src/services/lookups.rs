@@ -19,6 +19,7 @@
 
 use std::collections::HashMap;
 use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
@@ -67,8 +68,13 @@ impl<K: Eq + Hash, V: Clone> Kept<K, V> {
             .map(|(_, v)| v.clone())
     }
 
-    fn put(&self, key: K, value: V, now: DateTime<Utc>) {
+    /// Keep `value`, read since `generation` was `read_in`, unless a forget came meanwhile:
+    /// then it may be older than what was written.
+    fn put(&self, key: K, value: V, now: DateTime<Utc>, generation: &AtomicU64, read_in: u64) {
         let mut entries = self.lock();
+        if generation.load(Ordering::SeqCst) != read_in {
+            return;
+        }
         if entries.len() >= MAX_ENTRIES {
             entries.clear();
         }
@@ -81,6 +87,8 @@ impl<K: Eq + Hash, V: Clone> Kept<K, V> {
 }
 
 pub(crate) struct Lookups {
+    /// Bumped by every forget, before it forgets: a read that started before it keeps nothing.
+    generation: AtomicU64,
     tenants_by_key: Kept<String, Tenant>,
     tenants: Kept<TenantId, Tenant>,
     subscriptions: Kept<(TenantId, SubscriptionId), Subscription>,
@@ -91,6 +99,7 @@ pub(crate) struct Lookups {
 impl Lookups {
     pub(crate) fn new() -> Self {
         Self {
+            generation: AtomicU64::new(0),
             tenants_by_key: Kept::new(),
             tenants: Kept::new(),
             subscriptions: Kept::new(),
@@ -111,9 +120,12 @@ impl Services {
         if let Some(t) = self.lookups.tenants_by_key.get(&hash, self.kept_after()) {
             return Ok(Some(t));
         }
+        let read_in = self.lookups.generation.load(Ordering::SeqCst);
         let found = self.ports.store.tenant_by_api_key(&hash).await?;
         if let Some(t) = &found {
-            self.lookups.tenants_by_key.put(hash, t.clone(), self.now());
+            let l = &self.lookups;
+            l.tenants_by_key
+                .put(hash, t.clone(), self.now(), &l.generation, read_in);
         }
         Ok(found)
     }
@@ -122,9 +134,11 @@ impl Services {
         if let Some(t) = self.lookups.tenants.get(id, self.kept_after()) {
             return Ok(Some(t));
         }
+        let read_in = self.lookups.generation.load(Ordering::SeqCst);
         let found = self.ports.store.get_tenant(id).await?;
         if let Some(t) = &found {
-            self.lookups.tenants.put(id.clone(), t.clone(), self.now());
+            let l = &self.lookups;
+            l.tenants.put(id.clone(), t.clone(), self.now(), &l.generation, read_in);
         }
         Ok(found)
     }
@@ -138,9 +152,11 @@ impl Services {
         if let Some(s) = self.lookups.subscriptions.get(&key, self.kept_after()) {
             return Ok(Some(s));
         }
+        let read_in = self.lookups.generation.load(Ordering::SeqCst);
         let found = self.ports.store.get_subscription(tenant, id).await?;
         if let Some(s) = &found {
-            self.lookups.subscriptions.put(key, s.clone(), self.now());
+            let l = &self.lookups;
+            l.subscriptions.put(key, s.clone(), self.now(), &l.generation, read_in);
         }
         Ok(found)
     }
@@ -149,15 +165,17 @@ impl Services {
         if let Some(list) = self.lookups.tenant_subscriptions.get(tenant, self.kept_after()) {
             return Ok(list);
         }
+        let read_in = self.lookups.generation.load(Ordering::SeqCst);
         let list = Arc::new(self.ports.store.list_subscriptions(tenant).await?);
-        self.lookups
-            .tenant_subscriptions
-            .put(tenant.clone(), list.clone(), self.now());
+        let l = &self.lookups;
+        l.tenant_subscriptions
+            .put(tenant.clone(), list.clone(), self.now(), &l.generation, read_in);
         Ok(list)
     }
 
     /// This process changed (or deleted) a subscription: forget it, and its tenant's list.
     pub(crate) fn forget_subscription(&self, tenant: &TenantId, id: &SubscriptionId) {
+        self.lookups.generation.fetch_add(1, Ordering::SeqCst);
         self.lookups.subscriptions.forget(&(tenant.clone(), id.clone()));
         self.lookups.tenant_subscriptions.forget(tenant);
     }
@@ -261,5 +279,28 @@ impl Services {
                 Err(err.into())
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_value_read_before_a_forget_is_not_kept_after_it() {
+        let kept: Kept<u32, &str> = Kept::new();
+        let generation = AtomicU64::new(0);
+        let now = Utc::now();
+        let read_in = generation.load(Ordering::SeqCst);
+        // A write and its forget land while the read is on its way...
+        generation.fetch_add(1, Ordering::SeqCst);
+        kept.forget(&1);
+        // ...so what the read found is not kept.
+        kept.put(1, "old", now, &generation, read_in);
+        assert_eq!(kept.get(&1, now - chrono::Duration::seconds(1)), None);
+        // A read that started after the forget is.
+        let read_in = generation.load(Ordering::SeqCst);
+        kept.put(1, "new", now, &generation, read_in);
+        assert_eq!(kept.get(&1, now - chrono::Duration::seconds(1)), Some("new"));
     }
 }

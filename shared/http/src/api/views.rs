@@ -234,9 +234,15 @@ pub struct BatchError {
 
 impl From<ApiError> for BatchResult {
     fn from(e: ApiError) -> Self {
+        // A payload too large is what a single request's body limit answers with 413.
+        let status = if e.code == "payload_too_large" {
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE
+        } else {
+            e.status
+        };
         Self::Failed {
             error: BatchError {
-                status: e.status.as_u16(),
+                status: status.as_u16(),
                 code: e.code.into_owned(),
                 message: e.message,
             },

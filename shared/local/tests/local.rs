@@ -712,6 +712,26 @@ fn given_a_data_dir_owned_by_one_lock_then_a_second_is_refused_naming_the_owner_
     hookwise_local::DataDirLock::acquire(dir.path()).expect("free once the owner is gone");
 }
 
+/// A data dir as an older build left it (`sql` makes its database), opened by this one.
+async fn opened_after(sql: &str) -> (tempfile::TempDir, LocalBackend) {
+    let dir = tempfile::tempdir().unwrap();
+    rusqlite::Connection::open(dir.path().join("hookwise.db"))
+        .unwrap()
+        .execute_batch(sql)
+        .unwrap();
+    let backend = LocalBackend::open(dir.path()).unwrap_or_else(|e| panic!("{e}\n{sql}"));
+    (dir, backend)
+}
+
+/// Whether `delivery`'s round 0 is recorded as new now (`false`: its owner was told already).
+async fn records_afresh(backend: &LocalBackend, delivery: &str) -> bool {
+    let owner = Email::parse("ops@acme.example").unwrap();
+    backend
+        .queue_dead_notice(&owner, &upgraded_notice(delivery))
+        .await
+        .unwrap()
+}
+
 /// A notice of `delivery` as the upgrade tests record it.
 fn upgraded_notice(delivery: &str) -> DeadNotice {
     let mut rng = StdRng::seed_from_u64(3);
@@ -726,80 +746,61 @@ fn upgraded_notice(delivery: &str) -> DeadNotice {
 
 #[tokio::test]
 async fn a_version_1_data_dir_is_upgraded_and_its_notices_count_as_sent() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        // What version 1 wrote: a claim had no sent mark, and meant the email went out.
-        let conn = rusqlite::Connection::open(dir.path().join("hookwise.db")).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE dead_notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL,
-                 claimed_at INTEGER NOT NULL, PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
-             INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000A', 0, 1);
-             PRAGMA user_version = 1;",
-        )
-        .unwrap();
-    }
-    let backend = LocalBackend::open(dir.path()).unwrap();
-    let owner = Email::parse("ops@acme.example").unwrap();
-    let told = upgraded_notice("dlv_01J0000000000000000000000A");
-    assert!(!backend.queue_dead_notice(&owner, &told).await.unwrap(), "told already");
-    let other = upgraded_notice("dlv_01J0000000000000000000000B");
-    assert!(backend.queue_dead_notice(&owner, &other).await.unwrap());
+    // What version 1 wrote: a claim had no sent mark, and meant the email went out.
+    let (_dir, backend) = opened_after(
+        "CREATE TABLE dead_notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL,
+             claimed_at INTEGER NOT NULL, PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
+         INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000A', 0, 1);
+         PRAGMA user_version = 1;",
+    )
+    .await;
+    assert!(
+        !records_afresh(&backend, "dlv_01J0000000000000000000000A").await,
+        "told already"
+    );
+    assert!(records_afresh(&backend, "dlv_01J0000000000000000000000B").await);
 }
 
 #[tokio::test]
 async fn a_version_2_data_dir_keeps_its_sent_notices_and_drops_claims_never_sent() {
-    let dir = tempfile::tempdir().unwrap();
-    {
-        let conn = rusqlite::Connection::open(dir.path().join("hookwise.db")).unwrap();
-        conn.execute_batch(
-            "CREATE TABLE dead_notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL,
-                 claimed_at INTEGER NOT NULL, sent_at INTEGER, PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
-             INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000A', 0, 1, 2);
-             INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000B', 0, 1, NULL);
-             PRAGMA user_version = 2;",
-        )
-        .unwrap();
-    }
-    let backend = LocalBackend::open(dir.path()).unwrap();
-    let owner = Email::parse("ops@acme.example").unwrap();
-    let sent = upgraded_notice("dlv_01J0000000000000000000000A");
-    assert!(!backend.queue_dead_notice(&owner, &sent).await.unwrap(), "told already");
+    let (_dir, backend) = opened_after(
+        "CREATE TABLE dead_notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL,
+             claimed_at INTEGER NOT NULL, sent_at INTEGER, PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
+         INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000A', 0, 1, 2);
+         INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000B', 0, 1, NULL);
+         PRAGMA user_version = 2;",
+    )
+    .await;
+    assert!(
+        !records_afresh(&backend, "dlv_01J0000000000000000000000A").await,
+        "told already"
+    );
     // Its dead letter comes back (its batch failed) and records it afresh.
-    let unsent = upgraded_notice("dlv_01J0000000000000000000000B");
-    assert!(backend.queue_dead_notice(&owner, &unsent).await.unwrap());
+    assert!(records_afresh(&backend, "dlv_01J0000000000000000000000B").await);
     assert_eq!(
         backend.due_digests(start(), 10).await.unwrap(),
-        vec![owner.clone()],
+        vec![Email::parse("ops@acme.example").unwrap()],
         "and it waits for the owner's email"
     );
 }
 
 #[tokio::test]
 async fn a_version_2_data_dir_left_half_upgraded_by_a_killed_process_still_opens_and_keeps_its_notices() {
-    for dropped in [false, true] {
-        let dir = tempfile::tempdir().unwrap();
-        {
-            // Killed after copying the sent notices, before (or after) dropping the old table,
-            // and before the version was set.
-            let conn = rusqlite::Connection::open(dir.path().join("hookwise.db")).unwrap();
-            conn.execute_batch(
-                "CREATE TABLE dead_notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL,
-                     claimed_at INTEGER NOT NULL, sent_at INTEGER, PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
-                 INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000A', 0, 1, 2);
-                 CREATE TABLE notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL, owner TEXT NOT NULL,
-                     died_at INTEGER NOT NULL, sent_at INTEGER, doc TEXT NOT NULL,
-                     PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
-                 INSERT INTO notices VALUES ('dlv_01J0000000000000000000000A', 0, '', 1, 2, '{}');
-                 PRAGMA user_version = 2;",
-            )
-            .unwrap();
-            if dropped {
-                conn.execute_batch("DROP TABLE dead_notices;").unwrap();
-            }
-        }
-        let backend = LocalBackend::open(dir.path()).unwrap_or_else(|e| panic!("dropped {dropped}: {e}"));
-        let owner = Email::parse("ops@acme.example").unwrap();
-        let told = upgraded_notice("dlv_01J0000000000000000000000A");
-        assert!(!backend.queue_dead_notice(&owner, &told).await.unwrap(), "told already");
+    // Killed after copying the sent notices, before (or after) dropping the old table, and
+    // before the version was set.
+    let copied = "CREATE TABLE dead_notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL,
+             claimed_at INTEGER NOT NULL, sent_at INTEGER, PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
+         INSERT INTO dead_notices VALUES ('dlv_01J0000000000000000000000A', 0, 1, 2);
+         CREATE TABLE notices (delivery_id TEXT NOT NULL, round INTEGER NOT NULL, owner TEXT NOT NULL,
+             died_at INTEGER NOT NULL, sent_at INTEGER, doc TEXT NOT NULL,
+             PRIMARY KEY (delivery_id, round)) WITHOUT ROWID;
+         INSERT INTO notices VALUES ('dlv_01J0000000000000000000000A', 0, '', 1, 2, '{}');
+         PRAGMA user_version = 2;";
+    for sql in [copied.to_owned(), format!("{copied} DROP TABLE dead_notices;")] {
+        let (_dir, backend) = opened_after(&sql).await;
+        assert!(
+            !records_afresh(&backend, "dlv_01J0000000000000000000000A").await,
+            "told already"
+        );
     }
 }

@@ -1189,7 +1189,7 @@ impl Store for DynamoStore {
         }
     }
 
-    async fn due_digests(&self, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>> {
+    async fn due_digests(&self, now: DateTime<Utc>, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>> {
         let q = self
             .client
             .query()
@@ -1212,7 +1212,13 @@ impl Store for DynamoStore {
                 .contains_key("last_sent_at")
                 .then(|| get_n(item, "last_sent_at"))
                 .transpose()?;
-            if last_sent.is_none_or(|t| t <= window_start.timestamp_millis()) {
+            let retry_at: Option<i64> = item
+                .contains_key("retry_at")
+                .then(|| get_n(item, "retry_at"))
+                .transpose()?;
+            if last_sent.is_none_or(|t| t <= window_start.timestamp_millis())
+                && retry_at.is_none_or(|t| t <= now.timestamp_millis())
+            {
                 let owner = get_s(item, "recipient")?;
                 owners.push(Email::parse(owner).map_err(|e| corrupt("recipient", e.to_string()))?);
             }
@@ -1238,7 +1244,8 @@ impl Store for DynamoStore {
             .update_expression("SET claimed_at = :now, claim = :nonce")
             .condition_expression(
                 "attribute_exists(#due) AND (attribute_not_exists(last_sent_at) OR last_sent_at <= :window) \
-                 AND (attribute_not_exists(claimed_at) OR claimed_at < :stale)",
+                 AND (attribute_not_exists(claimed_at) OR claimed_at < :stale) \
+                 AND (attribute_not_exists(retry_at) OR retry_at <= :now)",
             )
             .expression_attribute_names("#due", GSI_DUE)
             .expression_attribute_values(":now", n(at))
@@ -1287,7 +1294,20 @@ impl Store for DynamoStore {
         let claimed_at = DateTime::from_timestamp_millis(at).unwrap_or(now);
         let claim = DigestClaim::new(owner.clone(), notices, claimed_at, counted);
         if claim.notices.is_empty() {
-            self.release_digest(&claim).await?;
+            // Nothing waits after all: the claim goes, and the owner leaves the index.
+            let key = digest_key(owner);
+            let drop_claim = self.update_item(
+                &key,
+                "REMOVE claimed_at",
+                Some("claimed_at = :at"),
+                &[],
+                vec![(":at", n(at))],
+                "claim digest",
+            );
+            match drop_claim.await {
+                Ok(()) | Err(PortError::ConditionFailed(_)) => {}
+                Err(e) => return Err(e),
+            }
             self.leave_digest_index(&claim).await?;
             return Ok(None);
         }
@@ -1302,7 +1322,7 @@ impl Store for DynamoStore {
         let key = digest_key(&claim.owner);
         let window = self.update_item(
             &key,
-            "SET last_sent_at = :at REMOVE claimed_at",
+            "SET last_sent_at = :at REMOVE claimed_at, retry_at",
             Some("claimed_at = :at"),
             &[],
             vec![(":at", at.clone())],
@@ -1350,14 +1370,17 @@ impl Store for DynamoStore {
         self.leave_digest_index(claim).await
     }
 
-    async fn release_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+    async fn release_digest(&self, claim: &DigestClaim, retry_at: DateTime<Utc>) -> PortResult<()> {
         let key = digest_key(&claim.owner);
         let release = self.update_item(
             &key,
-            "REMOVE claimed_at",
+            "SET retry_at = :retry REMOVE claimed_at",
             Some("claimed_at = :at"),
             &[],
-            vec![(":at", n(claim.claimed_at.timestamp_millis()))],
+            vec![
+                (":at", n(claim.claimed_at.timestamp_millis())),
+                (":retry", n(retry_at.timestamp_millis())),
+            ],
             "release digest",
         );
         match release.await {

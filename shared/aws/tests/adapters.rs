@@ -657,7 +657,7 @@ async fn given_an_email_whose_finish_dies_half_way_then_the_owners_window_holds_
     let later = t + Duration::minutes(2);
     assert!(claim_at(later).await.unwrap().is_none(), "within the window");
     assert!(!store
-        .due_digests(later - Duration::minutes(5), 100)
+        .due_digests(later, later - Duration::minutes(5), 100)
         .await
         .unwrap()
         .contains(&owner));
@@ -671,7 +671,7 @@ async fn given_an_email_whose_finish_dies_half_way_then_the_owners_window_holds_
     store.finish_digest(&next).await.unwrap();
     assert!(claim_at(t + Duration::minutes(20)).await.unwrap().is_none());
     assert!(!store
-        .due_digests(t + Duration::minutes(15), 100)
+        .due_digests(t + Duration::minutes(20), t + Duration::minutes(15), 100)
         .await
         .unwrap()
         .contains(&owner));

@@ -143,12 +143,14 @@ pub trait Store: Send + Sync {
     /// round is told once.
     async fn queue_dead_notice(&self, owner: &Email, notice: &DeadNotice) -> PortResult<bool>;
     /// Owners with notices waiting whose last email went out at or before `window_start`
-    /// (or never): the ones whose next email may go now.
-    async fn due_digests(&self, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>>;
+    /// (or never), and whose failed email is not held back past `now`: the ones whose next
+    /// email may go now.
+    async fn due_digests(&self, now: DateTime<Utc>, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>>;
     /// Claim `owner`'s next email at `now`, with every notice waiting for it (oldest death
     /// first). `None` unless notices wait, the last email went out at or before
-    /// `window_start`, and no claim made after `stale_before` holds it (an older claim was
-    /// left by a handler that died before it sent its email).
+    /// `window_start`, no failed email holds it back past `now`, and no claim made after
+    /// `stale_before` holds it (an older claim was left by a handler that died before it sent
+    /// its email).
     async fn claim_digest(
         &self,
         owner: &Email,
@@ -159,8 +161,10 @@ pub trait Store: Send + Sync {
     /// The claimed email went out: its notices are sent, and the owner's window starts at
     /// the claim's time. A claim taken over meanwhile changes nothing of the owner's.
     async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()>;
-    /// The claimed email could not be sent: the claim is given back and its notices wait.
-    async fn release_digest(&self, claim: &DigestClaim) -> PortResult<()>;
+    /// The claimed email could not be sent: the claim is given back and its notices wait,
+    /// the owner neither due nor claimable before `retry_at` (so owners whose emails keep
+    /// failing do not hold up the others).
+    async fn release_digest(&self, claim: &DigestClaim, retry_at: DateTime<Utc>) -> PortResult<()>;
 }
 
 /// A dead delivery's round, told to its owner in their next email.

@@ -79,11 +79,13 @@ CREATE TABLE IF NOT EXISTS notices (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS notices_waiting ON notices (owner, died_at, delivery_id) WHERE sent_at IS NULL;
 
--- An owner's emails: when the last went out, and the claim on the next.
+-- An owner's emails: when the last went out, the claim on the next, and when a failed one
+-- may be tried again.
 CREATE TABLE IF NOT EXISTS digests (
     owner         TEXT PRIMARY KEY,
     last_sent_at  INTEGER,
-    claimed_at    INTEGER
+    claimed_at    INTEGER,
+    retry_at      INTEGER
 ) WITHOUT ROWID;
 
 -- Both queues: `queue` is 'delivery' or 'dead'. A message is visible when

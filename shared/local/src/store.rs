@@ -522,17 +522,18 @@ impl Store for LocalBackend {
         .await
     }
 
-    async fn due_digests(&self, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>> {
-        let window_start = nanos(window_start);
+    async fn due_digests(&self, now: DateTime<Utc>, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>> {
+        let (now, window_start) = (nanos(now), nanos(window_start));
         let owners: Vec<String> = self
             .with_conn("due digests", move |conn| {
                 conn.prepare_cached(
                     "SELECT DISTINCT n.owner FROM notices n LEFT JOIN digests g ON g.owner = n.owner
                      WHERE n.sent_at IS NULL AND (g.last_sent_at IS NULL OR g.last_sent_at <= ?1)
+                       AND (g.retry_at IS NULL OR g.retry_at <= ?3)
                      ORDER BY n.owner LIMIT ?2",
                 )
                 .and_then(|mut s| {
-                    s.query_map(params![window_start, limit], |row| row.get(0))?
+                    s.query_map(params![window_start, limit, now], |row| row.get(0))?
                         .collect::<Result<_, _>>()
                 })
                 .map_err(|e| db_err("due digests", e))
@@ -569,7 +570,8 @@ impl Store for LocalBackend {
                     .prepare_cached(
                         "INSERT INTO digests (owner, claimed_at) VALUES (?1, ?2)
                          ON CONFLICT (owner) DO UPDATE SET claimed_at = excluded.claimed_at
-                         WHERE (last_sent_at IS NULL OR last_sent_at <= ?3) AND (claimed_at IS NULL OR claimed_at < ?4)",
+                         WHERE (last_sent_at IS NULL OR last_sent_at <= ?3) AND (claimed_at IS NULL OR claimed_at < ?4)
+                           AND (retry_at IS NULL OR retry_at <= ?2)",
                     )
                     .and_then(|mut s| s.execute(params![who, at, window_start, stale_before]))
                     .map_err(err)?;
@@ -601,7 +603,8 @@ impl Store for LocalBackend {
                 mark.execute(params![id, round, at]).map_err(err)?;
             }
             conn.prepare_cached(
-                "UPDATE digests SET last_sent_at = claimed_at, claimed_at = NULL WHERE owner = ?1 AND claimed_at = ?2",
+                "UPDATE digests SET last_sent_at = claimed_at, claimed_at = NULL, retry_at = NULL
+                 WHERE owner = ?1 AND claimed_at = ?2",
             )
             .and_then(|mut s| s.execute(params![owner, at]))
             .map_err(err)?;
@@ -610,13 +613,15 @@ impl Store for LocalBackend {
         .await
     }
 
-    async fn release_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+    async fn release_digest(&self, claim: &DigestClaim, retry_at: DateTime<Utc>) -> PortResult<()> {
         let owner = claim.owner.to_string();
-        let at = nanos(claim.claimed_at);
+        let (at, retry_at) = (nanos(claim.claimed_at), nanos(retry_at));
         self.with_conn("release digest", move |conn| {
-            conn.prepare_cached("UPDATE digests SET claimed_at = NULL WHERE owner = ?1 AND claimed_at = ?2")
-                .and_then(|mut s| s.execute(params![owner, at]))
-                .map_err(|e| db_err("release digest", e))?;
+            conn.prepare_cached(
+                "UPDATE digests SET claimed_at = NULL, retry_at = ?3 WHERE owner = ?1 AND claimed_at = ?2",
+            )
+            .and_then(|mut s| s.execute(params![owner, at, retry_at]))
+            .map_err(|e| db_err("release digest", e))?;
             Ok(())
         })
         .await

@@ -778,7 +778,7 @@ async fn a_version_2_data_dir_keeps_its_sent_notices_and_drops_claims_never_sent
     // Its dead letter comes back (its batch failed) and records it afresh.
     assert!(records_afresh(&backend, "dlv_01J0000000000000000000000B").await);
     assert_eq!(
-        backend.due_digests(start(), 10).await.unwrap(),
+        backend.due_digests(start(), start(), 10).await.unwrap(),
         vec![Email::parse("ops@acme.example").unwrap()],
         "and it waits for the owner's email"
     );

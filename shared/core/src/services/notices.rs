@@ -5,9 +5,9 @@
 //! them all (a recover since the first death, per subscription).
 //!
 //! An email is claimed, sent, then finished (its notices marked sent); one that fails gives
-//! its claim back, and a claim left by a handler that died goes stale after
-//! `Config::notice_claim_timeout`. Either way the scheduler's tick sends it later
-//! ([`Services::send_due_digests`]). So each dead round is told once, and every owner at
+//! its claim back, to be tried again after a window, and a claim left by a handler that died
+//! goes stale after `Config::notice_claim_timeout`. Either way the scheduler's tick sends it
+//! later ([`Services::send_due_digests`]). So each dead round is told once, and every owner at
 //! least once.
 
 use std::collections::{BTreeMap, HashMap};
@@ -24,6 +24,8 @@ use crate::ports::{DeadNotice, DigestClaim, OutgoingEmail};
 pub const DIGEST_LISTED: usize = 50;
 /// Owners whose emails are looked for per query.
 const PAGE: u32 = 100;
+/// The shortest wait before a failed email is tried again (with a window of 0).
+const MIN_RETRY: chrono::Duration = chrono::Duration::seconds(30);
 
 impl Services {
     /// Send `owner`'s email if their window is open and notices wait: how many deliveries it
@@ -45,7 +47,10 @@ impl Services {
                 Ok(Some(claim.notices.len()))
             }
             Err(error) => {
-                store.release_digest(&claim).await?;
+                // Tried again after a window: an owner whose emails keep failing does not
+                // take the place of the others tick after tick.
+                let retry_at = now + chrono::Duration::from_std(self.config.digest_window).unwrap_or_default();
+                store.release_digest(&claim, retry_at.max(now + MIN_RETRY)).await?;
                 Err(error)
             }
         }
@@ -54,8 +59,8 @@ impl Services {
     /// The scheduler's part: every owner whose window has opened on waiting notices gets their
     /// email, within the tick's budget. How many emails went out.
     pub(crate) async fn send_due_digests(&self, until: Instant) -> Result<usize> {
-        let (_, window_start, _) = self.digest_times();
-        let owners = self.ports.store.due_digests(window_start, PAGE).await?;
+        let (now, window_start, _) = self.digest_times();
+        let owners = self.ports.store.due_digests(now, window_start, PAGE).await?;
         let mut emails = 0;
         for owner in &owners {
             if Instant::now() >= until {

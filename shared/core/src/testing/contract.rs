@@ -1160,7 +1160,7 @@ async fn claim_at(b: &dyn ContractBackend, owner: &Email, at: DateTime<Utc>) -> 
 
 async fn due(b: &dyn ContractBackend, owner: &Email, at: DateTime<Utc>) -> bool {
     b.store()
-        .due_digests(at - minutes(5), 1000)
+        .due_digests(at, at - minutes(5), 1000)
         .await
         .expect("due digests")
         .contains(owner)
@@ -1258,7 +1258,7 @@ pub async fn a_claim_never_finished_is_taken_over_once_stale(b: &dyn ContractBac
         "the new claim holds in turn"
     );
     // The first claimer's late release does not free the second's claim.
-    b.store().release_digest(&first).await.expect("release");
+    b.store().release_digest(&first, t0()).await.expect("release");
     assert!(claim_at(b, &owner, t0() + minutes(2)).await.is_none());
     b.store().finish_digest(&second).await.expect("finish");
     assert!(!queue(b, &owner, &notice(&ds[0], 0, t0())).await, "sent");
@@ -1272,9 +1272,16 @@ pub async fn a_released_claim_leaves_its_notices_waiting(b: &dyn ContractBackend
     queue(b, &owner, &notice(&ds[1], 0, t0() + minutes(1))).await;
 
     let claim = claim_at(b, &owner, t0() + minutes(2)).await.expect("claimed");
-    b.store().release_digest(&claim).await.expect("release");
-    assert!(due(b, &owner, t0() + minutes(2)).await, "still due");
-    let again = claim_at(b, &owner, t0() + minutes(2))
+    let retry_at = t0() + minutes(7);
+    b.store().release_digest(&claim, retry_at).await.expect("release");
+    // Held back until its retry time, so owners whose emails keep failing do not take the
+    // others' places; then due and claimable again, with the same notices.
+    for at in [t0() + minutes(2), t0() + minutes(6)] {
+        assert!(!due(b, &owner, at).await, "held back at {at}");
+        assert!(claim_at(b, &owner, at).await.is_none(), "held back at {at}");
+    }
+    assert!(due(b, &owner, retry_at).await, "due again");
+    let again = claim_at(b, &owner, retry_at)
         .await
         .expect("claimed again after its release");
     assert_eq!(told(&again), told(&claim));

@@ -37,6 +37,8 @@ struct StoreData {
 struct MemoryDigest {
     last_sent: Option<DateTime<Utc>>,
     claimed_at: Option<DateTime<Utc>>,
+    /// A failed email's owner is not tried again before this.
+    retry_at: Option<DateTime<Utc>>,
 }
 
 #[derive(Default)]
@@ -235,17 +237,16 @@ impl Store for MemoryStore {
         d.notices.insert(key, (owner.clone(), notice.clone(), false));
         Ok(true)
     }
-    async fn due_digests(&self, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>> {
+    async fn due_digests(&self, now: DateTime<Utc>, window_start: DateTime<Utc>, limit: u32) -> PortResult<Vec<Email>> {
         let d = lock(&self.data);
         let mut owners: Vec<Email> = d
             .notices
             .values()
             .filter(|(owner, _, sent)| {
+                let digest = d.digests.get(owner);
                 !sent
-                    && d.digests
-                        .get(owner)
-                        .and_then(|g| g.last_sent)
-                        .is_none_or(|t| t <= window_start)
+                    && digest.and_then(|g| g.last_sent).is_none_or(|t| t <= window_start)
+                    && digest.and_then(|g| g.retry_at).is_none_or(|t| t <= now)
             })
             .map(|(owner, _, _)| owner.clone())
             .collect::<HashSet<_>>()
@@ -272,6 +273,7 @@ impl Store for MemoryStore {
         let digest = d.digests.entry(owner.clone()).or_default();
         if notices.is_empty()
             || digest.last_sent.is_some_and(|t| t > window_start)
+            || digest.retry_at.is_some_and(|t| t > now)
             || digest.claimed_at.is_some_and(|t| t >= stale_before)
         {
             return Ok(None);
@@ -290,16 +292,17 @@ impl Store for MemoryStore {
         if digest.claimed_at == Some(claim.claimed_at) {
             *digest = MemoryDigest {
                 last_sent: Some(claim.claimed_at),
-                claimed_at: None,
+                ..MemoryDigest::default()
             };
         }
         Ok(())
     }
-    async fn release_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+    async fn release_digest(&self, claim: &DigestClaim, retry_at: DateTime<Utc>) -> PortResult<()> {
         let mut d = lock(&self.data);
         let digest = d.digests.entry(claim.owner.clone()).or_default();
         if digest.claimed_at == Some(claim.claimed_at) {
             digest.claimed_at = None;
+            digest.retry_at = Some(retry_at);
         }
         Ok(())
     }

@@ -491,18 +491,17 @@ impl DynamoStore {
     /// Push an event's expiry out to `until`, unless it is later already (or the event gone).
     async fn keep_event_until(&self, event: &EventId, until: DateTime<Utc>) -> Result<(), PortError> {
         let key = event_key(event);
-        let update = self.update_item(
-            &key,
-            "SET #ttl = :until",
-            Some("attribute_exists(pk) AND #ttl < :until"),
-            &[("#ttl", TTL_ATTRIBUTE)],
-            vec![(":until", n(until.timestamp()))],
-            "keep event",
-        );
-        match update.await {
-            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        unless_changed(
+            self.update_item(
+                &key,
+                "SET #ttl = :until",
+                Some("attribute_exists(pk) AND #ttl < :until"),
+                &[("#ttl", TTL_ATTRIBUTE)],
+                vec![(":until", n(until.timestamp()))],
+                "keep event",
+            )
+            .await,
+        )
     }
 
     /// One conditional (or not) `UpdateItem`; a failed condition is `ConditionFailed`.
@@ -563,18 +562,17 @@ impl DynamoStore {
             .try_collect()
             .await?;
         let key = event_key(&event.id);
-        let finish = self.update_item(
-            &key,
-            "REMOVE #u, #s, #d",
-            Some("attribute_exists(pk)"),
-            &[("#u", UNWRITTEN), ("#s", GSI_DUE_SHARD), ("#d", GSI_DUE)],
-            Vec::new(),
-            "finish event",
-        );
-        match finish.await {
-            Ok(()) | Err(PortError::ConditionFailed(_)) => {} // (expired meanwhile: nothing to finish)
-            Err(e) => return Err(e),
-        }
+        unless_changed(
+            self.update_item(
+                &key,
+                "REMOVE #u, #s, #d",
+                Some("attribute_exists(pk)"),
+                &[("#u", UNWRITTEN), ("#s", GSI_DUE_SHARD), ("#d", GSI_DUE)],
+                Vec::new(),
+                "finish event",
+            )
+            .await,
+        )?; // (expired meanwhile: nothing to finish)
         Ok(written.into_iter().flatten().collect())
     }
 
@@ -745,6 +743,15 @@ fn claim_nonce() -> String {
         std::process::id(),
         SEQ.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// A conditional write whose condition failed because another caller got there first (or the
+/// item is gone) is no error to these callers.
+fn unless_changed(result: Result<(), PortError>) -> Result<(), PortError> {
+    match result {
+        Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()),
+        Err(e) => Err(e),
+    }
 }
 
 const EXPECTED_STATE: &str = "attribute_exists(pk) AND #status = :status AND #round = :round AND #attempts = :attempts";
@@ -1296,18 +1303,17 @@ impl Store for DynamoStore {
         if claim.notices.is_empty() {
             // Nothing waits after all: the claim goes, and the owner leaves the index.
             let key = digest_key(owner);
-            let drop_claim = self.update_item(
-                &key,
-                "REMOVE claimed_at",
-                Some("claimed_at = :at"),
-                &[],
-                vec![(":at", n(at))],
-                "claim digest",
-            );
-            match drop_claim.await {
-                Ok(()) | Err(PortError::ConditionFailed(_)) => {}
-                Err(e) => return Err(e),
-            }
+            unless_changed(
+                self.update_item(
+                    &key,
+                    "REMOVE claimed_at",
+                    Some("claimed_at = :at"),
+                    &[],
+                    vec![(":at", n(at))],
+                    "claim digest",
+                )
+                .await,
+            )?;
             self.leave_digest_index(&claim).await?;
             return Ok(None);
         }
@@ -1320,20 +1326,19 @@ impl Store for DynamoStore {
         // window is over, whatever fails below (then the next email mentions again what was
         // not marked).
         let key = digest_key(&claim.owner);
-        let window = self.update_item(
-            &key,
-            "SET last_sent_at = :at REMOVE claimed_at, retry_at",
-            Some("claimed_at = :at"),
-            &[],
-            vec![(":at", at.clone())],
-            "finish digest",
-        );
-        match window.await {
-            Ok(()) | Err(PortError::ConditionFailed(_)) => {} // (or taken over meanwhile)
-            Err(e) => return Err(e),
-        }
-        // Marked sent, then no longer waiting: a crash between the two sends a notice again
-        // rather than never.
+        unless_changed(
+            self.update_item(
+                &key,
+                "SET last_sent_at = :at REMOVE claimed_at, retry_at",
+                Some("claimed_at = :at"),
+                &[],
+                vec![(":at", at.clone())],
+                "finish digest",
+            )
+            .await,
+        )?; // (or taken over meanwhile)
+            // Marked sent, then no longer waiting: a crash between the two sends a notice again
+            // rather than never.
         futures::stream::iter(claim.notices.iter().cloned())
             .map(|notice| {
                 let at = at.clone();
@@ -1372,21 +1377,20 @@ impl Store for DynamoStore {
 
     async fn release_digest(&self, claim: &DigestClaim, retry_at: DateTime<Utc>) -> PortResult<()> {
         let key = digest_key(&claim.owner);
-        let release = self.update_item(
-            &key,
-            "SET retry_at = :retry REMOVE claimed_at",
-            Some("claimed_at = :at"),
-            &[],
-            vec![
-                (":at", n(claim.claimed_at.timestamp_millis())),
-                (":retry", n(retry_at.timestamp_millis())),
-            ],
-            "release digest",
-        );
-        match release.await {
-            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()), // taken over meanwhile
-            Err(e) => Err(e),
-        }
+        unless_changed(
+            self.update_item(
+                &key,
+                "SET retry_at = :retry REMOVE claimed_at",
+                Some("claimed_at = :at"),
+                &[],
+                vec![
+                    (":at", n(claim.claimed_at.timestamp_millis())),
+                    (":retry", n(retry_at.timestamp_millis())),
+                ],
+                "release digest",
+            )
+            .await,
+        ) // taken over meanwhile
     }
 }
 
@@ -1395,18 +1399,17 @@ impl DynamoStore {
     /// another claim holds the owner: those keep it there for the next email.
     async fn leave_digest_index(&self, claim: &DigestClaim) -> Result<(), PortError> {
         let key = digest_key(&claim.owner);
-        let leave = self.update_item(
-            &key,
-            "REMOVE #shard, #due",
-            Some("#counted = :counted AND attribute_not_exists(claimed_at)"),
-            &[("#shard", GSI_DUE_SHARD), ("#due", GSI_DUE), ("#counted", "counted")],
-            vec![(":counted", n(claim.counted))],
-            "finish digest",
-        );
-        match leave.await {
-            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        unless_changed(
+            self.update_item(
+                &key,
+                "REMOVE #shard, #due",
+                Some("#counted = :counted AND attribute_not_exists(claimed_at)"),
+                &[("#shard", GSI_DUE_SHARD), ("#due", GSI_DUE), ("#counted", "counted")],
+                vec![(":counted", n(claim.counted))],
+                "finish digest",
+            )
+            .await,
+        )
     }
 }
 

@@ -45,6 +45,18 @@ struct KeptHealth {
     saved_at: Option<DateTime<Utc>>,
 }
 
+impl KeptHealth {
+    /// Nothing read or recorded yet (so the next look reads the store).
+    fn unread() -> Self {
+        Self {
+            health: EndpointHealth::default(),
+            read_at: DateTime::<Utc>::MIN_UTC,
+            unsaved: Vec::new(),
+            saved_at: None,
+        }
+    }
+}
+
 /// Values found at a time, each good until `ttl` after it.
 struct Kept<K, V> {
     entries: Mutex<HashMap<K, (DateTime<Utc>, V)>>,
@@ -196,12 +208,7 @@ impl Services {
         if kept.len() >= MAX_ENTRIES {
             kept.retain(|_, k| !k.unsaved.is_empty());
         }
-        let entry = kept.entry(sub.clone()).or_insert_with(|| KeptHealth {
-            health: EndpointHealth::default(),
-            read_at: now,
-            unsaved: Vec::new(),
-            saved_at: None,
-        });
+        let entry = kept.entry(sub.clone()).or_insert_with(KeptHealth::unread);
         health.merge(&entry.unsaved);
         entry.health = health.clone();
         entry.read_at = now;
@@ -225,12 +232,7 @@ impl Services {
         let now = self.now();
         let due = {
             let mut kept = self.kept_healths();
-            let entry = kept.entry(sub.clone()).or_insert_with(|| KeptHealth {
-                health: EndpointHealth::default(),
-                read_at: DateTime::<Utc>::MIN_UTC,
-                unsaved: Vec::new(),
-                saved_at: None,
-            });
+            let entry = kept.entry(sub.clone()).or_insert_with(KeptHealth::unread);
             entry.health.record(sample);
             entry.unsaved.push(sample);
             let every = chrono::Duration::from_std(HEALTH_SAVE_EVERY).unwrap_or_default();

@@ -88,6 +88,41 @@ pub(crate) fn to_item<T: Serialize>(value: &T) -> Item {
 }
 
 /// The JSON object an item holds (key attributes included: serde ignores them).
+/// A payload as the event item stores it: deflated (`payload_z`, binary) when that is
+/// smaller, which JSON nearly always is (a 1.5 KB order payload fits a 1 KB write unit with
+/// the rest of the item), else as its JSON text (`payload`). Never as a DynamoDB map: a
+/// number such as 1.0 would come back as 1.
+pub(crate) fn payload_attr(payload: &Value) -> (&'static str, AttributeValue) {
+    use std::io::Write;
+    let text = payload.to_string();
+    let mut z = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+    let deflated = z.write_all(text.as_bytes()).and_then(|()| z.finish());
+    match deflated {
+        Ok(bytes) if bytes.len() < text.len() => (PAYLOAD_DEFLATED, AttributeValue::B(Blob::new(bytes))),
+        _ => (PAYLOAD_TEXT, s(text)),
+    }
+}
+
+pub(crate) const PAYLOAD_TEXT: &str = "payload";
+pub(crate) const PAYLOAD_DEFLATED: &str = "payload_z";
+
+/// The payload [`payload_attr`] stored, taken out of the item.
+pub(crate) fn take_payload(item: &mut Item) -> Result<Value, PortError> {
+    use std::io::Read;
+    let text = match (item.remove(PAYLOAD_DEFLATED), item.remove(PAYLOAD_TEXT)) {
+        (Some(AttributeValue::B(bytes)), _) => {
+            let mut text = String::new();
+            flate2::read::DeflateDecoder::new(bytes.as_ref())
+                .read_to_string(&mut text)
+                .map_err(|e| corrupt(PAYLOAD_DEFLATED, e.to_string()))?;
+            text
+        }
+        (None, Some(AttributeValue::S(text))) => text,
+        _ => return Err(corrupt("payload", "missing, or neither deflated bytes nor JSON text")),
+    };
+    serde_json::from_str(&text).map_err(|e| corrupt("payload", e.to_string()))
+}
+
 pub(crate) fn to_json(item: &Item) -> Result<Map<String, Value>, PortError> {
     item.iter()
         .map(|(k, v)| Ok((k.clone(), from_attr(v).map_err(|e| corrupt(k, e))?)))
@@ -167,6 +202,32 @@ pub(crate) fn health_from_attr(item: &Item, name: &str) -> Result<EndpointHealth
 mod tests {
     use super::*;
     use serde::Deserialize;
+
+    #[test]
+    fn a_payload_is_stored_deflated_when_that_is_smaller_and_comes_back_exactly() {
+        let order = serde_json::json!({"lines": (0..20).map(|i| serde_json::json!({"sku": format!("SKU-{i}"),
+            "price": 1.0, "qty": i})).collect::<Vec<_>>()});
+        let (name, attr) = payload_attr(&order);
+        assert_eq!(name, PAYLOAD_DEFLATED);
+        let AttributeValue::B(bytes) = &attr else {
+            panic!("not binary: {attr:?}")
+        };
+        assert!(bytes.as_ref().len() * 3 < order.to_string().len(), "barely deflated");
+        let mut item = Item::from([(name.to_owned(), attr)]);
+        // 1.0 stays 1.0: the text is what was sent.
+        assert_eq!(take_payload(&mut item).unwrap().to_string(), order.to_string());
+        assert!(item.is_empty());
+
+        // Too short to gain: kept as text. Items written before deflating read as before.
+        let tiny = serde_json::json!({"a": 1});
+        let (name, attr) = payload_attr(&tiny);
+        assert_eq!((name, &attr), (PAYLOAD_TEXT, &s(r#"{"a":1}"#)));
+        let mut item = Item::from([(name.to_owned(), attr)]);
+        assert_eq!(take_payload(&mut item).unwrap(), tiny);
+
+        let mut broken = Item::from([(PAYLOAD_DEFLATED.to_owned(), AttributeValue::B(Blob::new(vec![0xff; 8])))]);
+        assert!(take_payload(&mut broken).is_err());
+    }
 
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
     struct Sample {

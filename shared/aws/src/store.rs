@@ -7,7 +7,6 @@
 //! | subscription       | `TEN#{tenant}`           | `SUB#{subscription}`          |
 //! | API key (hash)     | `KEY#{sha256}`           | `#KEY` (a copy of the tenant) |
 //! | event              | `EVT#{event}`            | `#EVENT` (+ its delivery ids) |
-//! | idempotency marker | `IDEM#{tenant}#{key}`    | `#IDEM` (→ the event id)      |
 //! | delivery           | `DLV#{delivery}`         | `#DELIVERY`                   |
 //! | attempt            | `DLV#{delivery}`         | `ATT#{round:010}#{n:010}`     |
 //! | dead notice        | `DLV#{delivery}`         | `NOTICE#{round:010}` (→ whom, sent when) |
@@ -27,7 +26,7 @@
 //! | `by-subscription`  | `gsi_subscription` = `{tenant}#{sub}` | `gsi_created`           |
 //! | `overdue`          | `gsi_due_shard` = `DUE#{0..7}`      | `gsi_due` = `{next_attempt_at}#{id}`, only while pending or retrying |
 //!
-//! An event with more deliveries than its transaction holds (98 with an idempotency key) is
+//! An event with more deliveries than its transaction holds (99) is
 //! in `overdue` too, under its `created_at`, until the rest of its deliveries are written
 //! (`unwritten_deliveries`): the sweep finishes an ingest that died half way. An owner's
 //! `#DIGEST` item is in `overdue` under `gsi_due_shard` = `DIGEST` while notices wait for
@@ -38,7 +37,7 @@
 //! `by-tenant-status` holds only the statuses worth finding among many delivered ones
 //! (retrying, dead); pending and delivered are listed from `by-tenant`, checked item by item.
 //!
-//! `expires_at` (epoch seconds) is the TTL of events, markers, deliveries, attempts and
+//! `expires_at` (epoch seconds) is the TTL of events, deliveries, attempts and
 //! notices: their last change (a delivery's next attempt, if later) plus the configured
 //! retention. No policy may retry for longer than the retention
 //! (`hookwise_core::services::check_retention`), so an event outlives its retries; a replay
@@ -68,8 +67,8 @@ use crate::config::AwsConfig;
 use crate::counter::RequestCounter;
 use crate::error::{classify, classify_transaction, TxFailure};
 use crate::item::{
-    corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, n, s, sortable_time, spread,
-    to_item, to_json, Item,
+    corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, n, payload_attr, s, sortable_time,
+    spread, take_payload, to_item, to_json, Item,
 };
 
 pub const PK: &str = "pk";
@@ -119,6 +118,20 @@ const MAX_PAGE: usize = 100;
 
 type Key = (String, String);
 
+/// The create-event transaction's client request token: the SDK's retries of one call send
+/// the same one, so DynamoDB commits it once. Not the event id alone: a keyed event's id is
+/// the same on the client's retry, whose items differ (its own time and delivery ids), and a
+/// token reused with other items within ten minutes is refused.
+fn ingest_token(event: &Event, deliveries: &[Delivery]) -> String {
+    let mut hash = Sha256::new()
+        .chain_update(event.id.as_str())
+        .chain_update(event.created_at.to_rfc3339());
+    for d in deliveries {
+        hash.update(d.id.as_str());
+    }
+    format!("{:x}", hash.finalize())[..36].to_owned()
+}
+
 fn key_item((pk, sk): &Key) -> Item {
     HashMap::from([(PK.to_owned(), s(pk)), (SK.to_owned(), s(sk))])
 }
@@ -134,9 +147,6 @@ fn subscription_key(tenant: &TenantId, id: &SubscriptionId) -> Key {
 }
 fn event_key(id: &EventId) -> Key {
     (format!("EVT#{id}"), "#EVENT".into())
-}
-fn idempotency_key(tenant: &TenantId, key: &str) -> Key {
-    (format!("IDEM#{tenant}#{key}"), "#IDEM".into())
 }
 fn delivery_key(id: &DeliveryId) -> Key {
     (format!("DLV#{id}"), "#DELIVERY".into())
@@ -259,8 +269,9 @@ impl DynamoStore {
     /// `overdue` index, so the sweep finishes an ingest that died half way.
     fn event_item(&self, e: &Event, deliveries: &[Delivery], unwritten: &[Delivery]) -> Item {
         let mut item = with_key(to_item(e), &event_key(&e.id), "event");
-        // As JSON text: a number such as 1.0 would come back from DynamoDB as 1.
-        item.insert("payload".into(), s(e.payload.to_string()));
+        item.remove("payload");
+        let (name, payload) = payload_attr(&e.payload);
+        item.insert(name.into(), payload);
         item.insert(
             "delivery_ids".into(),
             AttributeValue::L(deliveries.iter().map(|d| s(d.id.as_str())).collect()),
@@ -288,7 +299,10 @@ impl DynamoStore {
 
     /// The event, its delivery ids, and the deliveries not yet written.
     fn decode_event_whole(item: &Item) -> Result<(Event, Vec<DeliveryId>, Vec<Delivery>), PortError> {
-        let mut json = to_json(item)?;
+        let mut item = item.clone();
+        let payload = take_payload(&mut item)?;
+        let mut json = to_json(&item)?;
+        json.insert("payload".into(), payload);
         let ids = match json.remove("delivery_ids") {
             Some(Value::Array(ids)) => ids
                 .into_iter()
@@ -300,10 +314,6 @@ impl DynamoStore {
             Some(Value::Array(pairs)) => pairs,
             _ => Vec::new(),
         };
-        if let Some(Value::String(text)) = json.get("payload") {
-            let payload: Value = serde_json::from_str(text).map_err(|e| corrupt("payload", e.to_string()))?;
-            json.insert("payload".into(), payload);
-        }
         let event: Event = from_json(json)?;
         let unwritten = unwritten
             .iter()
@@ -856,55 +866,41 @@ impl Store for DynamoStore {
     }
 
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
-        let marker = event
-            .idempotency_key
-            .as_ref()
-            .map(|k| idempotency_key(&event.tenant_id, k));
-        // One transaction holds the marker, the event and as many deliveries as fit; it is
-        // the ingest's commit point. Deliveries past that are named on the event item and
-        // written after it (`finish_ingest`), by this call, by a retry with the same key, or
-        // else by the sweep: whatever dies half way, every delivery is written in the end.
-        let fits = MAX_TRANSACTION_ITEMS - 1 - usize::from(marker.is_some());
+        // One transaction holds the event and as many deliveries as fit; it is the ingest's
+        // commit point. Deliveries past that are named on the event item and written after
+        // it (`finish_ingest`), by this call, by a retry with the same key, or else by the
+        // sweep: whatever dies half way, every delivery is written in the end. A keyed
+        // event's id is derived from its key (`EventId::for_key`), so the event's own
+        // conditional put is the key check: no marker item.
+        let fits = MAX_TRANSACTION_ITEMS - 1;
         let (first, unwritten) = deliveries.split_at(deliveries.len().min(fits));
-        let mut items = Vec::with_capacity(first.len() + 2);
-        if let Some(key) = &marker {
-            let mut item = with_key(HashMap::new(), key, "idempotency_key");
-            item.insert("event_id".into(), s(event.id.as_str()));
-            item.insert(TTL_ATTRIBUTE.into(), self.expires_at(event.created_at));
-            items.push(self.put_new(item)?);
-        }
+        let mut items = Vec::with_capacity(first.len() + 1);
         items.push(self.put_new(self.event_item(event, deliveries, unwritten))?);
         for d in first {
             items.push(self.put_new(self.delivery_item(d))?);
         }
 
-        match self.transact(items, Some(event.id.to_string()), "create event").await {
+        match self
+            .transact(items, Some(ingest_token(event, deliveries)), "create event")
+            .await
+        {
             Ok(()) => {}
-            Err(TxFailure::Condition(failed)) => {
-                let Some(key) = marker.filter(|_| failed.is_empty() || failed.contains(&0)) else {
-                    return Err(PortError::ConditionFailed(format!(
-                        "event {} or one of its deliveries already exists",
-                        event.id
-                    )));
-                };
-                let existing = self.get(&key, "read idempotency key").await?;
-                let existing = existing
-                    .as_ref()
-                    .map(|it| get_s(it, "event_id").map(str::to_owned))
-                    .transpose()?;
-                match existing {
-                    Some(id) if id != event.id.as_str() => {
-                        let id = EventId::parse(&id).map_err(|e| corrupt("event_id", e.to_string()))?;
-                        // The first request may have died before writing all its deliveries.
-                        if let Some(item) = self.get(&event_key(&id), "read event").await? {
-                            let (first_event, _, unwritten) = Self::decode_event_whole(&item)?;
-                            self.finish_ingest(&first_event, &unwritten).await?;
-                        }
-                        return Ok(Created::Existing(id));
-                    }
-                    Some(_) => {} // our own write, committed by an earlier try of this request
-                    None => return Err(PortError::ConditionFailed(format!("event {} already exists", event.id))),
+            Err(TxFailure::Condition(failed))
+                if event.idempotency_key.is_some() && (failed.is_empty() || failed.contains(&0)) =>
+            {
+                // The key was used: its event exists. The first request may have died
+                // before writing all its deliveries.
+                if let Some(item) = self.get(&event_key(&event.id), "read event").await? {
+                    let (first_event, _, unwritten) = Self::decode_event_whole(&item)?;
+                    self.finish_ingest(&first_event, &unwritten).await?;
                 }
+                return Ok(Created::Existing(event.id.clone()));
+            }
+            Err(TxFailure::Condition(_)) => {
+                return Err(PortError::ConditionFailed(format!(
+                    "event {} or one of its deliveries already exists",
+                    event.id
+                )))
             }
             Err(TxFailure::Other(e)) => return Err(e),
         }

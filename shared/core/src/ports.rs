@@ -95,7 +95,9 @@ pub trait Store: Send + Sync {
     async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool>;
 
     /// Write the event and its deliveries together, all or nothing. An event whose
-    /// idempotency key the tenant already used writes nothing.
+    /// idempotency key the tenant already used writes nothing. A keyed event's id is
+    /// [`EventId::for_key`] of its tenant and key (the services make it so), so a store may
+    /// let the id stand for the key.
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created>;
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>>;
     async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>>;

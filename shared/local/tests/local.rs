@@ -70,7 +70,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
     };
     store.create_subscription(&sub).await.unwrap();
     let event = Event {
-        id: EventId::generate(now, rng),
+        id: EventId::for_key(&tenant.id, "k-1"),
         tenant_id: tenant.id.clone(),
         event_type: EventType::parse("order.created").unwrap(),
         payload: serde_json::json!({"order": 1}),

@@ -77,10 +77,39 @@ id_type!(/// An event as a service handed it to Hookwise; also the `webhook-id` 
 id_type!(/// One event going to one subscription.
     DeliveryId, "dlv_");
 
+impl EventId {
+    /// The id of the tenant's event with this `Idempotency-Key`: the same key always gives
+    /// the same id, so a store can make the event's own write the key check (a conditional
+    /// put of an id that is taken) instead of keeping a marker beside it. A SHA-256 of the
+    /// tenant and the key, so its time part is no time: keyed events' ids do not sort by
+    /// creation (nothing lists events by id; deliveries have ids of their own).
+    pub fn for_key(tenant: &TenantId, key: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(tenant.as_str())
+            .chain_update([0])
+            .chain_update(key)
+            .finalize();
+        let bytes: [u8; 16] = digest[..16].try_into().expect("a SHA-256 has 32 bytes");
+        Self(format!("{}{}", Self::PREFIX, ulid::Ulid::from_bytes(bytes)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rand::SeedableRng;
+
+    #[test]
+    fn a_key_gives_one_event_id_per_tenant() {
+        let a = TenantId::parse("ten_01J0000000000000000000000A").unwrap();
+        let b = TenantId::parse("ten_01J0000000000000000000000B").unwrap();
+        let id = EventId::for_key(&a, "order-1042-paid");
+        assert_eq!(EventId::parse(id.as_str()).unwrap(), id);
+        assert_eq!(EventId::for_key(&a, "order-1042-paid"), id);
+        assert_ne!(EventId::for_key(&a, "order-1043-paid"), id);
+        assert_ne!(EventId::for_key(&b, "order-1042-paid"), id);
+    }
 
     #[test]
     fn generated_ids_parse_back_and_carry_their_prefix() {

@@ -150,8 +150,12 @@ impl Services {
                 .into());
             }
         }
+        let id = match &idempotency_key {
+            Some(key) => EventId::for_key(&tenant.id, key),
+            None => EventId::generate(now, &mut *self.rng()),
+        };
         Ok(Event {
-            id: EventId::generate(now, &mut *self.rng()),
+            id,
             tenant_id: tenant.id.clone(),
             event_type: new.event_type,
             payload: new.payload,

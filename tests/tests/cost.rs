@@ -400,7 +400,7 @@ fn cost_per_event_by_profile() {
     let guard = [
         ("DynamoDB requests", f.dynamodb_requests, 5.0),
         ("RRU", f.read_units, 3.0),
-        ("WRU", f.write_units, 16.5),
+        ("WRU", f.write_units, 12.5),
         ("SQS requests", f.sqs_requests, 2.5),
     ];
     for (what, got, most) in guard {

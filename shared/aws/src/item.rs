@@ -123,6 +123,20 @@ pub(crate) fn take_payload(item: &mut Item) -> Result<Value, PortError> {
     serde_json::from_str(&text).map_err(|e| corrupt("payload", e.to_string()))
 }
 
+/// An attribute value's size as DynamoDB counts it: strings and binaries by their bytes,
+/// numbers by about one byte per two digits, and a few bytes more per list or map element.
+pub(crate) fn attribute_size(v: &AttributeValue) -> usize {
+    match v {
+        AttributeValue::S(text) => text.len(),
+        AttributeValue::N(num) => num.len().div_ceil(2) + 1,
+        AttributeValue::B(bytes) => bytes.as_ref().len(),
+        AttributeValue::L(xs) => 3 + xs.iter().map(|x| 1 + attribute_size(x)).sum::<usize>(),
+        AttributeValue::M(m) => 3 + m.iter().map(|(k, x)| 1 + k.len() + attribute_size(x)).sum::<usize>(),
+        AttributeValue::Ss(xs) => xs.iter().map(String::len).sum(),
+        _ => 1,
+    }
+}
+
 pub(crate) fn to_json(item: &Item) -> Result<Map<String, Value>, PortError> {
     item.iter()
         .map(|(k, v)| Ok((k.clone(), from_attr(v).map_err(|e| corrupt(k, e))?)))

@@ -7,15 +7,18 @@
 //! | subscription       | `TEN#{tenant}`           | `SUB#{subscription}`          |
 //! | API key (hash)     | `KEY#{sha256}`           | `#KEY` (a copy of the tenant) |
 //! | event              | `EVT#{event}`            | `#EVENT` (+ its delivery ids) |
-//! | delivery           | `DLV#{delivery}`         | `#DELIVERY`                   |
-//! | attempt            | `DLV#{delivery}`         | `ATT#{round:010}#{n:010}`     |
+//! | delivery           | `DLV#{delivery}`         | `#DELIVERY` (+ its `attempt_log`) |
+//! | spilled attempts   | `DLV#{delivery}`         | `ATTS#{round:010}#{n:010}` (of the first) |
 //! | dead notice        | `DLV#{delivery}`         | `NOTICE#{round:010}` (→ whom, sent when) |
 //! | owner's emails     | `OWNER#{email}`          | `#DIGEST` (last sent, claim, count)      |
 //! | waiting notice     | `OWNER#{email}`          | `NOTICE#{delivery}#{round:010}`          |
 //! | endpoint health    | `HEALTH#{subscription}`  | `#HEALTH`                     |
 //!
 //! Deliveries are read by id alone (queue messages carry only the id) and strongly
-//! consistently, so they have their own partition; their attempts sit beside them. Global
+//! consistently, so they have their own partition. A delivery's attempts are in its item,
+//! so that one conditional `UpdateItem` records an attempt and the state it led to; a log
+//! past 8 KB moves to an item beside it (`spill_attempts`). An older build wrote one item
+//! per attempt (`ATT#{round:010}#{n:010}`); those are read as before. Global
 //! secondary indexes, all `KEYS_ONLY` so a delivery update that keeps an index's keys costs
 //! that index nothing (listings read the items with `BatchGetItem`):
 //!
@@ -47,7 +50,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, Put, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
@@ -67,8 +69,8 @@ use crate::config::AwsConfig;
 use crate::counter::RequestCounter;
 use crate::error::{classify, classify_transaction, TxFailure};
 use crate::item::{
-    corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, n, payload_attr, s, sortable_time,
-    spread, take_payload, to_item, to_json, Item,
+    attribute_size, corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, n, payload_attr, s,
+    sortable_time, spread, take_payload, to_item, to_json, Item,
 };
 
 pub const PK: &str = "pk";
@@ -118,20 +120,6 @@ const MAX_PAGE: usize = 100;
 
 type Key = (String, String);
 
-/// The create-event transaction's client request token: the SDK's retries of one call send
-/// the same one, so DynamoDB commits it once. Not the event id alone: a keyed event's id is
-/// the same on the client's retry, whose items differ (its own time and delivery ids), and a
-/// token reused with other items within ten minutes is refused.
-fn ingest_token(event: &Event, deliveries: &[Delivery]) -> String {
-    let mut hash = Sha256::new()
-        .chain_update(event.id.as_str())
-        .chain_update(event.created_at.to_rfc3339());
-    for d in deliveries {
-        hash.update(d.id.as_str());
-    }
-    format!("{:x}", hash.finalize())[..36].to_owned()
-}
-
 fn key_item((pk, sk): &Key) -> Item {
     HashMap::from([(PK.to_owned(), s(pk)), (SK.to_owned(), s(sk))])
 }
@@ -150,12 +138,6 @@ fn event_key(id: &EventId) -> Key {
 }
 fn delivery_key(id: &DeliveryId) -> Key {
     (format!("DLV#{id}"), "#DELIVERY".into())
-}
-fn attempt_key(a: &Attempt) -> Key {
-    (
-        format!("DLV#{}", a.delivery_id),
-        format!("ATT#{:010}#{:010}", a.round, a.attempt),
-    )
 }
 fn notice_key(id: &DeliveryId, round: u32) -> Key {
     (format!("DLV#{id}"), format!("NOTICE#{round:010}"))
@@ -382,6 +364,52 @@ impl DynamoStore {
             .map_err(|e| classify(what, e))?;
         self.charge(what, true, out.consumed_capacity());
         Ok(())
+    }
+
+    /// Move all but the newest of a delivery's logged attempts to an item of their own
+    /// (`ATTS#{round}#{attempt}` of the first), then take them off the delivery if nothing
+    /// was appended meanwhile. Dying between the two leaves them in both places, which
+    /// `attempts` reads once; a change that appended first leaves them for its own spill.
+    async fn spill_attempts(&self, id: &DeliveryId, log: &[AttributeValue]) -> PortResult<()> {
+        let (moved, _newest) = log.split_at(log.len() - 1);
+        let first = attempt_from_attr(&moved[0])?;
+        let newest = attempt_from_attr(&log[log.len() - 1])?;
+        let key = (
+            delivery_key(id).0,
+            format!("ATTS#{:010}#{:010}", first.round, first.attempt),
+        );
+        let mut item = with_key(HashMap::new(), &key, "attempts");
+        item.insert(ATTEMPT_LOG.into(), AttributeValue::L(moved.to_vec()));
+        item.insert(TTL_ATTRIBUTE.into(), self.expires_at(newest.started_at));
+        self.put_item(item, None, "spill attempts").await?;
+        let removes: Vec<String> = (0..moved.len()).map(|i| format!("#log[{i}]")).collect();
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key_item(&delivery_key(id))))
+            .update_expression(format!("REMOVE {}", removes.join(", ")))
+            .condition_expression("size(#log) = :len")
+            .expression_attribute_names("#log", ATTEMPT_LOG)
+            .expression_attribute_values(":len", n(log.len()))
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.charge("spill attempts", true, out.consumed_capacity());
+                Ok(())
+            }
+            Err(err)
+                if matches!(
+                    err.as_service_error(),
+                    Some(UpdateItemError::ConditionalCheckFailedException(_))
+                ) =>
+            {
+                Ok(())
+            }
+            Err(err) => Err(classify("spill attempts", err)),
+        }
     }
 
     async fn transact(
@@ -764,6 +792,104 @@ fn unless_changed(result: Result<(), PortError>) -> Result<(), PortError> {
     }
 }
 
+/// On a delivery item: the attempts it has recorded, oldest first, until they are spilled.
+const ATTEMPT_LOG: &str = "attempt_log";
+/// A log larger than this is moved to an item of its own (all but its newest attempt), so a
+/// delivery whose endpoint answers every attempt with kilobytes of error page keeps its
+/// item, and so the cost of each of its writes, bounded. Below it (the usual few hundred
+/// bytes an attempt) the log stays where one write records it with the state.
+const SPILL_BYTES: usize = 8 * 1024;
+
+/// The `UpdateItem` that makes a delivery item what `item` says, keeps its attempt log
+/// (appending `attempt`), and removes the index keys `item` no longer has (which takes the
+/// delivery out of those indexes).
+struct DeliveryUpdate {
+    expression: String,
+    names: HashMap<String, String>,
+    values: Item,
+}
+
+impl DeliveryUpdate {
+    fn new(next: &Delivery, mut item: Item, expected: &Expected, attempt: Option<&Attempt>) -> Self {
+        item.remove(PK);
+        item.remove(SK);
+        // The fields the new state leaves empty (`to_item` drops them) and the index keys it
+        // has no more.
+        let emptied = match serde_json::to_value(next) {
+            Ok(Value::Object(fields)) => fields
+                .into_iter()
+                .filter(|(_, v)| v.is_null())
+                .map(|(k, _)| k)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut names = HashMap::from([
+            ("#status".to_owned(), "status".to_owned()),
+            ("#round".to_owned(), "round".to_owned()),
+            ("#attempts".to_owned(), "attempts".to_owned()),
+        ]);
+        let mut values = HashMap::from([
+            (":status".to_owned(), s(expected.status.as_str())),
+            (":round".to_owned(), n(expected.round)),
+            (":attempts".to_owned(), n(expected.attempts)),
+        ]);
+        let removes: Vec<String> = [GSI_TENANT_STATUS, GSI_DUE_SHARD, GSI_DUE]
+            .into_iter()
+            .map(str::to_owned)
+            .filter(|a| !item.contains_key(a))
+            .chain(emptied)
+            .enumerate()
+            .map(|(i, a)| {
+                names.insert(format!("#r{i}"), a);
+                format!("#r{i}")
+            })
+            .collect();
+        let mut sets: Vec<String> = item
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, value))| {
+                names.insert(format!("#a{i}"), name);
+                values.insert(format!(":a{i}"), value);
+                format!("#a{i} = :a{i}")
+            })
+            .collect();
+        if let Some(attempt) = attempt {
+            names.insert("#log".into(), ATTEMPT_LOG.into());
+            values.insert(":none".into(), AttributeValue::L(Vec::new()));
+            values.insert(":attempt".into(), AttributeValue::L(vec![attempt_to_attr(attempt)]));
+            sets.push("#log = list_append(if_not_exists(#log, :none), :attempt)".into());
+        }
+        let mut expression = format!("SET {}", sets.join(", "));
+        if !removes.is_empty() {
+            expression.push_str(&format!(" REMOVE {}", removes.join(", ")));
+        }
+        Self {
+            expression,
+            names,
+            values,
+        }
+    }
+}
+
+fn attempt_to_attr(a: &Attempt) -> AttributeValue {
+    AttributeValue::M(to_item(a))
+}
+
+fn attempt_from_attr(v: &AttributeValue) -> Result<Attempt, PortError> {
+    match v {
+        AttributeValue::M(m) => from_item(m),
+        _ => Err(corrupt(ATTEMPT_LOG, "an entry is not a map")),
+    }
+}
+
+/// Attempts by round and number, each once: a log spilled to its own item by a call that
+/// died before taking it off the delivery is in both places for a while.
+fn in_order(attempts: Vec<Attempt>) -> Vec<Attempt> {
+    let by_number: std::collections::BTreeMap<(u32, u32), Attempt> =
+        attempts.into_iter().map(|a| ((a.round, a.attempt), a)).collect();
+    by_number.into_values().collect()
+}
+
 const EXPECTED_STATE: &str = "attribute_exists(pk) AND #status = :status AND #round = :round AND #attempts = :attempts";
 
 #[async_trait]
@@ -880,10 +1006,11 @@ impl Store for DynamoStore {
             items.push(self.put_new(self.delivery_item(d))?);
         }
 
-        match self
-            .transact(items, Some(ingest_token(event, deliveries)), "create event")
-            .await
-        {
+        // Not the event id alone as the token: a keyed event's id is the same on the client's
+        // retry, whose items differ (its own time and delivery ids), and a token reused with
+        // other items within ten minutes is refused.
+        let token = request_token(&[event, &deliveries]);
+        match self.transact(items, Some(token), "create event").await {
             Ok(()) => {}
             Err(TxFailure::Condition(failed))
                 if event.idempotency_key.is_some() && (failed.is_empty() || failed.contains(&0)) =>
@@ -974,102 +1101,112 @@ impl Store for DynamoStore {
     }
 
     async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()> {
-        let e = &change.expected;
-        let expect_values = HashMap::from([
-            (":status".to_owned(), s(e.status.as_str())),
-            (":round".to_owned(), n(e.round)),
-            (":attempts".to_owned(), n(e.attempts)),
-        ]);
-        let expect_names = HashMap::from([
-            ("#status".to_owned(), "status".to_owned()),
-            ("#round".to_owned(), "round".to_owned()),
-            ("#attempts".to_owned(), "attempts".to_owned()),
-        ]);
-        let item = self.delivery_item(&change.next);
-        if change.next.round != e.round {
+        if change.next.round != change.expected.round {
             // A replay: its round may retry for up to the retention (no policy may retry
             // longer), so the event must outlive the round start by that much. First, so a
             // replay never runs without its event.
             self.keep_event_until(&change.next.event_id, change.next.updated_at + self.retention)
                 .await?;
         }
-
-        let Some(attempt) = &change.attempt else {
-            // One conditional put (half a transaction's cost). If a retry of it finds its own
-            // write, the condition fails on an item equal to the new state: that is success.
-            let result = self
-                .client
-                .put_item()
-                .table_name(&self.table)
-                .set_item(Some(item))
-                .condition_expression(EXPECTED_STATE)
-                .set_expression_attribute_names(Some(expect_names))
-                .set_expression_attribute_values(Some(expect_values))
-                .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-                .set_return_consumed_capacity(self.rcc())
-                .send()
-                .await;
-            return match result {
-                Ok(out) => {
-                    self.charge("apply change", true, out.consumed_capacity());
-                    Ok(())
-                }
-                Err(err) => {
-                    if let Some(PutItemError::ConditionalCheckFailedException(failed)) = err.as_service_error() {
-                        let current: Option<Delivery> = failed.item().map(from_item).transpose().ok().flatten();
-                        if current.as_ref() == Some(&change.next) {
-                            return Ok(());
-                        }
-                        let why = if failed.item().is_some() || current.is_some() {
-                            "the delivery changed"
-                        } else {
-                            "no such delivery or it changed"
-                        };
-                        return Err(PortError::ConditionFailed(format!(
-                            "apply change to {}: {why}",
-                            change.next.id
-                        )));
-                    }
-                    Err(classify("apply change", err))
-                }
-            };
-        };
-
-        let put = Put::builder()
+        // The log holds each attempt once: the state's count says which are in it.
+        let e = &change.expected;
+        if let Some(a) = change
+            .attempt
+            .as_ref()
+            .filter(|a| a.round == e.round && a.attempt <= e.attempts)
+        {
+            return Err(PortError::ConditionFailed(format!(
+                "attempt {} of round {} of {} is already recorded",
+                a.attempt, a.round, a.delivery_id
+            )));
+        }
+        // One conditional `UpdateItem`, no transaction: the new state and the attempt that
+        // caused it are one item (the attempt appended to the delivery's `attempt_log`).
+        let update = DeliveryUpdate::new(
+            &change.next,
+            self.delivery_item(&change.next),
+            e,
+            change.attempt.as_ref(),
+        );
+        let result = self
+            .client
+            .update_item()
             .table_name(&self.table)
-            .set_item(Some(item))
+            .set_key(Some(key_item(&delivery_key(&change.next.id))))
+            .update_expression(update.expression)
             .condition_expression(EXPECTED_STATE)
-            .set_expression_attribute_names(Some(expect_names))
-            .set_expression_attribute_values(Some(expect_values))
-            .build()
-            .map_err(|e| build_err("apply change", e))?;
-        let mut record = with_key(to_item(attempt), &attempt_key(attempt), "attempt");
-        record.insert(TTL_ATTRIBUTE.into(), self.expires_at(attempt.started_at));
-        let items = vec![TransactWriteItem::builder().put(put).build(), self.put_new(record)?];
-        let token = request_token(&[&change.expected, &change.next, attempt]);
-        match self.transact(items, Some(token), "apply change").await {
-            Ok(()) => Ok(()),
-            Err(TxFailure::Condition(failed)) => Err(PortError::ConditionFailed(match failed.as_slice() {
-                [1] => format!(
-                    "attempt {} of round {} of {} is already recorded",
-                    attempt.attempt, attempt.round, attempt.delivery_id
-                ),
-                _ => format!("delivery {} is not in the expected state", change.next.id),
-            })),
-            Err(TxFailure::Other(e)) => Err(e),
+            .set_expression_attribute_names(Some(update.names))
+            .set_expression_attribute_values(Some(update.values))
+            .return_values(if change.attempt.is_some() {
+                ReturnValue::UpdatedNew
+            } else {
+                ReturnValue::None
+            })
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await;
+        match result {
+            Ok(out) => {
+                self.charge("apply change", true, out.consumed_capacity());
+                if let Some(AttributeValue::L(log)) = out.attributes.as_ref().and_then(|a| a.get(ATTEMPT_LOG)) {
+                    if attribute_size(&AttributeValue::L(log.clone())) > SPILL_BYTES && log.len() > 1 {
+                        self.spill_attempts(&change.next.id, log).await?;
+                    }
+                }
+                Ok(())
+            }
+            Err(err) => {
+                if let Some(UpdateItemError::ConditionalCheckFailedException(failed)) = err.as_service_error() {
+                    // If a retry of this request finds its own write, the condition fails on
+                    // an item equal to the new state: that is success.
+                    let current: Option<Delivery> = failed.item().map(from_item).transpose().ok().flatten();
+                    if current.as_ref() == Some(&change.next) {
+                        return Ok(());
+                    }
+                    let why = match (&change.attempt, failed.item().is_some()) {
+                        (Some(a), true) => format!(
+                            "the delivery changed (attempt {} of round {} may be recorded already)",
+                            a.attempt, a.round
+                        ),
+                        (None, true) => "the delivery changed".to_owned(),
+                        (_, false) => "no such delivery".to_owned(),
+                    };
+                    return Err(PortError::ConditionFailed(format!(
+                        "apply change to {}: {why}",
+                        change.next.id
+                    )));
+                }
+                Err(classify("apply change", err))
+            }
         }
     }
 
     async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>> {
+        // The whole partition: the delivery with its log, the logs spilled from it, and the
+        // one-item-per-attempt records an older build wrote.
         let q = self
             .client
             .query()
             .table_name(&self.table)
             .consistent_read(true)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :att)")
-            .expression_attribute_values(":pk", s(delivery_key(delivery).0))
-            .expression_attribute_values(":att", s("ATT#"));
-        self.query_all(q, "attempts").await?.iter().map(from_item).collect()
+            .key_condition_expression("pk = :pk")
+            .expression_attribute_values(":pk", s(delivery_key(delivery).0));
+        let mut found = Vec::new();
+        for item in self.query_all(q, "attempts").await? {
+            match item.get("kind").and_then(|k| k.as_s().ok()).map(String::as_str) {
+                Some("delivery" | "attempts") => {
+                    if let Some(AttributeValue::L(log)) = item.get(ATTEMPT_LOG) {
+                        for a in log {
+                            found.push(attempt_from_attr(a)?);
+                        }
+                    }
+                }
+                Some("attempt") => found.push(from_item(&item)?),
+                _ => {}
+            }
+        }
+        Ok(in_order(found))
     }
 
     async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>> {

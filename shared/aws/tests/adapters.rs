@@ -679,3 +679,130 @@ async fn given_an_email_whose_finish_dies_half_way_then_the_owners_window_holds_
         .unwrap()
         .contains(&owner));
 }
+
+#[tokio::test]
+async fn attempts_are_logged_on_the_delivery_spilled_past_8_kb_and_read_with_an_older_builds_records() {
+    let Some(env) = support::dynamodb_local_env().await else {
+        return;
+    };
+    use hookwise_core::model::*;
+    use hookwise_core::ports::{DeliveryChange, Expected};
+    let store = &env.adapters.store;
+    let rng = &mut rand::rng();
+    let now = Utc::now();
+    let tenant = TenantId::generate(now, rng);
+    let event = Event {
+        id: EventId::generate(now, rng),
+        tenant_id: tenant.clone(),
+        event_type: EventType::parse("order.created").unwrap(),
+        payload: serde_json::json!({"n": 1}),
+        created_at: now,
+        idempotency_key: None,
+    };
+    let mut delivery = Delivery::new(
+        DeliveryId::generate(now, rng),
+        &event,
+        SubscriptionId::generate(now, rng),
+    );
+    store
+        .create_event(&event, std::slice::from_ref(&delivery))
+        .await
+        .expect("create");
+
+    // An older build's record of attempt 1, one item of its own.
+    let ddb = &env.clients.dynamodb;
+    let attr = |v: &str| aws_sdk_dynamodb::types::AttributeValue::S(v.to_owned());
+    let num = |v: u32| aws_sdk_dynamodb::types::AttributeValue::N(v.to_string());
+    let started = |n: u32| now + Duration::seconds(i64::from(n));
+    ddb.put_item()
+        .table_name(&env.config.table)
+        .item("pk", attr(&format!("DLV#{}", delivery.id)))
+        .item("sk", attr("ATT#0000000000#0000000001"))
+        .item("kind", attr("attempt"))
+        .item("delivery_id", attr(delivery.id.as_str()))
+        .item("round", num(0))
+        .item("attempt", num(1))
+        .item("started_at", attr(&started(1).to_rfc3339()))
+        .item("duration_ms", num(5))
+        .item("status_code", num(500))
+        .item("error", aws_sdk_dynamodb::types::AttributeValue::Null(true))
+        .item("response_excerpt", attr("old"))
+        .item("next_attempt_at", aws_sdk_dynamodb::types::AttributeValue::Null(true))
+        .send()
+        .await
+        .expect("an older build's attempt");
+    delivery.attempts = 1;
+    delivery.status = DeliveryStatus::Retrying;
+    store
+        .apply_change(&DeliveryChange {
+            expected: Expected {
+                status: DeliveryStatus::Pending,
+                round: 0,
+                attempts: 0,
+            },
+            next: delivery.clone(),
+            attempt: None,
+        })
+        .await
+        .expect("the older build's state change");
+
+    // Attempts 2..=13, each answered with 4 KB of error page.
+    let mut expected = vec![store.attempts(&delivery.id).await.expect("read")[0].clone()];
+    assert_eq!(expected[0].response_excerpt.as_deref(), Some("old"));
+    for n in 2..=13 {
+        let before = Expected::of(&delivery);
+        delivery.attempts = n;
+        delivery.updated_at = started(n);
+        let attempt = Attempt {
+            delivery_id: delivery.id.clone(),
+            round: 0,
+            attempt: n,
+            started_at: started(n),
+            duration_ms: 7,
+            status_code: Some(503),
+            error: None,
+            response_excerpt: Some(format!("{n:04}").repeat(1000)),
+            next_attempt_at: Some(started(n + 1)),
+        };
+        store
+            .apply_change(&DeliveryChange {
+                expected: before,
+                next: delivery.clone(),
+                attempt: Some(attempt.clone()),
+            })
+            .await
+            .expect("apply");
+        expected.push(attempt);
+        // The same attempt again (a duplicate message) is refused: it is recorded once.
+        let again = store
+            .apply_change(&DeliveryChange {
+                expected: before,
+                next: Delivery {
+                    last_error: Some("a duplicate".into()),
+                    ..delivery.clone()
+                },
+                attempt: Some(expected[expected.len() - 1].clone()),
+            })
+            .await;
+        assert!(matches!(again, Err(PortError::ConditionFailed(_))), "{again:?}");
+    }
+    assert_eq!(store.attempts(&delivery.id).await.expect("read"), expected);
+    assert_eq!(
+        store.get_delivery(&delivery.id).await.expect("get"),
+        Some(delivery.clone())
+    );
+
+    // The delivery item stayed small enough to write cheaply: the log moved out.
+    let item = ddb
+        .get_item()
+        .table_name(&env.config.table)
+        .key("pk", attr(&format!("DLV#{}", delivery.id)))
+        .key("sk", attr("#DELIVERY"))
+        .send()
+        .await
+        .expect("raw item")
+        .item
+        .expect("the delivery item");
+    let size: usize = item.iter().map(|(k, v)| k.len() + format!("{v:?}").len()).sum();
+    assert!(size < 16 * 1024, "the delivery item is {size} bytes");
+}

@@ -375,6 +375,7 @@ impl Backend for Aws {
                     delivery_id: id.clone(),
                     round,
                     attempt,
+                    queued_at: None,
                 };
                 self.env
                     .clients

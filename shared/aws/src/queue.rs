@@ -303,6 +303,7 @@ mod tests {
             delivery_id: DeliveryId::generate(chrono::Utc::now(), &mut rand::rng()),
             round: 1,
             attempt: 3,
+            queued_at: None,
         };
         let body = encode_task(&task);
         assert!(body.contains("\"attempt\":3"));

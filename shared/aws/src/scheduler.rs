@@ -109,6 +109,7 @@ fn decode(item: &Item) -> PortResult<ScheduledTask> {
             delivery_id,
             round: get_n(item, "round")?,
             attempt: get_n(item, "attempt")?,
+            queued_at: None,
         },
         due,
     })
@@ -392,6 +393,7 @@ mod tests {
                 delivery_id: DeliveryId::generate(t, &mut rng),
                 round: 0,
                 attempt: 2,
+                queued_at: None,
             },
             due,
         };

@@ -27,7 +27,7 @@
 //! | `by-tenant`        | `gsi_tenant` = tenant               | `gsi_created` = `{created_at}#{id}` |
 //! | `by-tenant-status` | `gsi_tenant_status` = `{tenant}#{status}` | `gsi_created`, only while retrying or dead |
 //! | `by-subscription`  | `gsi_subscription` = `{tenant}#{sub}` | `gsi_created`           |
-//! | `overdue`          | `gsi_due_shard` = `DUE#{0..7}`      | `gsi_due` = `{next_attempt_at}#{id}`, only while pending or retrying |
+//! | `overdue`          | `gsi_due_shard` = `DUE#{0..7}`      | `gsi_due` = `{next_attempt_at}#{id}`, only while retrying, or pending after a replay |
 //!
 //! An event with more deliveries than its transaction holds (99) is
 //! in `overdue` too, under its `created_at`, until the rest of its deliveries are written
@@ -234,7 +234,7 @@ impl DynamoStore {
             s(format!("{}#{}", d.tenant_id, d.subscription_id)),
         );
         item.insert(GSI_CREATED.into(), s(created));
-        if let (DeliveryStatus::Pending | DeliveryStatus::Retrying, Some(due)) = (d.status, d.next_attempt_at) {
+        if let (true, Some(due)) = (d.is_swept(), d.next_attempt_at) {
             item.insert(GSI_DUE_SHARD.into(), s(format!("DUE#{}", overdue_shard(d.id.as_str()))));
             item.insert(GSI_DUE.into(), s(format!("{}#{}", sortable_time(due), d.id)));
         }

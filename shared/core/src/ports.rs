@@ -109,7 +109,8 @@ pub trait Store: Send + Sync {
     async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()>;
     /// Every attempt of every round, in the order they were made.
     async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>>;
-    /// Pending or retrying deliveries whose next attempt was due before `due_before`.
+    /// Deliveries the sweep looks after ([`Delivery::is_swept`]: retrying, or pending after a
+    /// replay) whose next attempt was due before `due_before`.
     async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>>;
 
     /// How many of a subscription's deliveries are in `status`. The default pages through
@@ -212,6 +213,11 @@ pub struct DeliveryTask {
     pub delivery_id: DeliveryId,
     pub round: u32,
     pub attempt: u32,
+    /// Set on a first attempt's message, which is queued before its delivery is stored: when
+    /// it was first queued, so a worker that does not find the delivery yet knows how long it
+    /// has been looking (see `Services::not_stored_yet`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queued_at: Option<DateTime<Utc>>,
 }
 
 /// The delivery queue and its dead-letter queue.

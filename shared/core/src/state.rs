@@ -180,10 +180,19 @@ pub fn requeued(delivery: &Delivery, now: DateTime<Utc>, handled_by: DateTime<Ut
 }
 
 /// The queue message for the attempt a delivery waits for.
+/// A new delivery's first attempt, queued at `queued_at`, before the delivery is stored.
+pub fn first_task(delivery: &Delivery, queued_at: DateTime<Utc>) -> DeliveryTask {
+    DeliveryTask {
+        queued_at: Some(queued_at),
+        ..next_task(delivery)
+    }
+}
+
 pub fn next_task(delivery: &Delivery) -> DeliveryTask {
     DeliveryTask {
         delivery_id: delivery.id.clone(),
         round: delivery.round,
         attempt: delivery.attempts + 1,
+        queued_at: None,
     }
 }

@@ -89,11 +89,10 @@ async fn given_an_idempotency_key_when_sent_twice_then_one_event_and_one_deliver
     assert!(first.created && !second.created);
     assert_eq!(first.event.id, second.event.id);
     assert_eq!(second.deliveries.len(), 1);
-    // The repeat creates nothing; it queues the unattempted first attempt again (the first
-    // request may have died before queueing it; the duplicate is absorbed).
+    // The repeat creates nothing and sends nothing: the first request queued before it
+    // stored, so a stored event's messages were sent.
     let log = h.queue.log.lock().unwrap();
-    assert_eq!(log.len(), 2, "{log:?}");
-    assert_eq!(log[0], log[1]);
+    assert_eq!(log.len(), 1, "{log:?}");
 }
 
 #[tokio::test]
@@ -163,6 +162,7 @@ async fn given_an_always_failing_endpoint_then_it_dies_after_the_schedule_and_th
         delivery_id: delivery.id.clone(),
         round: 0,
         attempt: 3,
+        queued_at: None,
     };
     h.services.handle_dead_letters(&[again]).await.unwrap();
     assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);
@@ -399,80 +399,6 @@ async fn given_many_deaths_for_one_owner_in_a_batch_then_one_digest_email() {
 }
 
 #[tokio::test]
-async fn given_a_backlog_older_than_the_grace_then_the_sweep_requeues_a_delivery_once_until_its_message_had_time() {
-    let h = Harness::new(ScriptedSender::always(200));
-    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
-    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
-    // The message waits behind a backlog: nobody takes it.
-    h.clock.advance(Duration::minutes(6));
-    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
-    for _ in 0..6 {
-        h.clock.advance(Duration::minutes(5));
-        assert_eq!(
-            h.services.run_scheduler().await.unwrap().requeued,
-            0,
-            "re-queued again before its message could have been handled"
-        );
-    }
-    h.clock.advance(Duration::minutes(6));
-    assert_eq!(
-        h.services.run_scheduler().await.unwrap().requeued,
-        1,
-        "and again once it could have"
-    );
-    assert_eq!(h.queue.take_visible().len(), 3);
-}
-
-#[tokio::test]
-async fn given_more_stranded_deliveries_than_a_page_then_one_tick_requeues_them_all() {
-    let h = Harness::new(ScriptedSender::always(200));
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    for i in 0..12 {
-        h.services
-            .create_subscription(&tenant, new_sub(&format!("https://a{i}.example.com/"), &["*"], None))
-            .await
-            .unwrap();
-    }
-    for _ in 0..100 {
-        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
-    }
-    assert_eq!(h.queue.take_visible().len(), 1200); // every message lost
-    h.clock.advance(Duration::minutes(6));
-    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1200);
-    assert_eq!(h.queue.take_visible().len(), 1200);
-    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 0);
-}
-
-#[tokio::test]
-async fn given_a_delivery_whose_enqueue_was_lost_then_the_sweep_queues_it() {
-    let h = Harness::new(ScriptedSender::always(200));
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    h.services
-        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
-        .await
-        .unwrap();
-    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
-    h.queue.take_visible(); // the message is lost
-    h.clock.advance(Duration::minutes(6));
-    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
-    assert_eq!(
-        h.services.run_scheduler().await.unwrap().requeued,
-        0,
-        "not again until overdue again"
-    );
-    h.drain_now().await;
-    assert_eq!(
-        h.services
-            .get_delivery(&tenant, &ingested.deliveries[0].id)
-            .await
-            .unwrap()
-            .0
-            .status,
-        DeliveryStatus::Delivered
-    );
-}
-
-#[tokio::test]
 async fn given_two_tenants_then_neither_reads_or_replays_the_others_deliveries() {
     let h = Harness::new(ScriptedSender::always(500));
     let (alice, _) = h.tenant("alice@example.com").await;
@@ -690,70 +616,6 @@ async fn given_a_retention_shorter_than_a_policy_can_retry_then_the_policy_is_re
         matches!(err, Error::Validation(ref v) if v.code == "retry_policy_exceeds_retention"),
         "{err:?}"
     );
-}
-
-#[tokio::test]
-async fn given_an_ingest_that_died_before_queueing_then_its_retry_with_the_same_key_queues_the_deliveries() {
-    use std::sync::atomic::Ordering;
-    let h = Harness::new(ScriptedSender::always(200));
-    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
-    // Stored, then the send to the queue fails (as a crash between the two would leave it):
-    // the client hears of it, and retries with its key.
-    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
-    let err = h
-        .services
-        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
-        .await
-        .unwrap_err();
-    assert!(err.is_retryable(), "{err:?}");
-    assert_eq!(h.queue.pending(), 0, "nothing queued");
-    let first = h
-        .services
-        .list_deliveries(&tenant, DeliveryQuery::default())
-        .await
-        .unwrap();
-    assert_eq!(first.items.len(), 1, "but stored");
-
-    // The retry's own enqueue fails: an error again, nothing lost.
-    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
-    assert!(h
-        .services
-        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
-        .await
-        .unwrap_err()
-        .is_retryable());
-
-    let retry = h
-        .services
-        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
-        .await
-        .unwrap();
-    assert!(!retry.created);
-    assert_eq!(retry.event.id, first.items[0].event_id);
-    let queued = h.queue.take_visible();
-    assert_eq!(
-        queued.iter().map(|t| (&t.delivery_id, t.attempt)).collect::<Vec<_>>(),
-        vec![(&first.items[0].id, 1)]
-    );
-    h.services.deliver_batch(&queued).await.into_iter().for_each(|r| {
-        r.unwrap();
-    });
-    // Once delivered, a third repeat queues nothing more.
-    h.services
-        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
-        .await
-        .unwrap();
-    assert_eq!(h.queue.pending(), 0);
-
-    // The same key with another payload is refused, naming the first event.
-    let other = NewEvent {
-        event_type: EventType::parse("invoice.paid").unwrap(),
-        payload: serde_json::json!({"n": 2}),
-    };
-    let err = h.services.ingest(&tenant, other, Some("k-1".into())).await.unwrap_err();
-    let Error::Validation(v) = err else { panic!("{err:?}") };
-    assert_eq!(v.code, "idempotency_key_reused");
-    assert!(v.message.contains(first.items[0].event_id.as_str()), "{}", v.message);
 }
 
 #[tokio::test]
@@ -1029,7 +891,7 @@ async fn given_deaths_through_a_storm_then_an_owner_gets_at_most_one_email_per_w
 }
 
 #[tokio::test]
-async fn given_a_batch_whose_enqueue_fails_then_its_keyed_events_get_the_error_and_a_keyless_one_waits_for_the_sweep() {
+async fn given_a_batch_whose_enqueue_fails_then_nothing_is_stored_and_every_valid_event_gets_the_error() {
     use std::sync::atomic::Ordering;
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
@@ -1052,34 +914,28 @@ async fn given_a_batch_whose_enqueue_fails_then_its_keyed_events_get_the_error_a
         )
         .await
         .unwrap();
+    // Queued before stored: a failed enqueue stores nothing, so a retry, keyed or not, is safe.
     assert!(results[0].as_ref().unwrap_err().is_retryable(), "{:?}", results[0]);
-    assert!(results[1].as_ref().unwrap().created, "stored; the sweep queues it");
+    assert!(results[1].as_ref().unwrap_err().is_retryable(), "{:?}", results[1]);
     let Err(Error::Validation(v)) = &results[2] else {
         panic!("{:?}", results[2])
     };
     assert_eq!(v.code, "invalid_payload", "an invalid event fails alone");
     assert_eq!(h.queue.pending(), 0, "nothing queued");
+    let listed = h
+        .services
+        .list_deliveries(&tenant, DeliveryQuery::default())
+        .await
+        .unwrap();
+    assert!(listed.items.is_empty(), "nothing stored: {listed:?}");
 
-    // The keyed event's retry queues its delivery at once; the keyless one's waits for the
-    // sweep, five minutes on.
     let retry = h
         .services
         .ingest_batch(&tenant, vec![(event("invoice.paid"), Some("k-1".into()))])
         .await
         .unwrap();
-    assert!(!retry[0].as_ref().unwrap().created);
-    let queued = h.queue.take_visible();
-    assert_eq!(queued.len(), 1);
-    h.services.deliver_batch(&queued).await.into_iter().for_each(|r| {
-        r.unwrap();
-    });
-    h.clock.advance(Duration::minutes(6));
-    h.services.run_scheduler().await.unwrap();
-    let swept = h.queue.take_visible();
-    assert_eq!(
-        swept.iter().map(|t| &t.delivery_id).collect::<Vec<_>>(),
-        vec![&results[1].as_ref().unwrap().deliveries[0].id]
-    );
+    assert!(retry[0].as_ref().unwrap().created);
+    assert_eq!(h.drain_now().await, 1);
 
     // An empty or oversized batch is refused whole.
     for n in [0, hookwise_core::services::MAX_BATCH + 1] {
@@ -1189,4 +1045,182 @@ async fn given_a_burst_of_attempts_then_endpoint_health_is_saved_every_few_secon
         r.unwrap();
     }
     assert_eq!(stored(&h).await, 12);
+}
+
+/// One subscription with a retry after 60 s, whose first attempt fails and whose retry's
+/// message is then lost (as if a crash took it between the state change and the enqueue).
+async fn a_retry_whose_message_is_lost(h: &Harness, tenant: &Tenant, events: usize) {
+    for _ in 0..events {
+        h.services.ingest(tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    let first = h.queue.take_visible();
+    for r in h.services.deliver_batch(&first).await {
+        assert!(matches!(r.unwrap(), DeliverOutcome::Retrying { .. }));
+    }
+    h.clock.advance(Duration::seconds(60));
+    let lost = h.queue.take_visible();
+    assert_eq!(lost.len(), first.len(), "each retry queued, then lost");
+}
+
+fn first_fails() -> ScriptedSender {
+    ScriptedSender::new(|_, n| status_outcome(if n == 0 { 500 } else { 200 }))
+}
+
+#[tokio::test]
+async fn given_a_backlog_older_than_the_grace_then_the_sweep_requeues_a_retry_once_until_its_message_had_time() {
+    let h = Harness::new(first_fails());
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![60])).await;
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let first = h.queue.take_visible();
+    h.services.deliver_batch(&first).await.into_iter().for_each(|r| {
+        r.unwrap();
+    });
+    // The retry's message waits behind a backlog: nobody takes it.
+    h.clock.advance(Duration::minutes(7));
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
+    for _ in 0..6 {
+        h.clock.advance(Duration::minutes(5));
+        assert_eq!(
+            h.services.run_scheduler().await.unwrap().requeued,
+            0,
+            "re-queued again before its message could have been handled"
+        );
+    }
+    h.clock.advance(Duration::minutes(6));
+    assert_eq!(
+        h.services.run_scheduler().await.unwrap().requeued,
+        1,
+        "and again once it could have"
+    );
+    assert_eq!(h.queue.take_visible().len(), 3);
+}
+
+#[tokio::test]
+async fn given_more_stranded_retries_than_a_page_then_one_tick_requeues_them_all() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    for i in 0..12 {
+        h.services
+            .create_subscription(
+                &tenant,
+                new_sub(&format!("https://a{i}.example.com/"), &["*"], Some(vec![60])),
+            )
+            .await
+            .unwrap();
+    }
+    a_retry_whose_message_is_lost(&h, &tenant, 100).await;
+    h.clock.advance(Duration::minutes(6));
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1200);
+    assert_eq!(h.queue.take_visible().len(), 1200);
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 0);
+}
+
+#[tokio::test]
+async fn given_a_retry_whose_enqueue_was_lost_then_the_sweep_queues_it() {
+    let h = Harness::new(first_fails());
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![60])).await;
+    a_retry_whose_message_is_lost(&h, &tenant, 1).await;
+    let delivery = h
+        .services
+        .list_deliveries(&tenant, DeliveryQuery::default())
+        .await
+        .unwrap()
+        .items[0]
+        .clone();
+    h.clock.advance(Duration::minutes(6));
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
+    assert_eq!(
+        h.services.run_scheduler().await.unwrap().requeued,
+        0,
+        "not again until overdue again"
+    );
+    h.drain_now().await;
+    assert_eq!(
+        h.services.get_delivery(&tenant, &delivery.id).await.unwrap().0.status,
+        DeliveryStatus::Delivered
+    );
+}
+
+#[tokio::test]
+async fn given_a_first_delivery_that_is_stored_after_its_message_then_the_message_looks_again_until_it_is() {
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
+    // Queued, then the write fails (as a crash between the two would leave it): the client
+    // hears of it, and retries with its key.
+    h.store.failing_event_writes.store(1, Ordering::SeqCst);
+    let err = h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
+        .await
+        .unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    let early = h.queue.take_visible();
+    assert_eq!(early.len(), 1, "queued before the write");
+    // The worker finds no delivery yet: the message is queued again for a second later.
+    let results = h.services.deliver_batch(&early).await;
+    assert!(matches!(results[..], [Ok(DeliverOutcome::NotStoredYet)]), "{results:?}");
+    assert_eq!(h.queue.log.lock().unwrap().last().map(|(_, delay)| *delay), Some(1));
+
+    // The retry stores it, naming the same delivery, which its queued message finds.
+    let retry = h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
+        .await
+        .unwrap();
+    assert!(retry.created);
+    assert_eq!(retry.deliveries[0].id, early[0].delivery_id);
+    h.clock.advance(Duration::seconds(1));
+    let queued = h.queue.take_visible();
+    assert_eq!(queued.len(), 2, "the early message again, and the retry's");
+    let results = h.services.deliver_batch(&queued).await;
+    assert!(
+        matches!(results[..], [Ok(DeliverOutcome::Delivered), Ok(DeliverOutcome::Stale)]),
+        "delivered once: {results:?}"
+    );
+
+    // A repeat after that is answered from the store: nothing queued.
+    let repeat = h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
+        .await
+        .unwrap();
+    assert!(!repeat.created);
+    assert_eq!(h.drain_now().await, 0);
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 1);
+
+    // The same key with another payload is refused, naming the first event.
+    let other = NewEvent {
+        event_type: EventType::parse("invoice.paid").unwrap(),
+        payload: serde_json::json!({"n": 2}),
+    };
+    let err = h.services.ingest(&tenant, other, Some("k-1".into())).await.unwrap_err();
+    let Error::Validation(v) = err else { panic!("{err:?}") };
+    assert_eq!(v.code, "idempotency_key_reused");
+    assert!(v.message.contains(retry.event.id.as_str()), "{}", v.message);
+}
+
+#[tokio::test]
+async fn given_an_ingest_that_failed_after_queueing_then_its_message_costs_one_copy_and_the_dead_letter_handler_drops_it(
+) {
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
+    h.store.failing_event_writes.store(1, Ordering::SeqCst);
+    assert!(h.services.ingest(&tenant, event("invoice.paid"), None).await.is_err());
+    let first = h.queue.take_visible();
+    let results = h.services.deliver_batch(&first).await;
+    assert!(matches!(results[..], [Ok(DeliverOutcome::NotStoredYet)]), "{results:?}");
+    // The copy, a second later, is no longer young: an error, which the queue redelivers
+    // until its maxReceiveCount, then hands to the dead-letter handler. No more copies.
+    h.clock.advance(Duration::seconds(1));
+    let copy = h.queue.take_visible();
+    assert_eq!(copy, first, "the same task, its first-queued time kept");
+    let results = h.services.deliver_batch(&copy).await;
+    assert!(matches!(&results[..], [Err(e)] if e.is_retryable()), "{results:?}");
+    assert_eq!(h.queue.pending(), 0, "one copy, no more");
+    let report = h.services.handle_dead_letters(&copy).await.unwrap();
+    assert_eq!((report.rescheduled, report.queued), (0, 0), "dropped: {report:?}");
+    assert!(h.sender.requests.lock().unwrap().is_empty());
+    assert!(h.mailer.sent.lock().unwrap().is_empty(), "nobody is told of it");
 }

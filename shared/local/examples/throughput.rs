@@ -178,6 +178,7 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                         delivery_id: d.id,
                         round: 0,
                         attempt: 1,
+                        queued_at: None,
                     },
                     0,
                 )])

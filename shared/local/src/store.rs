@@ -467,8 +467,10 @@ impl Store for LocalBackend {
             query_docs(
                 conn,
                 "delivery",
+                // `Delivery::is_swept`, in SQL (the partial index still applies).
                 "SELECT doc FROM deliveries
-                 WHERE status IN ('pending', 'retrying') AND next_attempt_at < ?1
+                 WHERE status IN ('pending', 'retrying') AND (status = 'retrying' OR round > 0)
+                   AND next_attempt_at < ?1
                  ORDER BY next_attempt_at, id LIMIT ?2",
                 params![before, limit],
             )

@@ -37,6 +37,7 @@ fn task(rng: &mut StdRng) -> DeliveryTask {
         delivery_id: DeliveryId::generate(start(), rng),
         round: 0,
         attempt: 1,
+        queued_at: None,
     }
 }
 

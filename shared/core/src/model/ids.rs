@@ -90,9 +90,29 @@ impl EventId {
             .chain_update([0])
             .chain_update(key)
             .finalize();
-        let bytes: [u8; 16] = digest[..16].try_into().expect("a SHA-256 has 32 bytes");
-        Self(format!("{}{}", Self::PREFIX, ulid::Ulid::from_bytes(bytes)))
+        Self(format!("{}{}", Self::PREFIX, ulid_of(&digest)))
     }
+}
+
+impl DeliveryId {
+    /// The id of an event's delivery to a subscription: the same pair always gives the same
+    /// id, so a re-run of an ingest (the client's retry with its key) names, and queues, the
+    /// deliveries the first run did, not new ones that will never exist. A SHA-256, like
+    /// [`EventId::for_key`]'s: deliveries are listed by their `created_at`, not by id.
+    pub fn for_event(event: &EventId, subscription: &SubscriptionId) -> Self {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::new()
+            .chain_update(event.as_str())
+            .chain_update([0])
+            .chain_update(subscription.as_str())
+            .finalize();
+        Self(format!("{}{}", Self::PREFIX, ulid_of(&digest)))
+    }
+}
+
+/// A ULID made of a hash's first 16 bytes.
+fn ulid_of(digest: &[u8]) -> ulid::Ulid {
+    ulid::Ulid::from_bytes(digest[..16].try_into().expect("a SHA-256 has 32 bytes"))
 }
 
 #[cfg(test)]
@@ -109,6 +129,24 @@ mod tests {
         assert_eq!(EventId::for_key(&a, "order-1042-paid"), id);
         assert_ne!(EventId::for_key(&a, "order-1043-paid"), id);
         assert_ne!(EventId::for_key(&b, "order-1042-paid"), id);
+    }
+
+    #[test]
+    fn an_event_and_a_subscription_give_one_delivery_id() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let (e, f) = (
+            EventId::generate(Utc::now(), &mut rng),
+            EventId::generate(Utc::now(), &mut rng),
+        );
+        let (s, t) = (
+            SubscriptionId::generate(Utc::now(), &mut rng),
+            SubscriptionId::generate(Utc::now(), &mut rng),
+        );
+        let id = DeliveryId::for_event(&e, &s);
+        assert_eq!(DeliveryId::parse(id.as_str()).unwrap(), id);
+        assert_eq!(DeliveryId::for_event(&e, &s), id);
+        assert_ne!(DeliveryId::for_event(&e, &t), id);
+        assert_ne!(DeliveryId::for_event(&f, &s), id);
     }
 
     #[test]

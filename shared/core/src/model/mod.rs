@@ -163,6 +163,18 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// Whether the scheduler's sweep (`Store::overdue_deliveries`) looks after this delivery's
+    /// next message: a retry's and a replay's are queued after the state change that called
+    /// for them, so a crash between the two would leave the delivery waiting for nothing. A
+    /// first round's first attempt is queued before its delivery is stored: never missing.
+    pub fn is_swept(&self) -> bool {
+        match self.status {
+            DeliveryStatus::Retrying => true,
+            DeliveryStatus::Pending => self.round > 0,
+            DeliveryStatus::Delivered | DeliveryStatus::Dead => false,
+        }
+    }
+
     /// A new delivery of `event` to a subscription: pending, its first attempt due at once.
     pub fn new(id: DeliveryId, event: &Event, subscription_id: SubscriptionId) -> Self {
         Self {

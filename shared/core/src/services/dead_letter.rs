@@ -37,6 +37,10 @@ impl Services {
                 continue; // a copy of a message in this batch
             }
             let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
+                if task.queued_at.is_some() {
+                    tracing::warn!(delivery_id = %task.delivery_id, queued_at = ?task.queued_at,
+                        "a first attempt's delivery was never stored (its ingest failed, and its client had the error); dropping the message");
+                }
                 continue;
             };
             if delivery.round != task.round {

@@ -22,7 +22,14 @@ pub enum DeliverOutcome {
     Dead,
     /// The delivery had moved on (a duplicate or late message): nothing done.
     Stale,
+    /// A first attempt whose delivery is not stored yet: the message is queued again for a
+    /// second later (see `not_stored_yet`).
+    NotStoredYet,
 }
+
+/// A first attempt's message younger than this that finds no delivery is queued again, once,
+/// for a second later: its ingest queued it a moment before storing the delivery.
+pub const FIRST_LOOK: chrono::Duration = chrono::Duration::seconds(1);
 
 /// The headers and body a subscriber receives (Standard Webhooks, plus `Idempotency-Key`).
 pub fn webhook_request(sub: &Subscription, event: &Event, now: DateTime<Utc>) -> WebhookRequest {
@@ -71,7 +78,7 @@ impl Services {
         let mut seen = std::collections::HashSet::new();
         let calls: Vec<_> = tasks
             .iter()
-            .map(|t| self.deliver_first(t, deadline, seen.insert(t)))
+            .map(|t| self.deliver_first(t, deadline, seen.insert((&t.delivery_id, t.round, t.attempt))))
             .collect();
         futures::stream::iter(calls)
             .buffered(self.config.deliver_concurrency.max(1))
@@ -103,8 +110,7 @@ impl Services {
     pub async fn deliver_within(&self, task: &DeliveryTask, deadline: Option<DateTime<Utc>>) -> Result<DeliverOutcome> {
         let store = &self.ports.store;
         let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
-            tracing::warn!("queued delivery does not exist; dropping the message");
-            return Ok(DeliverOutcome::Stale);
+            return self.not_stored_yet(task).await;
         };
         if !is_due_attempt(&delivery, task) {
             return self.finish_stale(&delivery, task).await;
@@ -249,6 +255,31 @@ impl Services {
         Ok(DeliverOutcome::Stale)
     }
 
+    /// A message whose delivery is not stored. A first attempt's is queued a moment before
+    /// its delivery is stored, so a young one is queued again, once, for a second later (the
+    /// copy carries the same `queued_at`, so it is no longer young). After that it is an
+    /// error: the queue sends the message again after its visibility timeout, and after
+    /// `maxReceiveCount` receives hands it to the dead-letter handler, which drops it if its
+    /// delivery was never stored (the ingest failed, and its client had the error) or puts
+    /// it back on its schedule if it was. An ingest that failed costs one copy, no more.
+    /// Any other message without a delivery is for one that is gone.
+    async fn not_stored_yet(&self, task: &DeliveryTask) -> Result<DeliverOutcome> {
+        let Some(queued_at) = task.queued_at.filter(|_| task.round == 0 && task.attempt == 1) else {
+            tracing::warn!("queued delivery does not exist; dropping the message");
+            return Ok(DeliverOutcome::Stale);
+        };
+        if self.now() - queued_at < FIRST_LOOK {
+            self.ports.queue.enqueue(&[(task.clone(), 1)]).await?;
+            tracing::debug!(%queued_at, "the delivery is not stored yet; looking again in a second");
+            return Ok(DeliverOutcome::NotStoredYet);
+        }
+        Err(PortError::retryable(
+            "deliver",
+            format!("delivery not stored yet (its message was queued at {queued_at}, before the ingest's write)"),
+        )
+        .into())
+    }
+
     /// Dead without an attempt.
     async fn abandon(&self, delivery: &Delivery, task: &DeliveryTask, reason: &str) -> Result<DeliverOutcome> {
         let Some(change) = give_up(delivery, reason, self.now()) else {
@@ -292,5 +323,6 @@ fn dead_task(delivery: &Delivery) -> DeliveryTask {
         delivery_id: delivery.id.clone(),
         round: delivery.round,
         attempt: delivery.attempts,
+        queued_at: None,
     }
 }

@@ -8,7 +8,7 @@ use super::Services;
 use crate::error::{Error, PortError, Result, ValidationError};
 use crate::model::*;
 use crate::ports::{Created, DeliveryPage, DeliveryQuery};
-use crate::state::next_task;
+use crate::state::first_task;
 
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 /// Events in one `POST /v1/events/batch`.
@@ -49,10 +49,13 @@ impl Services {
     }
 
     /// Up to [`MAX_BATCH`] events, each with its own result in order: one that is invalid, or
-    /// whose key was used for another body, fails alone. The subscriptions are read once,
-    /// each event is stored with its deliveries (all or nothing, per event), then every new
-    /// delivery is queued in one go. An `Err` is the whole request's: an empty or oversized
-    /// batch, or the subscriptions could not be read.
+    /// whose key was used for another body, fails alone. The subscriptions are read once;
+    /// every new delivery's first attempt is queued in one go, *then* each event is stored
+    /// with its deliveries (all or nothing, per event). Queued first, nothing stored can wait
+    /// for a message that was never sent: a worker that gets a message before its delivery is
+    /// stored looks again shortly (`not_stored_yet`), and drops it once the ingest has
+    /// clearly failed. An `Err` is the whole request's: an empty or oversized batch, or the
+    /// subscriptions could not be read.
     #[tracing::instrument(name = "ingest", skip_all, fields(tenant_id = %tenant.id, events = batch.len()))]
     pub async fn ingest_batch(
         &self,
@@ -72,15 +75,65 @@ impl Services {
         } else {
             Default::default()
         };
-        // Stored before any attempt (seed 000): once this returns, each stored event is durable.
-        let stored: Vec<Result<Ingested>> = futures::stream::iter(events)
-            .map(|event| async {
-                let event = event?;
-                let deliveries: Vec<Delivery> = subscriptions
-                    .iter()
-                    .filter(|s| s.wants(&event.event_type))
-                    .map(|s| Delivery::new(DeliveryId::generate(now, &mut *self.rng()), &event, s.id.clone()))
-                    .collect();
+        let planned: Vec<Result<(Event, Vec<Delivery>)>> = events
+            .into_iter()
+            .map(|event| {
+                event.map(|event| {
+                    // Ids derived from the event's and the subscription's: a re-run of this
+                    // ingest names, and queues, the same deliveries.
+                    let deliveries = subscriptions
+                        .iter()
+                        .filter(|s| s.wants(&event.event_type))
+                        .map(|s| Delivery::new(DeliveryId::for_event(&event.id, &s.id), &event, s.id.clone()))
+                        .collect();
+                    (event, deliveries)
+                })
+            })
+            .collect();
+
+        // A keyed event stored before (the client's retry) is answered from the store, with
+        // nothing sent and nothing written: a retry of a large fan-out does not queue its
+        // messages again. One strongly consistent read per keyed event.
+        // (The futures are built first: a closure in the stream trips the Send check.)
+        let reads: Vec<_> = planned
+            .iter()
+            .map(|plan| self.stored_before(tenant, plan.as_ref().ok().map(|(event, _)| event)))
+            .collect();
+        let seen: Vec<bool> = futures::stream::iter(reads).buffered(STORE_CONCURRENCY).collect().await;
+        // One message per delivery, though a key given twice in a batch names it twice.
+        let mut named = std::collections::HashSet::new();
+        let tasks: Vec<_> = planned
+            .iter()
+            .zip(&seen)
+            .filter(|(_, seen)| !**seen)
+            .filter_map(|(plan, _)| plan.as_ref().ok())
+            .flat_map(|(_, ds)| ds.iter())
+            .filter(|d| named.insert(&d.id))
+            .map(|d| (first_task(d, now), 0))
+            .collect();
+        if let Err(err) = self.ports.queue.enqueue(&tasks).await {
+            // Nothing is stored: every event gets the error, and a retry (with or without a
+            // key) is safe.
+            tracing::warn!(error = %err, "enqueue before ingest failed; nothing was stored");
+            return Ok(planned
+                .into_iter()
+                .map(|p| {
+                    p.and_then(|_| {
+                        Err(match &err {
+                            PortError::Retryable { .. } => PortError::retryable("enqueue", err.to_string()),
+                            _ => PortError::permanent("enqueue", err.to_string()),
+                        }
+                        .into())
+                    })
+                })
+                .collect());
+        }
+        Ok(futures::stream::iter(planned.into_iter().zip(seen))
+            .map(|(plan, seen)| async move {
+                let (event, deliveries) = plan?;
+                if seen {
+                    return self.repeated(tenant, &event.id, &event).await;
+                }
                 match self.ports.store.create_event(&event, &deliveries).await? {
                     Created::Existing(id) => self.repeated(tenant, &id, &event).await,
                     Created::New => Ok(Ingested {
@@ -92,34 +145,21 @@ impl Services {
             })
             .buffered(STORE_CONCURRENCY)
             .collect()
-            .await;
+            .await)
+    }
 
-        let tasks: Vec<_> = stored
-            .iter()
-            .flatten()
-            .filter(|i| i.created)
-            .flat_map(|i| i.deliveries.iter().map(|d| (next_task(d), 0)))
-            .collect();
-        let Err(err) = self.ports.queue.enqueue(&tasks).await else {
-            return Ok(stored);
-        };
-        // Stored, not queued. With a key the client's retry finishes the job at once (see
-        // `repeated`), so that event gets the error; without one a retry would be a second
-        // event, so it is accepted and the scheduler's sweep queues its deliveries.
-        tracing::warn!(error = %err, "enqueue after ingest failed; a retry with the same Idempotency-Key, or else the sweep, queues the deliveries");
-        let retryable = matches!(err, PortError::Retryable { .. });
-        Ok(stored
-            .into_iter()
-            .map(|result| match result {
-                Ok(i) if i.created && i.event.idempotency_key.is_some() => Err(if retryable {
-                    PortError::retryable("enqueue", err.to_string())
-                } else {
-                    PortError::permanent("enqueue", err.to_string())
-                }
-                .into()),
-                other => other,
-            })
-            .collect())
+    /// Whether this keyed event is stored already (a failed read counts as no: the write's
+    /// own key check still holds).
+    async fn stored_before(&self, tenant: &Tenant, event: Option<&Event>) -> bool {
+        match event {
+            Some(event) if event.idempotency_key.is_some() => self
+                .ports
+                .store
+                .get_event(&tenant.id, &event.id)
+                .await
+                .is_ok_and(|e| e.is_some()),
+            _ => false,
+        }
     }
 
     /// The event as it will be stored, if its input is valid.
@@ -165,12 +205,10 @@ impl Services {
     }
 
     /// The same `Idempotency-Key` again. With the same type and payload it is the client's
-    /// retry: it gets the first event, and the first attempts of deliveries still waiting for
-    /// one are queued again, since the first request may have died between storing them and
-    /// queueing them (a message too many is harmless: the conditional writes absorb it); if
-    /// that fails too, the client gets the error and retries again. With
-    /// another type or payload it is a mistake, refused rather than answered with the
-    /// first event.
+    /// retry: it gets the first event (whose deliveries' first attempts were queued again
+    /// before this, harmlessly: the conditional writes absorb a message too many). With
+    /// another type or payload it is a mistake, refused rather than answered with the first
+    /// event.
     async fn repeated(&self, tenant: &Tenant, id: &EventId, new: &Event) -> Result<Ingested> {
         let existing = self.get_event(tenant, id).await?;
         if existing.event.event_type != new.event_type || existing.event.payload != new.payload {
@@ -181,16 +219,6 @@ impl Services {
                 ),
             )
             .into());
-        }
-        let waiting: Vec<_> = existing
-            .deliveries
-            .iter()
-            .filter(|d| d.status == DeliveryStatus::Pending && d.round == 0 && d.attempts == 0)
-            .map(|d| (next_task(d), 0))
-            .collect();
-        if let Err(err) = self.ports.queue.enqueue(&waiting).await {
-            tracing::warn!(event_id = %id, error = %err, "enqueue on a repeated ingest failed; the client's next retry queues the deliveries");
-            return Err(err.into());
         }
         Ok(Ingested {
             event: existing.event,

@@ -48,6 +48,8 @@ pub struct MemoryStore {
     pub unavailable: std::sync::atomic::AtomicBool,
     /// The next this many subscription writes fail (retryable).
     pub failing_subscription_writes: std::sync::atomic::AtomicU32,
+    /// The next this many event writes fail (retryable), writing nothing.
+    pub failing_event_writes: std::sync::atomic::AtomicU32,
 }
 
 #[async_trait]
@@ -124,6 +126,9 @@ impl Store for MemoryStore {
         Ok(d.subscriptions.len() < before)
     }
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
+        if take_one(&self.failing_event_writes) {
+            return Err(PortError::retryable("create event", "throttled (failing_event_writes)"));
+        }
         let mut d = lock(&self.data);
         if let Some(key) = &event.idempotency_key {
             if let Some(e) = d
@@ -163,9 +168,20 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).deliveries.iter().find(|d| &d.id == id).cloned())
     }
     async fn list_deliveries(&self, tenant: &TenantId, q: &DeliveryQuery) -> PortResult<DeliveryPage> {
-        if let Some(c) = q.cursor.as_ref().filter(|c| DeliveryId::parse(c).is_err()) {
-            return Err(PortError::InvalidCursor(c.clone()));
-        }
+        // Newest first by `(created_at, id)`; the cursor is the previous page's last pair.
+        let after = match &q.cursor {
+            None => None,
+            Some(c) => Some(
+                c.split_once('.')
+                    .and_then(|(at, id)| {
+                        Some((
+                            DateTime::from_timestamp_nanos(at.parse().ok()?),
+                            DeliveryId::parse(id).ok()?,
+                        ))
+                    })
+                    .ok_or_else(|| PortError::InvalidCursor(c.clone()))?,
+            ),
+        };
         let d = lock(&self.data);
         let mut items: Vec<Delivery> = d
             .deliveries
@@ -173,13 +189,15 @@ impl Store for MemoryStore {
             .filter(|x| &x.tenant_id == tenant)
             .filter(|x| q.status.is_none_or(|s| x.status == s))
             .filter(|x| q.subscription_id.as_ref().is_none_or(|s| &x.subscription_id == s))
-            // Ids are time-ordered ULIDs: the cursor is the last id of the previous page.
-            .filter(|x| q.cursor.as_ref().is_none_or(|c| x.id.as_str() < c.as_str()))
+            .filter(|x| after.as_ref().is_none_or(|(at, id)| (x.created_at, &x.id) < (*at, id)))
             .cloned()
             .collect();
-        items.sort_by(|a, b| b.id.cmp(&a.id));
+        items.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
         let limit = if q.limit == 0 { 50 } else { q.limit.min(100) } as usize;
-        let next_cursor = (items.len() > limit).then(|| items[limit - 1].id.to_string());
+        let next_cursor = (items.len() > limit).then(|| {
+            let last = &items[limit - 1];
+            format!("{}.{}", last.created_at.timestamp_nanos_opt().unwrap_or(0), last.id)
+        });
         items.truncate(limit);
         Ok(DeliveryPage { items, next_cursor })
     }
@@ -215,7 +233,7 @@ impl Store for MemoryStore {
         Ok(lock(&self.data)
             .deliveries
             .iter()
-            .filter(|d| matches!(d.status, DeliveryStatus::Pending | DeliveryStatus::Retrying))
+            .filter(|d| d.is_swept())
             .filter(|d| d.next_attempt_at.is_some_and(|t| t < due_before))
             .take(limit as usize)
             .cloned()

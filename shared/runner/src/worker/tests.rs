@@ -47,6 +47,7 @@ fn message(id: &str) -> QueueMessage {
         delivery_id: DeliveryId::generate(chrono::Utc::now(), &mut rand::rng()),
         round: 1,
         attempt: 1,
+        queued_at: None,
     };
     QueueMessage {
         message_id: id.into(),

@@ -395,21 +395,12 @@ impl DynamoStore {
             .set_return_consumed_capacity(self.rcc())
             .send()
             .await;
-        match result {
-            Ok(out) => {
-                self.charge("spill attempts", true, out.consumed_capacity());
-                Ok(())
-            }
-            Err(err)
-                if matches!(
-                    err.as_service_error(),
-                    Some(UpdateItemError::ConditionalCheckFailedException(_))
-                ) =>
-            {
-                Ok(())
-            }
-            Err(err) => Err(classify("spill attempts", err)),
-        }
+        // Appended to meanwhile: that change's own spill takes these too.
+        unless_changed(
+            result
+                .map(|out| self.charge("spill attempts", true, out.consumed_capacity()))
+                .map_err(|e| classify("spill attempts", e)),
+        )
     }
 
     async fn transact(
@@ -1149,8 +1140,9 @@ impl Store for DynamoStore {
         match result {
             Ok(out) => {
                 self.charge("apply change", true, out.consumed_capacity());
-                if let Some(AttributeValue::L(log)) = out.attributes.as_ref().and_then(|a| a.get(ATTEMPT_LOG)) {
-                    if attribute_size(&AttributeValue::L(log.clone())) > SPILL_BYTES && log.len() > 1 {
+                if let Some(logged @ AttributeValue::L(log)) = out.attributes.as_ref().and_then(|a| a.get(ATTEMPT_LOG))
+                {
+                    if attribute_size(logged) > SPILL_BYTES && log.len() > 1 {
                         self.spill_attempts(&change.next.id, log).await?;
                     }
                 }

@@ -53,9 +53,9 @@ impl Services {
     /// every new delivery's first attempt is queued in one go, *then* each event is stored
     /// with its deliveries (all or nothing, per event). Queued first, nothing stored can wait
     /// for a message that was never sent: a worker that gets a message before its delivery is
-    /// stored looks again shortly (`not_stored_yet`), and drops it once the ingest has
-    /// clearly failed. An `Err` is the whole request's: an empty or oversized batch, or the
-    /// subscriptions could not be read.
+    /// stored copies it once for a second later, then leaves it to the queue's redelivery and
+    /// the dead-letter handler (`not_stored_yet`). An `Err` is the whole request's: an empty
+    /// or oversized batch, or the subscriptions could not be read.
     #[tracing::instrument(name = "ingest", skip_all, fields(tenant_id = %tenant.id, events = batch.len()))]
     pub async fn ingest_batch(
         &self,

@@ -1201,7 +1201,45 @@ async fn given_a_first_delivery_that_is_stored_after_its_message_then_the_messag
 }
 
 #[tokio::test]
-async fn given_an_ingest_that_failed_after_queueing_then_its_message_costs_one_copy_and_the_dead_letter_handler_drops_it(
+async fn given_a_first_message_received_seconds_after_it_was_queued_and_before_its_slow_ingest_stored_it_then_it_is_looked_at_again_and_delivered(
+) {
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
+    h.store.failing_event_writes.store(1, Ordering::SeqCst);
+    assert!(h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
+        .await
+        .is_err());
+    let early = h.queue.take_visible();
+    // The worker gets it 3 s after it was queued (a busy queue, a slow batch): still within
+    // the window an ingest may take, so it looks again 3 s later, not after the queue's
+    // visibility timeout.
+    h.clock.advance(Duration::seconds(3));
+    let results = h.services.deliver_batch(&early).await;
+    assert!(matches!(results[..], [Ok(DeliverOutcome::NotStoredYet)]), "{results:?}");
+    assert_eq!(h.queue.log.lock().unwrap().last().map(|(_, delay)| *delay), Some(3));
+    // The ingest (its client's retry) stores it meanwhile; the copy delivers it.
+    assert!(
+        h.services
+            .ingest(&tenant, event("invoice.paid"), Some("k-1".into()))
+            .await
+            .unwrap()
+            .created
+    );
+    h.clock.advance(Duration::seconds(3));
+    let queued = h.queue.take_visible();
+    let results = h.services.deliver_batch(&queued).await;
+    assert!(
+        results.iter().any(|r| matches!(r, Ok(DeliverOutcome::Delivered))),
+        "{results:?}"
+    );
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 1, "delivered once");
+}
+
+#[tokio::test]
+async fn given_an_ingest_that_failed_after_queueing_then_its_message_costs_six_copies_and_the_dead_letter_handler_drops_it(
 ) {
     use std::sync::atomic::Ordering;
     let h = Harness::new(ScriptedSender::always(200));
@@ -1209,17 +1247,26 @@ async fn given_an_ingest_that_failed_after_queueing_then_its_message_costs_one_c
     h.store.failing_event_writes.store(1, Ordering::SeqCst);
     assert!(h.services.ingest(&tenant, event("invoice.paid"), None).await.is_err());
     let first = h.queue.take_visible();
-    let results = h.services.deliver_batch(&first).await;
-    assert!(matches!(results[..], [Ok(DeliverOutcome::NotStoredYet)]), "{results:?}");
-    // The copy, a second later, is no longer young: an error, which the queue redelivers
-    // until its maxReceiveCount, then hands to the dead-letter handler. No more copies.
-    h.clock.advance(Duration::seconds(1));
-    let copy = h.queue.take_visible();
-    assert_eq!(copy, first, "the same task, its first-queued time kept");
-    let results = h.services.deliver_batch(&copy).await;
+    // Each copy waits as long as the message's age so far, until the ingest window is over.
+    let mut delays = Vec::new();
+    let mut batch = first.clone();
+    let results = loop {
+        let results = h.services.deliver_batch(&batch).await;
+        if !matches!(results[..], [Ok(DeliverOutcome::NotStoredYet)]) {
+            break results;
+        }
+        let delay = h.queue.log.lock().unwrap().last().unwrap().1;
+        delays.push(delay);
+        h.clock.advance(Duration::seconds(delay.into()));
+        batch = h.queue.take_visible();
+        assert_eq!(batch, first, "the same task, its first-queued time kept");
+    };
+    assert_eq!(delays, [1, 1, 2, 4, 8, 16]);
+    // After the window it is an error, which the queue redelivers until its
+    // maxReceiveCount, then hands to the dead-letter handler. No more copies.
     assert!(matches!(&results[..], [Err(e)] if e.is_retryable()), "{results:?}");
-    assert_eq!(h.queue.pending(), 0, "one copy, no more");
-    let report = h.services.handle_dead_letters(&copy).await.unwrap();
+    assert_eq!(h.queue.pending(), 0, "six copies, no more");
+    let report = h.services.handle_dead_letters(&batch).await.unwrap();
     assert_eq!((report.rescheduled, report.queued), (0, 0), "dropped: {report:?}");
     assert!(h.sender.requests.lock().unwrap().is_empty());
     assert!(h.mailer.sent.lock().unwrap().is_empty(), "nobody is told of it");

@@ -22,14 +22,15 @@ pub enum DeliverOutcome {
     Dead,
     /// The delivery had moved on (a duplicate or late message): nothing done.
     Stale,
-    /// A first attempt whose delivery is not stored yet: the message is queued again for a
-    /// second later (see `not_stored_yet`).
+    /// A first attempt whose delivery is not stored yet: the message is queued again, to
+    /// look once more a little later (see `not_stored_yet`).
     NotStoredYet,
 }
 
-/// A first attempt's message younger than this that finds no delivery is queued again, once,
-/// for a second later: its ingest queued it a moment before storing the delivery.
-pub const FIRST_LOOK: chrono::Duration = chrono::Duration::seconds(1);
+/// How long an ingest may take between queueing a first attempt and storing its delivery: no
+/// longer than the API's own time limit (API Gateway's 30 s; the ingest Lambda's is 15 s).
+/// A first attempt's message younger than this that finds no delivery is queued again.
+pub const INGEST_WINDOW: chrono::Duration = chrono::Duration::seconds(30);
 
 /// The headers and body a subscriber receives (Standard Webhooks, plus `Idempotency-Key`).
 pub fn webhook_request(sub: &Subscription, event: &Event, now: DateTime<Utc>) -> WebhookRequest {
@@ -256,21 +257,25 @@ impl Services {
     }
 
     /// A message whose delivery is not stored. A first attempt's is queued a moment before
-    /// its delivery is stored, so a young one is queued again, once, for a second later (the
-    /// copy carries the same `queued_at`, so it is no longer young). After that it is an
-    /// error: the queue sends the message again after its visibility timeout, and after
-    /// `maxReceiveCount` receives hands it to the dead-letter handler, which drops it if its
-    /// delivery was never stored (the ingest failed, and its client had the error) or puts
-    /// it back on its schedule if it was. An ingest that failed costs one copy, no more.
-    /// Any other message without a delivery is for one that is gone.
+    /// its delivery is stored, and a slow ingest (a batch, a throttled table) may take
+    /// seconds, so one younger than [`INGEST_WINDOW`] is queued again, its delay as long as
+    /// its age so far (at least a second): the copies look at about 1, 2, 4, 8, 16 and 32 s,
+    /// each carrying the first `queued_at`. After the window it is an error: the queue sends
+    /// the message again after its visibility timeout, and after `maxReceiveCount` receives
+    /// hands it to the dead-letter handler, which drops it if its delivery was never stored
+    /// (the ingest failed, and its client had the error) or puts it back on its schedule if
+    /// it was. An ingest that failed costs six copies at most. Any other message without a
+    /// delivery is for one that is gone.
     async fn not_stored_yet(&self, task: &DeliveryTask) -> Result<DeliverOutcome> {
         let Some(queued_at) = task.queued_at.filter(|_| task.round == 0 && task.attempt == 1) else {
             tracing::warn!("queued delivery does not exist; dropping the message");
             return Ok(DeliverOutcome::Stale);
         };
-        if self.now() - queued_at < FIRST_LOOK {
-            self.ports.queue.enqueue(&[(task.clone(), 1)]).await?;
-            tracing::debug!(%queued_at, "the delivery is not stored yet; looking again in a second");
+        let age = self.now() - queued_at;
+        if age < INGEST_WINDOW {
+            let delay = age.num_seconds().clamp(1, INGEST_WINDOW.num_seconds()) as u32;
+            self.ports.queue.enqueue(&[(task.clone(), delay)]).await?;
+            tracing::debug!(%queued_at, delay, "the delivery is not stored yet; looking again");
             return Ok(DeliverOutcome::NotStoredYet);
         }
         Err(PortError::retryable(

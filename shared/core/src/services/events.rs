@@ -53,8 +53,8 @@ impl Services {
     /// every new delivery's first attempt is queued in one go, *then* each event is stored
     /// with its deliveries (all or nothing, per event). Queued first, nothing stored can wait
     /// for a message that was never sent: a worker that gets a message before its delivery is
-    /// stored copies it once for a second later, then leaves it to the queue's redelivery and
-    /// the dead-letter handler (`not_stored_yet`). An `Err` is the whole request's: an empty
+    /// stored copies it for a little later, for as long as an ingest may take, then leaves it
+    /// to the queue's redelivery and the dead-letter handler (`not_stored_yet`). An `Err` is the whole request's: an empty
     /// or oversized batch, or the subscriptions could not be read.
     #[tracing::instrument(name = "ingest", skip_all, fields(tenant_id = %tenant.id, events = batch.len()))]
     pub async fn ingest_batch(

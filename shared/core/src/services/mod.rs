@@ -23,7 +23,7 @@ use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store};
 
 pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
-pub use deliver::{DeliverOutcome, FIRST_LOOK};
+pub use deliver::{DeliverOutcome, INGEST_WINDOW};
 pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD_BYTES};
 pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;

@@ -948,22 +948,42 @@ impl Store for DynamoStore {
             .transpose()
     }
 
-    async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
-        let q = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .consistent_read(true)
-            .key_condition_expression("pk = :pk AND begins_with(sk, :sub)")
-            .expression_attribute_values(":pk", s(tenant_key(tenant).0))
-            .expression_attribute_values(":sub", s("SUB#"));
-        let mut subs: Vec<Subscription> = self
-            .query_all(q, "list subscriptions")
-            .await?
-            .iter()
-            .map(from_item)
-            .collect::<Result<_, _>>()?;
-        subs.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
+    async fn list_subscriptions(
+        &self,
+        tenant: &TenantId,
+        after: Option<&SubscriptionId>,
+        limit: u32,
+    ) -> PortResult<Vec<Subscription>> {
+        // The sort keys are `SUB#{id}`: those after `after` (ids are all of one length, and
+        // `~` sorts after every character of one) up to the end of the `SUB#` range.
+        let from = after.map_or_else(|| "SUB#".to_owned(), |a| format!("SUB#{a}~"));
+        let mut subs: Vec<Subscription> = Vec::new();
+        let mut start: Option<Item> = None;
+        while subs.len() < limit as usize {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .key_condition_expression("pk = :pk AND sk BETWEEN :from AND :to")
+                .expression_attribute_values(":pk", s(tenant_key(tenant).0))
+                .expression_attribute_values(":from", s(&from))
+                .expression_attribute_values(":to", s("SUB#~"))
+                .limit((limit as usize - subs.len()) as i32)
+                .set_exclusive_start_key(start.take())
+                .set_return_consumed_capacity(self.rcc())
+                .send()
+                .await
+                .map_err(|e| classify("list subscriptions", e))?;
+            self.charge("list subscriptions", false, out.consumed_capacity());
+            for item in out.items() {
+                subs.push(from_item(item)?);
+            }
+            match out.last_evaluated_key {
+                Some(k) if !k.is_empty() => start = Some(k),
+                _ => break,
+            }
+        }
         Ok(subs)
     }
 

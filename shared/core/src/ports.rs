@@ -89,8 +89,14 @@ pub trait Store: Send + Sync {
     /// reverted, and a deleted subscription stays deleted.
     async fn replace_subscription(&self, sub: &Subscription, read_at: DateTime<Utc>) -> PortResult<()>;
     async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>>;
-    /// Oldest first.
-    async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>>;
+    /// In id order, which is creation order (ids begin with their creation time): at most
+    /// `limit`, those after `after`.
+    async fn list_subscriptions(
+        &self,
+        tenant: &TenantId,
+        after: Option<&SubscriptionId>,
+        limit: u32,
+    ) -> PortResult<Vec<Subscription>>;
     /// `false` if there was none.
     async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool>;
 
@@ -112,31 +118,6 @@ pub trait Store: Send + Sync {
     /// Deliveries the sweep looks after ([`Delivery::is_swept`]: retrying, or pending after a
     /// replay) whose next attempt was due before `due_before`.
     async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>>;
-
-    /// How many of a subscription's deliveries are in `status`. The default pages through
-    /// `list_deliveries`; a backend with a cheaper count overrides it.
-    async fn count_deliveries(
-        &self,
-        tenant: &TenantId,
-        sub: &SubscriptionId,
-        status: DeliveryStatus,
-    ) -> PortResult<u64> {
-        let mut query = DeliveryQuery {
-            status: Some(status),
-            subscription_id: Some(sub.clone()),
-            limit: 100,
-            cursor: None,
-        };
-        let mut count = 0;
-        loop {
-            let page = self.list_deliveries(tenant, &query).await?;
-            count += page.items.len() as u64;
-            match page.next_cursor {
-                Some(c) => query.cursor = Some(c),
-                None => return Ok(count),
-            }
-        }
-    }
 
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth>;
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()>;

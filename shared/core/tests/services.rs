@@ -1271,3 +1271,73 @@ async fn given_an_ingest_that_failed_after_queueing_then_its_message_costs_six_c
     assert!(h.sender.requests.lock().unwrap().is_empty());
     assert!(h.mailer.sent.lock().unwrap().is_empty(), "nobody is told of it");
 }
+
+#[tokio::test]
+async fn given_a_subscription_with_a_long_history_then_its_overview_counts_its_latest_page_and_says_so() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, sub) = subscribed(&h, "https://a.example.com/", None).await;
+    let counted = hookwise_core::services::Services::COUNTED_DELIVERIES as usize;
+    for _ in 0..counted {
+        h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+    }
+    h.drain_now().await;
+    let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
+    assert_eq!(overview.counts, [0, 0, counted as u64, 0]);
+    assert!(overview.counts_complete, "exactly one page: all of them");
+
+    // One more, still pending: the latest page counts it, and the oldest falls out.
+    h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+    let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
+    assert_eq!(overview.counts, [1, 0, counted as u64 - 1, 0]);
+    assert!(!overview.counts_complete, "an older one is not counted");
+}
+
+#[tokio::test]
+async fn given_more_subscriptions_than_a_page_then_they_are_listed_page_by_page_oldest_first() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let mut created = Vec::new();
+    // One more than the page the fan-out reads its subscriptions in.
+    for i in 0..=hookwise_core::services::Services::MAX_PAGE {
+        let url = format!("https://s{i}.example.com/");
+        created.push(
+            h.services
+                .create_subscription(&tenant, new_sub(&url, &["*"], None))
+                .await
+                .unwrap(),
+        );
+        h.clock.advance(Duration::milliseconds(1));
+    }
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = h
+            .services
+            .list_subscriptions(&tenant, 30, cursor.as_deref())
+            .await
+            .unwrap();
+        assert!(page.items.len() <= 30);
+        seen.extend(page.items.into_iter().map(|s| s.id));
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen, created.iter().map(|s| s.id.clone()).collect::<Vec<_>>());
+    // Every subscription still fans out, past the first page.
+    let ingested = h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+    assert_eq!(ingested.deliveries.len(), created.len());
+
+    let err = h.services.list_subscriptions(&tenant, 101, None).await.unwrap_err();
+    let Error::Validation(v) = err else { panic!("{err:?}") };
+    assert_eq!(v.code, "invalid_limit");
+    let err = h
+        .services
+        .list_subscriptions(&tenant, 0, Some("nonsense"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Port(hookwise_core::PortError::InvalidCursor(_))),
+        "{err:?}"
+    );
+}

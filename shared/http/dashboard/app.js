@@ -5,12 +5,15 @@
 (() => {
   const KEY_STORAGE = "hookwise.apiKey";
   const PAGE_SIZE = 20;
+  const SUBS_PAGE = 20;
   const POLL_MS = 1000;
 
   const $ = (id) => document.getElementById(id);
   const state = {
     key: null,
     subs: [],
+    subsPages: 1, // how many pages of subscriptions are shown
+    subsMore: false, // whether there are more than those
     cursors: [null], // the cursor of each page seen so far; the last is the current page
     nextCursor: null,
     openId: null, // the delivery shown in detail
@@ -162,8 +165,16 @@
   // ---- Subscriptions ----
 
   async function loadSubscriptions() {
-    const page = await api("GET", "v1/subscriptions");
-    state.subs = page.data;
+    const subs = [];
+    let cursor = null;
+    for (let i = 0; i < state.subsPages; i++) {
+      const page = await api("GET", "v1/subscriptions", { query: { limit: SUBS_PAGE, cursor } });
+      subs.push(...page.data);
+      cursor = page.next_cursor;
+      if (!cursor) break;
+    }
+    state.subs = subs;
+    state.subsMore = Boolean(cursor);
     renderSubscriptions();
   }
 
@@ -205,6 +216,8 @@
       );
     }
     $("subs-empty").hidden = state.subs.length > 0;
+    $("subs-counted").hidden = state.subs.every((s) => s.counts_complete !== false);
+    $("subs-more").hidden = !state.subsMore;
 
     // The subscription filter lists the same subscriptions.
     const select = $("filter-sub");
@@ -433,6 +446,7 @@
     $("app").hidden = false;
     $("forget").hidden = false;
     state.cursors = [null];
+    state.subsPages = 1;
     await refreshAll();
     notice("Signed in. The key is kept for this tab only.");
     $("subs-title").setAttribute("tabindex", "-1");
@@ -446,6 +460,7 @@
     sessionStorage.removeItem(KEY_STORAGE);
     state.key = null;
     state.openId = null;
+    state.subsPages = 1;
     $("app").hidden = true;
     $("detail").hidden = true;
     $("forget").hidden = true;
@@ -490,6 +505,15 @@
     $("prev").addEventListener("click", async () => {
       if (state.cursors.length > 1) state.cursors.pop();
       await refreshAll();
+    });
+    $("subs-more").addEventListener("click", async () => {
+      state.subsPages += 1;
+      clearError();
+      try {
+        await loadSubscriptions();
+      } catch (e) {
+        showError(e);
+      }
     });
     $("replay").addEventListener("click", replayOpen);
     $("close-detail").addEventListener("click", closeDetail);

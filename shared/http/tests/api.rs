@@ -213,6 +213,51 @@ async fn given_a_new_subscription_then_it_is_created_with_defaults_and_its_secre
 }
 
 #[tokio::test]
+async fn given_more_subscriptions_than_a_page_then_the_listing_pages_through_them_oldest_first() {
+    let app = app().await;
+    let mut created = Vec::new();
+    for i in 0..5 {
+        let sub = app
+            .subscribe(&app.a, json!({"url": format!("https://s{i}.example.com/")}))
+            .await;
+        created.push(id(&sub));
+    }
+    let mut seen = Vec::new();
+    let mut uri = "/v1/subscriptions?limit=2".to_owned();
+    loop {
+        let page = app.call("GET", &uri, &app.a, None).await;
+        assert_eq!(page.status, StatusCode::OK, "{}", page.body);
+        let data = page.body["data"].as_array().unwrap();
+        assert!(data.len() <= 2, "{}", page.body);
+        assert!(data
+            .iter()
+            .all(|s| s["counts_complete"] == true && s["counts"]["pending"] == 0));
+        seen.extend(data.iter().map(id));
+        match page.body["next_cursor"].as_str() {
+            Some(c) => uri = format!("/v1/subscriptions?limit=2&cursor={c}"),
+            None => break,
+        }
+    }
+    created.sort();
+    assert_eq!(seen, created, "each once, in creation (id) order");
+
+    for (query, code) in [
+        ("limit=0", "invalid_limit"),
+        ("limit=101", "invalid_limit"),
+        ("cursor=nonsense", "invalid_cursor"),
+    ] {
+        let r = app
+            .call("GET", &format!("/v1/subscriptions?{query}"), &app.a, None)
+            .await;
+        assert_eq!(
+            (r.status, r.code()),
+            (StatusCode::UNPROCESSABLE_ENTITY, code),
+            "{query}"
+        );
+    }
+}
+
+#[tokio::test]
 async fn given_a_custom_policy_and_options_then_they_are_stored_as_given() {
     let app = app().await;
     let policy = json!({"schedule_seconds": [1, 1, 1], "jitter": {"proportional": 0.1}, "adaptive": false});

@@ -24,7 +24,8 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     created_at  INTEGER NOT NULL,
     doc         TEXT NOT NULL
 );
-CREATE INDEX IF NOT EXISTS subscriptions_by_tenant ON subscriptions (tenant_id, created_at, id);
+CREATE INDEX IF NOT EXISTS subscriptions_by_tenant_and_id ON subscriptions (tenant_id, id);
+DROP INDEX IF EXISTS subscriptions_by_tenant;
 
 CREATE TABLE IF NOT EXISTS events (
     id               TEXT PRIMARY KEY,

@@ -189,14 +189,19 @@ impl Store for LocalBackend {
         .await
     }
 
-    async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
-        let tenant = tenant.to_string();
+    async fn list_subscriptions(
+        &self,
+        tenant: &TenantId,
+        after: Option<&SubscriptionId>,
+        limit: u32,
+    ) -> PortResult<Vec<Subscription>> {
+        let (tenant, after) = (tenant.to_string(), after.map_or_else(String::new, |a| a.to_string()));
         self.with_conn("list subscriptions", move |conn| {
             query_docs(
                 conn,
                 "subscription",
-                "SELECT doc FROM subscriptions WHERE tenant_id = ?1 ORDER BY created_at, id",
-                [tenant],
+                "SELECT doc FROM subscriptions WHERE tenant_id = ?1 AND id > ?2 ORDER BY id LIMIT ?3",
+                rusqlite::params![tenant, after, limit],
             )
         })
         .await

@@ -252,6 +252,7 @@ impl Services {
     }
 
     pub const MAX_PAGE: u32 = 100;
+    pub const DEFAULT_PAGE: u32 = 50;
 
     /// Newest first. `limit` 0 means 50; above 100 is refused.
     pub async fn list_deliveries(&self, tenant: &Tenant, mut query: DeliveryQuery) -> Result<DeliveryPage> {
@@ -259,7 +260,7 @@ impl Services {
             return Err(ValidationError::new("invalid_limit", format!("limit must be 1 to {}", Self::MAX_PAGE)).into());
         }
         if query.limit == 0 {
-            query.limit = 50;
+            query.limit = Self::DEFAULT_PAGE;
         }
         Ok(self.ports.store.list_deliveries(&tenant.id, &query).await?)
     }

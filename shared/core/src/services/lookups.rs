@@ -178,7 +178,20 @@ impl Services {
             return Ok(list);
         }
         let read_in = self.lookups.generation.load(Ordering::SeqCst);
-        let list = Arc::new(self.ports.store.list_subscriptions(tenant).await?);
+        let mut all = Vec::new();
+        loop {
+            let page = self
+                .ports
+                .store
+                .list_subscriptions(tenant, all.last().map(|s: &Subscription| &s.id), Self::MAX_PAGE)
+                .await?;
+            let last_page = page.len() < Self::MAX_PAGE as usize;
+            all.extend(page);
+            if last_page {
+                break;
+            }
+        }
+        let list = Arc::new(all);
         let l = &self.lookups;
         l.tenant_subscriptions
             .put(tenant.clone(), list.clone(), self.now(), &l.generation, read_in);

@@ -7,6 +7,7 @@ use super::Services;
 use crate::error::{Error, PortError, Result, ValidationError};
 use crate::model::*;
 use crate::policy::RetryPolicy;
+use crate::ports::DeliveryQuery;
 
 pub const MAX_EVENT_TYPE_FILTERS: usize = 50;
 pub const MAX_DESCRIPTION_LEN: usize = 500;
@@ -116,29 +117,50 @@ fn check_description(d: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
-/// A subscription as the dashboard shows it: its health and its deliveries by status.
+/// A subscription as the dashboard shows it: its health and its latest deliveries by status.
 #[derive(Debug, Clone)]
 pub struct SubscriptionOverview {
     pub subscription: Subscription,
     /// `None` before any attempt.
     pub health: Option<f64>,
-    /// Pending, retrying, delivered, dead: in [`DeliveryStatus::ALL`]'s order.
+    /// Its latest [`Services::COUNTED_DELIVERIES`] deliveries by status: pending, retrying,
+    /// delivered, dead, in [`DeliveryStatus::ALL`]'s order.
     pub counts: [u64; 4],
+    /// `false` when it has older deliveries than those counted.
+    pub counts_complete: bool,
+}
+
+/// A page of a tenant's subscriptions, oldest first.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SubscriptionPage {
+    pub items: Vec<Subscription>,
+    /// Opaque: pass it as `cursor` for the next page.
+    pub next_cursor: Option<String>,
 }
 
 impl Services {
+    /// How many of a subscription's latest deliveries its overview counts: one page, so an
+    /// overview reads a page of deliveries on every backend, however long its history.
+    pub const COUNTED_DELIVERIES: u32 = Self::MAX_PAGE;
+
     pub async fn subscription_overview(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<SubscriptionOverview> {
         let subscription = self.get_subscription(tenant, id).await?;
-        let store = &self.ports.store;
         let health = self.stored_health(id).await?.score(self.now());
+        let latest = DeliveryQuery {
+            subscription_id: Some(id.clone()),
+            limit: Self::COUNTED_DELIVERIES,
+            ..DeliveryQuery::default()
+        };
+        let page = self.ports.store.list_deliveries(&tenant.id, &latest).await?;
         let mut counts = [0; 4];
         for (slot, status) in counts.iter_mut().zip(DeliveryStatus::ALL) {
-            *slot = store.count_deliveries(&tenant.id, id, status).await?;
+            *slot = page.items.iter().filter(|d| d.status == status).count() as u64;
         }
         Ok(SubscriptionOverview {
             subscription,
             health,
             counts,
+            counts_complete: page.next_cursor.is_none(),
         })
     }
 
@@ -180,8 +202,34 @@ impl Services {
         Ok(sub)
     }
 
-    pub async fn list_subscriptions(&self, tenant: &Tenant) -> Result<Vec<Subscription>> {
-        Ok(self.ports.store.list_subscriptions(&tenant.id).await?)
+    /// Oldest first. `limit` 0 means 50; above 100 is refused. `cursor` is the previous
+    /// page's `next_cursor`.
+    pub async fn list_subscriptions(
+        &self,
+        tenant: &Tenant,
+        limit: u32,
+        cursor: Option<&str>,
+    ) -> Result<SubscriptionPage> {
+        let limit = match limit {
+            0 => Self::DEFAULT_PAGE,
+            l if l > Self::MAX_PAGE => {
+                return Err(
+                    ValidationError::new("invalid_limit", format!("limit must be 1 to {}", Self::MAX_PAGE)).into(),
+                )
+            }
+            l => l,
+        };
+        let after = cursor
+            .map(|c| SubscriptionId::parse(c).map_err(|_| PortError::InvalidCursor(c.to_owned())))
+            .transpose()?;
+        let mut items = self
+            .ports
+            .store
+            .list_subscriptions(&tenant.id, after.as_ref(), limit + 1)
+            .await?;
+        let next_cursor = (items.len() > limit as usize).then(|| items[limit as usize - 1].id.to_string());
+        items.truncate(limit as usize);
+        Ok(SubscriptionPage { items, next_cursor })
     }
 
     pub async fn get_subscription(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<Subscription> {

@@ -68,6 +68,7 @@ macro_rules! store_contract_tests {
         $crate::__contract_tests! { $factory;
             tenants_are_found_by_id_and_by_api_key_hash,
             subscriptions_are_listed_oldest_first_within_their_tenant,
+            subscriptions_are_listed_a_page_at_a_time_after_the_one_named,
             replace_subscription_writes_a_copy_still_as_read_and_refuses_a_stale_or_deleted_one,
             create_subscription_refuses_an_existing_id,
             delete_subscription_reports_whether_it_deleted_and_respects_tenants,
@@ -379,14 +380,8 @@ pub async fn subscriptions_are_listed_oldest_first_within_their_tenant(b: &dyn C
         b.store().create_subscription(s).await.expect("create");
     }
 
-    assert_eq!(
-        b.store().list_subscriptions(&a.id).await.expect("list"),
-        vec![s1.clone(), s2, s3]
-    );
-    assert_eq!(
-        b.store().list_subscriptions(&other.id).await.expect("list"),
-        vec![theirs.clone()]
-    );
+    assert_eq!(all_subscriptions(b, &a.id).await, vec![s1.clone(), s2, s3]);
+    assert_eq!(all_subscriptions(b, &other.id).await, vec![theirs.clone()]);
     assert_eq!(
         b.store().get_subscription(&a.id, &s1.id).await.expect("get"),
         Some(s1.clone())
@@ -405,6 +400,40 @@ pub async fn subscriptions_are_listed_oldest_first_within_their_tenant(b: &dyn C
             .expect("get across tenants"),
         None
     );
+}
+
+async fn all_subscriptions(b: &dyn ContractBackend, tenant: &TenantId) -> Vec<Subscription> {
+    b.store().list_subscriptions(tenant, None, 100).await.expect("list")
+}
+
+pub async fn subscriptions_are_listed_a_page_at_a_time_after_the_one_named(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let other = fx.stored_tenant(b).await;
+    let subs: Vec<Subscription> = (0..5).map(|i| fx.subscription(&a.id, t0() + minutes(i))).collect();
+    for s in subs.iter().rev() {
+        b.store().create_subscription(s).await.expect("create");
+    }
+    b.store()
+        .create_subscription(&fx.subscription(&other.id, t0() + minutes(2)))
+        .await
+        .expect("create");
+    let page = |after: Option<SubscriptionId>, limit| {
+        let tenant = a.id.clone();
+        async move {
+            b.store()
+                .list_subscriptions(&tenant, after.as_ref(), limit)
+                .await
+                .expect("list a page")
+        }
+    };
+    assert_eq!(page(None, 2).await, subs[..2]);
+    assert_eq!(page(Some(subs[1].id.clone()), 2).await, subs[2..4]);
+    assert_eq!(page(Some(subs[3].id.clone()), 2).await, subs[4..]);
+    assert_eq!(page(Some(subs[4].id.clone()), 2).await, []);
+    // The one named may be gone since: the page goes on from where it was.
+    assert!(b.store().delete_subscription(&a.id, &subs[2].id).await.expect("delete"));
+    assert_eq!(page(Some(subs[2].id.clone()), 10).await, subs[3..]);
 }
 
 pub async fn replace_subscription_writes_a_copy_still_as_read_and_refuses_a_stale_or_deleted_one(
@@ -434,10 +463,7 @@ pub async fn replace_subscription_writes_a_copy_still_as_read_and_refuses_a_stal
         b.store().get_subscription(&a.id, &original.id).await.expect("get"),
         Some(changed.clone())
     );
-    assert_eq!(
-        b.store().list_subscriptions(&a.id).await.expect("list"),
-        vec![changed.clone()]
-    );
+    assert_eq!(all_subscriptions(b, &a.id).await, vec![changed.clone()]);
 
     // A writer that read the original before `changed` landed loses: nothing is reverted.
     let stale = Subscription {
@@ -511,7 +537,7 @@ pub async fn delete_subscription_reports_whether_it_deleted_and_respects_tenants
     );
     assert!(b.store().delete_subscription(&a.id, &sub.id).await.expect("delete"));
     assert_eq!(b.store().get_subscription(&a.id, &sub.id).await.expect("get"), None);
-    assert!(b.store().list_subscriptions(&a.id).await.expect("list").is_empty());
+    assert!(all_subscriptions(b, &a.id).await.is_empty());
     assert!(!b
         .store()
         .delete_subscription(&a.id, &sub.id)

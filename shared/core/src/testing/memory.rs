@@ -109,14 +109,20 @@ impl Store for MemoryStore {
             .find(|s| &s.id == id && &s.tenant_id == tenant)
             .cloned())
     }
-    async fn list_subscriptions(&self, tenant: &TenantId) -> PortResult<Vec<Subscription>> {
+    async fn list_subscriptions(
+        &self,
+        tenant: &TenantId,
+        after: Option<&SubscriptionId>,
+        limit: u32,
+    ) -> PortResult<Vec<Subscription>> {
         let mut subs: Vec<_> = lock(&self.data)
             .subscriptions
             .iter()
-            .filter(|s| &s.tenant_id == tenant)
+            .filter(|s| &s.tenant_id == tenant && after.is_none_or(|a| &s.id > a))
             .cloned()
             .collect();
-        subs.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        subs.sort_by(|a, b| a.id.cmp(&b.id));
+        subs.truncate(limit as usize);
         Ok(subs)
     }
     async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool> {

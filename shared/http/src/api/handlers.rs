@@ -42,13 +42,24 @@ pub async fn create_subscription(
     Ok((StatusCode::CREATED, Json(SubscriptionView::with_secret(sub))))
 }
 
+#[derive(Debug, Default, Deserialize)]
+pub struct PageParams {
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
 pub async fn list_subscriptions(
     State(s): State<ApiState>,
     Authenticated(tenant): Authenticated,
+    ApiQuery(params): ApiQuery<PageParams>,
 ) -> ApiResult<Json<Page<SubscriptionSummary>>> {
-    let subs = s.services.list_subscriptions(&tenant).await?;
-    let mut data = Vec::with_capacity(subs.len());
-    for sub in subs {
+    let limit = parse_limit(params.limit)?;
+    let page = s
+        .services
+        .list_subscriptions(&tenant, limit, nonempty(params.cursor).as_deref())
+        .await?;
+    let mut data = Vec::with_capacity(page.items.len());
+    for sub in page.items {
         match s.services.subscription_overview(&tenant, &sub.id).await {
             Ok(overview) => data.push(overview.into()),
             // Deleted since it was listed: it is simply no longer there.
@@ -58,8 +69,27 @@ pub async fn list_subscriptions(
     }
     Ok(Json(Page {
         data,
-        next_cursor: None,
+        next_cursor: page.next_cursor,
     }))
+}
+
+/// An empty query parameter is as good as none.
+fn nonempty(v: Option<String>) -> Option<String> {
+    v.filter(|s| !s.is_empty())
+}
+
+/// A page size, 1 to `MAX_PAGE`; 0 (none given) means the service's default.
+fn parse_limit(limit: Option<String>) -> ApiResult<u32> {
+    let Some(l) = nonempty(limit) else { return Ok(0) };
+    l.parse::<u32>()
+        .ok()
+        .filter(|n| (1..=Services::MAX_PAGE).contains(n))
+        .ok_or_else(|| {
+            ApiError::unprocessable(
+                "invalid_limit",
+                format!("limit must be an integer from 1 to {} (got `{l}`)", Services::MAX_PAGE),
+            )
+        })
 }
 
 pub async fn get_subscription(
@@ -293,20 +323,7 @@ pub struct DeliveryListParams {
 
 impl DeliveryListParams {
     fn into_query(self) -> ApiResult<DeliveryQuery> {
-        let nonempty = |v: Option<String>| v.filter(|s| !s.is_empty());
-        let limit = match nonempty(self.limit) {
-            None => 0,
-            Some(l) => l
-                .parse::<u32>()
-                .ok()
-                .filter(|n| (1..=Services::MAX_PAGE).contains(n))
-                .ok_or_else(|| {
-                    ApiError::unprocessable(
-                        "invalid_limit",
-                        format!("limit must be an integer from 1 to {} (got `{l}`)", Services::MAX_PAGE),
-                    )
-                })?,
-        };
+        let limit = parse_limit(self.limit)?;
         Ok(DeliveryQuery {
             status: nonempty(self.status)
                 .map(|s| DeliveryStatus::parse(&s))

@@ -75,7 +75,10 @@ pub struct SubscriptionSummary {
     /// The endpoint's recent success rate, 0 to 1, newer attempts weighing more; `null`
     /// before any attempt.
     pub health: Option<f64>,
+    /// Its latest deliveries (up to `Services::COUNTED_DELIVERIES`) by status.
     pub counts: DeliveryCounts,
+    /// `false` when it has older deliveries than those `counts` covers.
+    pub counts_complete: bool,
 }
 
 impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary {
@@ -92,6 +95,7 @@ impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary
                 delivered,
                 dead,
             },
+            counts_complete: o.counts_complete,
         }
     }
 }

@@ -54,8 +54,9 @@ impl Services {
     /// with its deliveries (all or nothing, per event). Queued first, nothing stored can wait
     /// for a message that was never sent: a worker that gets a message before its delivery is
     /// stored copies it for a little later, for as long as an ingest may take, then leaves it
-    /// to the queue's redelivery and the dead-letter handler (`not_stored_yet`). An `Err` is the whole request's: an empty
-    /// or oversized batch, or the subscriptions could not be read.
+    /// to the queue's redelivery and the dead-letter handler (`not_stored_yet`). An `Err` is
+    /// the whole request's: an empty or oversized batch, or the subscriptions could not be
+    /// read.
     #[tracing::instrument(name = "ingest", skip_all, fields(tenant_id = %tenant.id, events = batch.len()))]
     pub async fn ingest_batch(
         &self,

@@ -431,11 +431,23 @@ impl DynamoStore {
         query: aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
         what: &str,
     ) -> Result<Vec<Item>, PortError> {
+        self.query_up_to(query, usize::MAX, what).await
+    }
+
+    /// The first `limit` items a query finds, page after page.
+    async fn query_up_to(
+        &self,
+        query: aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder,
+        limit: usize,
+        what: &str,
+    ) -> Result<Vec<Item>, PortError> {
         let mut items = Vec::new();
         let mut start: Option<Item> = None;
-        loop {
+        while items.len() < limit {
+            let page = i32::try_from(limit - items.len()).ok();
             let out = query
                 .clone()
+                .set_limit(page)
                 .set_exclusive_start_key(start.take())
                 .set_return_consumed_capacity(self.rcc())
                 .send()
@@ -445,9 +457,10 @@ impl DynamoStore {
             items.extend(out.items.unwrap_or_default());
             match out.last_evaluated_key {
                 Some(k) if !k.is_empty() => start = Some(k),
-                _ => return Ok(items),
+                _ => break,
             }
         }
+        Ok(items)
     }
 
     /// Items by key, strongly consistent, 100 a request, some requests at once; keys
@@ -957,34 +970,20 @@ impl Store for DynamoStore {
         // The sort keys are `SUB#{id}`: those after `after` (ids are all of one length, and
         // `~` sorts after every character of one) up to the end of the `SUB#` range.
         let from = after.map_or_else(|| "SUB#".to_owned(), |a| format!("SUB#{a}~"));
-        let mut subs: Vec<Subscription> = Vec::new();
-        let mut start: Option<Item> = None;
-        while subs.len() < limit as usize {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true)
-                .key_condition_expression("pk = :pk AND sk BETWEEN :from AND :to")
-                .expression_attribute_values(":pk", s(tenant_key(tenant).0))
-                .expression_attribute_values(":from", s(&from))
-                .expression_attribute_values(":to", s("SUB#~"))
-                .limit((limit as usize - subs.len()) as i32)
-                .set_exclusive_start_key(start.take())
-                .set_return_consumed_capacity(self.rcc())
-                .send()
-                .await
-                .map_err(|e| classify("list subscriptions", e))?;
-            self.charge("list subscriptions", false, out.consumed_capacity());
-            for item in out.items() {
-                subs.push(from_item(item)?);
-            }
-            match out.last_evaluated_key {
-                Some(k) if !k.is_empty() => start = Some(k),
-                _ => break,
-            }
-        }
-        Ok(subs)
+        let q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND sk BETWEEN :from AND :to")
+            .expression_attribute_values(":pk", s(tenant_key(tenant).0))
+            .expression_attribute_values(":from", s(&from))
+            .expression_attribute_values(":to", s("SUB#~"));
+        self.query_up_to(q, limit as usize, "list subscriptions")
+            .await?
+            .iter()
+            .map(from_item)
+            .collect()
     }
 
     async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool> {

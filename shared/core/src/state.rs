@@ -179,7 +179,6 @@ pub fn requeued(delivery: &Delivery, now: DateTime<Utc>, handled_by: DateTime<Ut
     }
 }
 
-/// The queue message for the attempt a delivery waits for.
 /// A new delivery's first attempt, queued at `queued_at`, before the delivery is stored.
 pub fn first_task(delivery: &Delivery, queued_at: DateTime<Utc>) -> DeliveryTask {
     DeliveryTask {
@@ -188,6 +187,7 @@ pub fn first_task(delivery: &Delivery, queued_at: DateTime<Utc>) -> DeliveryTask
     }
 }
 
+/// The queue message for the attempt a delivery waits for.
 pub fn next_task(delivery: &Delivery) -> DeliveryTask {
     DeliveryTask {
         delivery_id: delivery.id.clone(),

@@ -273,7 +273,7 @@ impl Services {
         };
         let age = self.now() - queued_at;
         if age < INGEST_WINDOW {
-            let delay = age.num_seconds().clamp(1, INGEST_WINDOW.num_seconds()) as u32;
+            let delay = age.num_seconds().max(1) as u32;
             self.ports.queue.enqueue(&[(task.clone(), delay)]).await?;
             tracing::debug!(%queued_at, delay, "the delivery is not stored yet; looking again");
             return Ok(DeliverOutcome::NotStoredYet);

@@ -100,13 +100,13 @@ impl Services {
             .iter()
             .map(|plan| self.stored_before(tenant, plan.as_ref().ok().map(|(event, _)| event)))
             .collect();
-        let seen: Vec<bool> = futures::stream::iter(reads).buffered(STORE_CONCURRENCY).collect().await;
+        let seen: Vec<Option<Event>> = futures::stream::iter(reads).buffered(STORE_CONCURRENCY).collect().await;
         // One message per delivery, though a key given twice in a batch names it twice.
         let mut named = std::collections::HashSet::new();
         let tasks: Vec<_> = planned
             .iter()
             .zip(&seen)
-            .filter(|(_, seen)| !**seen)
+            .filter(|(_, seen)| seen.is_none())
             .filter_map(|(plan, _)| plan.as_ref().ok())
             .flat_map(|(_, ds)| ds.iter())
             .filter(|d| named.insert(&d.id))
@@ -132,11 +132,19 @@ impl Services {
         Ok(futures::stream::iter(planned.into_iter().zip(seen))
             .map(|(plan, seen)| async move {
                 let (event, deliveries) = plan?;
-                if seen {
-                    return self.repeated(tenant, &event.id, &event).await;
+                if let Some(stored) = seen {
+                    return self.repeated(tenant, stored, &event).await;
                 }
                 match self.ports.store.create_event(&event, &deliveries).await? {
-                    Created::Existing(id) => self.repeated(tenant, &id, &event).await,
+                    Created::Existing(id) => {
+                        let stored = self
+                            .ports
+                            .store
+                            .get_event(&tenant.id, &id)
+                            .await?
+                            .ok_or_else(|| Error::not_found("event", &id))?;
+                        self.repeated(tenant, stored, &event).await
+                    }
                     Created::New => Ok(Ingested {
                         event,
                         deliveries,
@@ -149,17 +157,14 @@ impl Services {
             .await)
     }
 
-    /// Whether this keyed event is stored already (a failed read counts as no: the write's
-    /// own key check still holds).
-    async fn stored_before(&self, tenant: &Tenant, event: Option<&Event>) -> bool {
+    /// The stored copy of this keyed event, if it is stored already (a failed read counts as
+    /// none: the write's own key check still holds).
+    async fn stored_before(&self, tenant: &Tenant, event: Option<&Event>) -> Option<Event> {
         match event {
-            Some(event) if event.idempotency_key.is_some() => self
-                .ports
-                .store
-                .get_event(&tenant.id, &event.id)
-                .await
-                .is_ok_and(|e| e.is_some()),
-            _ => false,
+            Some(event) if event.idempotency_key.is_some() => {
+                self.ports.store.get_event(&tenant.id, &event.id).await.ok().flatten()
+            }
+            _ => None,
         }
     }
 
@@ -205,14 +210,15 @@ impl Services {
         })
     }
 
-    /// The same `Idempotency-Key` again. With the same type and payload it is the client's
-    /// retry: it gets the first event (whose deliveries' first attempts were queued again
-    /// before this, harmlessly: the conditional writes absorb a message too many). With
+    /// The same `Idempotency-Key` again; `stored` is the event stored under it. With the same
+    /// type and payload it is the client's retry: it gets the first event (if the read before
+    /// the send missed it, its deliveries' first attempts were queued again, harmlessly: the
+    /// conditional writes absorb a message too many). With
     /// another type or payload it is a mistake, refused rather than answered with the first
     /// event.
-    async fn repeated(&self, tenant: &Tenant, id: &EventId, new: &Event) -> Result<Ingested> {
-        let existing = self.get_event(tenant, id).await?;
-        if existing.event.event_type != new.event_type || existing.event.payload != new.payload {
+    async fn repeated(&self, tenant: &Tenant, stored: Event, new: &Event) -> Result<Ingested> {
+        let id = &stored.id;
+        if stored.event_type != new.event_type || stored.payload != new.payload {
             return Err(ValidationError::new(
                 "idempotency_key_reused",
                 format!(
@@ -221,9 +227,10 @@ impl Services {
             )
             .into());
         }
+        let deliveries = self.ports.store.event_deliveries(&tenant.id, id).await?;
         Ok(Ingested {
-            event: existing.event,
-            deliveries: existing.deliveries,
+            event: stored,
+            deliveries,
             created: false,
         })
     }

@@ -519,12 +519,26 @@ impl Gateway {
 
 /// Every email moto's SES (v1 or v2) took for `to`, from `GET /moto-api/data.json`.
 pub async fn moto_mail_to(moto_url: &str, to: &str) -> Vec<Value> {
-    let data: Value = reqwest::get(format!("{moto_url}/moto-api/data.json"))
-        .await
-        .expect("moto's data")
-        .json()
-        .await
-        .expect("moto's data is JSON");
+    // moto serialises its models while other requests change them, and then answers with
+    // an error page now and again: ask again.
+    let mut tries = 0;
+    let data: Value = loop {
+        tries += 1;
+        let body = reqwest::get(format!("{moto_url}/moto-api/data.json"))
+            .await
+            .expect("moto's data")
+            .text()
+            .await
+            .expect("moto's data");
+        match serde_json::from_str(&body) {
+            Ok(data) => break data,
+            Err(e) if tries < 10 => {
+                eprintln!("moto's data is not JSON yet ({e}); asking again");
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+            Err(e) => panic!("moto's data is not JSON after {tries} tries: {e}: {body:.300}"),
+        }
+    };
     let mut mails = Vec::new();
     for service in ["ses", "sesv2"] {
         let Some(models) = data[service].as_object() else {

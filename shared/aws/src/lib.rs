@@ -19,6 +19,7 @@ mod error;
 mod item;
 pub mod mailer;
 pub mod queue;
+mod recent;
 pub mod scheduler;
 pub mod services;
 pub mod sqs_event;

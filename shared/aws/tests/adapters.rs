@@ -338,14 +338,24 @@ async fn given_a_message_on_sqs_the_consumer_port_receives_returns_and_acks_it()
     );
 }
 
-/// Fails every request of one DynamoDB operation while lit: a call dies half way, as a crash
-/// or a throttling spell between its requests would leave it.
+/// Fails the requests of one DynamoDB operation once lit, after letting a number through: a
+/// call dies half way, as a crash or a throttling spell between its requests would leave it.
 #[derive(Debug, Clone)]
-struct OperationFuse(&'static str, std::sync::Arc<std::sync::atomic::AtomicBool>);
+struct OperationFuse(&'static str, std::sync::Arc<std::sync::atomic::AtomicI64>);
 
 impl OperationFuse {
+    /// Not lit.
     fn new(operation: &'static str) -> Self {
-        Self(operation, Default::default())
+        Self(operation, std::sync::Arc::new((-1).into()))
+    }
+
+    /// Let `passes` more requests through, then fail every one.
+    fn light(&self, passes: i64) {
+        self.1.store(passes, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    fn put_out(&self) {
+        self.1.store(-1, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// A store whose requests go through this fuse.
@@ -375,22 +385,28 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for OperationFuse {
         _runtime_components: &aws_smithy_runtime_api::client::runtime_components::RuntimeComponents,
         cfg: &mut aws_smithy_types::config_bag::ConfigBag,
     ) -> Result<(), aws_smithy_runtime_api::box_error::BoxError> {
+        use std::sync::atomic::Ordering::SeqCst;
         let hit = cfg
             .load::<aws_smithy_runtime_api::client::orchestrator::Metadata>()
             .is_some_and(|m| m.name() == self.0);
-        if hit && self.1.load(std::sync::atomic::Ordering::SeqCst) {
+        // Lit with passes left: take one (never below 0, so the fuse stays lit).
+        let passed = || self.1.fetch_update(SeqCst, SeqCst, |n| (n > 0).then(|| n - 1)).is_ok();
+        if hit && self.1.load(SeqCst) >= 0 && !passed() {
             return Err(format!("the fuse is lit: no {} gets through", self.0).into());
         }
         Ok(())
     }
 }
 
+/// An ingest that wrote its 150 deliveries and died before its event (the commit point).
 #[tokio::test]
-async fn given_an_ingest_of_150_that_died_after_its_first_transaction_then_a_retry_or_the_sweep_writes_the_rest() {
+async fn given_an_ingest_that_died_before_its_event_then_none_of_its_deliveries_is_seen_and_a_retry_with_its_key_commits_them(
+) {
     let Some(env) = support::dynamodb_local_env().await else {
         return;
     };
     use hookwise_core::model::*;
+    use hookwise_core::ports::{Created, DeliveryQuery};
     let fuse = OperationFuse::new("PutItem");
     let fused = fuse.store(&env);
     let store = &env.adapters.store;
@@ -398,23 +414,24 @@ async fn given_an_ingest_of_150_that_died_after_its_first_transaction_then_a_ret
     let now = Utc::now();
     let tenant = TenantId::generate(now, rng);
     let subs: Vec<SubscriptionId> = (0..150).map(|_| SubscriptionId::generate(now, rng)).collect();
-    let event = |key: Option<&str>, rng: &mut rand::rngs::ThreadRng| Event {
+    let event = |key: Option<&str>, at, rng: &mut rand::rngs::ThreadRng| Event {
         id: match key {
             Some(key) => EventId::for_key(&tenant, key),
-            None => EventId::generate(now, rng),
+            None => EventId::generate(at, rng),
         },
         tenant_id: tenant.clone(),
         event_type: EventType::parse("order.created").unwrap(),
         payload: serde_json::json!({"n": 1}),
-        created_at: now,
+        created_at: at,
         idempotency_key: key.map(str::to_owned),
     };
-    let deliveries = |e: &Event, rng: &mut rand::rngs::ThreadRng| -> Vec<Delivery> {
+    // As the services name them: derived from the event's and the subscription's ids.
+    let deliveries = |e: &Event| -> Vec<Delivery> {
         subs.iter()
-            .map(|s| Delivery::new(DeliveryId::generate(now, rng), e, s.clone()))
+            .map(|s| Delivery::new(DeliveryId::for_event(&e.id, s), e, s.clone()))
             .collect()
     };
-    let written = |ds: &[Delivery]| {
+    let seen = |ds: &[Delivery]| {
         let ds = ds.to_vec();
         async move {
             let mut n = 0;
@@ -424,66 +441,111 @@ async fn given_an_ingest_of_150_that_died_after_its_first_transaction_then_a_ret
             n
         }
     };
+    let listed = || async {
+        let all = store
+            .list_deliveries(&tenant, &DeliveryQuery::default())
+            .await
+            .expect("list");
+        let one = store
+            .list_deliveries(
+                &tenant,
+                &DeliveryQuery {
+                    subscription_id: Some(subs[7].clone()),
+                    ..DeliveryQuery::default()
+                },
+            )
+            .await
+            .expect("list one subscription's");
+        (all.items.len(), one.items.len())
+    };
+    let stored_items = |ds: &[Delivery]| {
+        let keys: Vec<String> = ds.iter().map(|d| format!("DLV#{}", d.id)).collect();
+        let client = env.clients.dynamodb.clone();
+        let table = env.config.table.clone();
+        async move {
+            let mut n = 0;
+            for pk in keys {
+                let out = client
+                    .get_item()
+                    .table_name(&table)
+                    .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(pk))
+                    .key("sk", aws_sdk_dynamodb::types::AttributeValue::S("#DELIVERY".into()))
+                    .send()
+                    .await
+                    .expect("raw get");
+                n += usize::from(out.item.is_some());
+            }
+            n
+        }
+    };
 
-    // With a key: the client's retry finishes the first request's ingest.
-    let first = event(Some("big-1"), rng);
-    let first_deliveries = deliveries(&first, rng);
-    fuse.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    // With a key: the 150 deliveries are written, the event is not.
+    let first = event(Some("big-1"), now, rng);
+    let first_deliveries = deliveries(&first);
+    fuse.light(150);
     let died = fused.create_event(&first, &first_deliveries).await;
-    assert!(died.is_err(), "the fuse let the ingest through: {died:?}");
+    assert!(died.is_err(), "the fuse let the event through: {died:?}");
+    fuse.put_out();
     assert_eq!(
-        written(&first_deliveries).await,
-        99,
-        "the first transaction holds the event and 99"
+        stored_items(&first_deliveries).await,
+        150,
+        "the deliveries are written first"
     );
-    let retry = event(Some("big-1"), rng);
-    let retry_deliveries = deliveries(&retry, rng);
+    assert_eq!(seen(&first_deliveries).await, 0, "but not seen without their event");
+    assert_eq!(listed().await, (0, 0));
+    assert_eq!(store.get_event(&tenant, &first.id).await.expect("get event"), None);
+    assert!(store
+        .event_deliveries(&tenant, &first.id)
+        .await
+        .expect("read")
+        .is_empty());
+
+    // The client's retry, with the same key, commits them all.
+    let retry = event(Some("big-1"), now + Duration::seconds(2), rng);
     assert_eq!(
-        store.create_event(&retry, &retry_deliveries).await.expect("retry"),
-        hookwise_core::ports::Created::Existing(first.id.clone())
+        store.create_event(&retry, &deliveries(&retry)).await.expect("retry"),
+        Created::New
     );
-    assert_eq!(written(&first_deliveries).await, 150);
-    assert_eq!(written(&retry_deliveries).await, 0);
+    assert_eq!(seen(&first_deliveries).await, 150);
+    assert_eq!(
+        listed().await,
+        (50, 1),
+        "a page of the tenant's, and the subscription's one"
+    );
     assert_eq!(
         store.event_deliveries(&tenant, &first.id).await.expect("read").len(),
         150
     );
 
-    // Without one: the sweep's read of overdue deliveries finishes it, once.
-    let second = event(None, rng);
-    let second_deliveries = deliveries(&second, rng);
-    assert!(fused.create_event(&second, &second_deliveries).await.is_err());
-    fuse.1.store(false, std::sync::atomic::Ordering::SeqCst);
-    assert_eq!(written(&second_deliveries).await, 99);
-    let second_id = &second.id;
-    let overdue = |due_before| async move {
-        let mut ids: Vec<DeliveryId> = store
-            .overdue_deliveries(due_before, 1000)
-            .await
-            .expect("overdue")
-            .into_iter()
-            .filter(|d| &d.event_id == second_id)
-            .map(|d| d.id)
-            .collect();
-        ids.sort();
-        ids
-    };
-    let mut all: Vec<DeliveryId> = second_deliveries.iter().map(|d| d.id.clone()).collect();
-    all.sort();
-    // The 99 written have their first attempts queued (before the ingest), so the sweep
-    // does not look after them; the 51 it writes from the event's list it returns, once.
-    let unwritten: Vec<DeliveryId> = all
-        .iter()
-        .filter(|id| second_deliveries[99..].iter().any(|d| &d.id == *id))
-        .cloned()
+    // Without a key nothing retries it: its deliveries stay unseen, and the sweep does not
+    // look after them (their messages, sent first, are dropped once old).
+    let lost = event(None, now + Duration::seconds(3), rng);
+    let lost_deliveries = deliveries(&lost);
+    fuse.light(150);
+    assert!(fused.create_event(&lost, &lost_deliveries).await.is_err());
+    fuse.put_out();
+    assert_eq!(stored_items(&lost_deliveries).await, 150);
+    assert_eq!(seen(&lost_deliveries).await, 0);
+    let swept = store
+        .overdue_deliveries(now + Duration::days(1), 1000)
+        .await
+        .expect("overdue");
+    assert!(!swept.iter().any(|d| d.tenant_id == tenant));
+    let listed_ids: Vec<DeliveryId> = store
+        .list_deliveries(
+            &tenant,
+            &DeliveryQuery {
+                limit: 100,
+                ..DeliveryQuery::default()
+            },
+        )
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .map(|d| d.id)
         .collect();
-    assert_eq!(overdue(now + Duration::minutes(10)).await, unwritten);
-    assert_eq!(written(&second_deliveries).await, 150);
-    assert_eq!(
-        overdue(now + Duration::minutes(10)).await,
-        Vec::<DeliveryId>::new(),
-        "each once"
-    );
+    assert!(lost_deliveries.iter().all(|d| !listed_ids.contains(&d.id)));
 }
 
 /// The sweep's pace on DynamoDB Local (the figure is printed; the test checks that every
@@ -666,9 +728,9 @@ async fn given_an_email_whose_finish_dies_half_way_then_the_owners_window_holds_
     assert_eq!(claim.notices.len(), 2);
 
     // The email went out; then finishing it fails at its deletes.
-    fuse.1.store(true, std::sync::atomic::Ordering::SeqCst);
+    fuse.light(0);
     assert!(fused.finish_digest(&claim).await.is_err());
-    fuse.1.store(false, std::sync::atomic::Ordering::SeqCst);
+    fuse.put_out();
 
     // The owner's window holds all the same: no second email within it.
     let later = t + Duration::minutes(2);

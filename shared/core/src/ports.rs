@@ -100,8 +100,11 @@ pub trait Store: Send + Sync {
     /// `false` if there was none.
     async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool>;
 
-    /// Write the event and its deliveries together, all or nothing. An event whose
-    /// idempotency key the tenant already used writes nothing. A keyed event's id is
+    /// Store the event and its deliveries so that they are seen together or not at all:
+    /// until the call succeeds, no read returns, lists or hands on any of them (a store
+    /// without transactions may write deliveries first and keep them unseen until its
+    /// event is written). An event whose idempotency key the tenant already used stores
+    /// nothing anyone sees. A keyed event's id is
     /// [`EventId::for_key`] of its tenant and key (the services make it so), so a store may
     /// let the id stand for the key.
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created>;

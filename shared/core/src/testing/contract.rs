@@ -73,7 +73,7 @@ macro_rules! store_contract_tests {
             create_subscription_refuses_an_existing_id,
             delete_subscription_reports_whether_it_deleted_and_respects_tenants,
             create_event_writes_the_event_and_all_its_deliveries,
-            a_reused_idempotency_key_returns_the_first_event_and_writes_nothing,
+            a_reused_idempotency_key_returns_the_first_event_and_stores_nothing_seen,
             a_large_fan_out_is_written_whole_and_returned_whole_to_a_repeat,
             another_tenants_ids_are_not_found,
             apply_change_moves_the_delivery_and_records_the_attempt,
@@ -576,7 +576,7 @@ pub async fn create_event_writes_the_event_and_all_its_deliveries(b: &dyn Contra
     }
 }
 
-pub async fn a_reused_idempotency_key_returns_the_first_event_and_writes_nothing(b: &dyn ContractBackend) {
+pub async fn a_reused_idempotency_key_returns_the_first_event_and_stores_nothing_seen(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let a = fx.stored_tenant(b).await;
     let other = fx.stored_tenant(b).await;
@@ -605,7 +605,7 @@ pub async fn a_reused_idempotency_key_returns_the_first_event_and_writes_nothing
         assert_eq!(
             b.store().get_delivery(&d.id).await.expect("get delivery"),
             None,
-            "a duplicate's delivery was written"
+            "a duplicate's delivery is seen"
         );
     }
     assert_eq!(

@@ -93,6 +93,10 @@ pub(crate) const INDEX_KEYS: [&[&str]; 4] = [
 ];
 /// Partitions of the overdue index, so a burst of retries does not heat one GSI key.
 pub const OVERDUE_SHARDS: u32 = 8;
+/// Partitions of each listing index's key (`{key}#{0..15}`, by delivery id), so one tenant's
+/// or one subscription's deliveries spread over sixteen index partitions (about 1 000 writes a
+/// second each) instead of heating one. A listing reads every shard and merges them.
+pub const LISTING_SHARDS: u32 = 16;
 
 const GSI_TENANT: &str = "gsi_tenant";
 const GSI_TENANT_STATUS: &str = "gsi_tenant_status";
@@ -160,6 +164,19 @@ fn waiting_notice_key(owner: &Email, id: &DeliveryId, round: u32) -> Key {
 const DIGEST_SHARD: &str = "DIGEST";
 fn health_key(sub: &SubscriptionId) -> Key {
     (format!("HEALTH#{sub}"), "#HEALTH".into())
+}
+
+/// `key`'s shard for this delivery in a listing index.
+fn listing_key(key: impl std::fmt::Display, id: &DeliveryId) -> String {
+    format!("{key}#{}", spread(id.as_str(), LISTING_SHARDS))
+}
+
+/// Every shard of a listing index's `key`, and `key` itself: an older build wrote it unsharded,
+/// and its items are listed as one more shard until they change or expire.
+fn listing_keys(key: &str) -> impl Iterator<Item = String> + '_ {
+    (0..LISTING_SHARDS)
+        .map(move |shard| format!("{key}#{shard}"))
+        .chain(std::iter::once(key.to_owned()))
 }
 
 fn overdue_shard(id: &str) -> u32 {
@@ -232,16 +249,16 @@ impl DynamoStore {
     fn delivery_item(&self, d: &Delivery) -> Item {
         let mut item = with_key(to_item(d), &delivery_key(&d.id), "delivery");
         let created = format!("{}#{}", sortable_time(d.created_at), d.id);
-        item.insert(GSI_TENANT.into(), s(d.tenant_id.as_str()));
+        item.insert(GSI_TENANT.into(), s(listing_key(&d.tenant_id, &d.id)));
         if in_status_index(d.status) {
             item.insert(
                 GSI_TENANT_STATUS.into(),
-                s(format!("{}#{}", d.tenant_id, d.status.as_str())),
+                s(listing_key(format!("{}#{}", d.tenant_id, d.status.as_str()), &d.id)),
             );
         }
         item.insert(
             GSI_SUBSCRIPTION.into(),
-            s(format!("{}#{}", d.tenant_id, d.subscription_id)),
+            s(listing_key(format!("{}#{}", d.tenant_id, d.subscription_id), &d.id)),
         );
         item.insert(GSI_CREATED.into(), s(created));
         if let (true, Some(due)) = (d.is_swept(), d.next_attempt_at) {
@@ -632,35 +649,9 @@ impl DynamoStore {
         loop {
             scanned_pages += 1;
             let want = if checked { MAX_PAGE } else { limit + 1 - found.len() };
-            let mut q = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(index)
-                .scan_index_forward(false)
-                .limit(want as i32)
-                .expression_attribute_names("#k", key_attr)
-                .expression_attribute_values(":k", s(&key))
-                .set_return_consumed_capacity(self.rcc());
-            q = match &cursor {
-                Some(c) => q
-                    .key_condition_expression("#k = :k AND #c < :c")
-                    .expression_attribute_names("#c", GSI_CREATED)
-                    .expression_attribute_values(":c", s(c)),
-                None => q.key_condition_expression("#k = :k"),
-            };
-            let out = q.send().await.map_err(|e| classify("list deliveries", e))?;
-            self.charge("list deliveries", false, out.consumed_capacity());
-            let keys: Vec<(String, Key)> = out
-                .items()
-                .iter()
-                .map(|it| {
-                    Ok((
-                        get_s(it, GSI_CREATED)?.to_owned(),
-                        (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()),
-                    ))
-                })
-                .collect::<Result<_, PortError>>()?;
+            let (keys, more) = self
+                .newest_entries(index, key_attr, &key, cursor.as_deref(), want)
+                .await?;
             let items = self
                 .batch_get(
                     &keys.iter().map(|(_, k)| k.clone()).collect::<Vec<_>>(),
@@ -684,12 +675,7 @@ impl DynamoStore {
                     .zip(deliveries)
                     .filter(|(_, d)| seen.iter().any(|c| c.id == d.id)),
             );
-            let next = out
-                .last_evaluated_key
-                .as_ref()
-                .and_then(|k| k.get(GSI_CREATED))
-                .and_then(|v| v.as_s().ok())
-                .cloned();
+            let next = keys.last().filter(|_| more).map(|(created, _)| created.clone());
             match next {
                 Some(c) if found.len() <= limit && scanned_pages >= MAX_SCANNED_PAGES => {
                     // Enough read for one call: a short page, and the client goes on from here.
@@ -708,6 +694,76 @@ impl DynamoStore {
             items: found.into_iter().map(|(_, d)| d).collect(),
             next_cursor,
         })
+    }
+
+    /// The newest `want` entries of a listing index's `key` below `cursor` (a `gsi_created`),
+    /// across its shards, newest first; and whether there may be more below them. Each shard
+    /// gives its newest `want`, so the merge's newest `want` are the key's.
+    async fn newest_entries(
+        &self,
+        index: &str,
+        key_attr: &str,
+        key: &str,
+        cursor: Option<&str>,
+        want: usize,
+    ) -> Result<(Vec<(String, Key)>, bool), PortError> {
+        let queries: Vec<_> = listing_keys(key)
+            .map(|shard| self.shard_entries(index, key_attr, shard, cursor, want))
+            .collect();
+        let shards: Vec<(Vec<(String, Key)>, bool)> = futures::stream::iter(queries)
+            .buffer_unordered(LISTING_SHARDS as usize + 1)
+            .try_collect()
+            .await?;
+        let mut more = shards.iter().any(|(_, more)| *more);
+        let mut entries: Vec<(String, Key)> = shards.into_iter().flat_map(|(entries, _)| entries).collect();
+        entries.sort_by(|a, b| b.0.cmp(&a.0));
+        if entries.len() > want {
+            entries.truncate(want);
+            more = true;
+        }
+        Ok((entries, more))
+    }
+
+    /// One shard's newest `want` entries below `cursor`, and whether it has more.
+    async fn shard_entries(
+        &self,
+        index: &str,
+        key_attr: &str,
+        shard: String,
+        cursor: Option<&str>,
+        want: usize,
+    ) -> Result<(Vec<(String, Key)>, bool), PortError> {
+        let mut q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .index_name(index)
+            .scan_index_forward(false)
+            .limit(want as i32)
+            .expression_attribute_names("#k", key_attr)
+            .expression_attribute_values(":k", s(shard))
+            .set_return_consumed_capacity(self.rcc());
+        q = match cursor {
+            Some(c) => q
+                .key_condition_expression("#k = :k AND #c < :c")
+                .expression_attribute_names("#c", GSI_CREATED)
+                .expression_attribute_values(":c", s(c)),
+            None => q.key_condition_expression("#k = :k"),
+        };
+        let out = q.send().await.map_err(|e| classify("list deliveries", e))?;
+        self.charge("list deliveries", false, out.consumed_capacity());
+        let entries = out
+            .items()
+            .iter()
+            .map(|it| {
+                Ok((
+                    get_s(it, GSI_CREATED)?.to_owned(),
+                    (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()),
+                ))
+            })
+            .collect::<Result<_, PortError>>()?;
+        let more = out.last_evaluated_key.is_some_and(|k| !k.is_empty());
+        Ok((entries, more))
     }
 
     async fn overdue_shard_keys(&self, shard: u32, before: &str, limit: u32) -> Result<Vec<(String, Key)>, PortError> {

@@ -882,3 +882,109 @@ async fn attempts_are_logged_on_the_delivery_spilled_past_8_kb_and_read_with_an_
     let size: usize = item.iter().map(|(k, v)| k.len() + format!("{v:?}").len()).sum();
     assert!(size < 16 * 1024, "the delivery item is {size} bytes");
 }
+
+/// A tenant's and a subscription's deliveries spread over the listing shards; those an older
+/// build wrote under the unsharded keys are listed with them.
+#[tokio::test]
+async fn given_deliveries_on_every_listing_shard_and_some_an_older_build_wrote_then_listings_page_through_each_once_newest_first(
+) {
+    let Some(env) = support::dynamodb_local_env().await else {
+        return;
+    };
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use hookwise_core::model::*;
+    use hookwise_core::ports::DeliveryQuery;
+    let store = &env.adapters.store;
+    let client = &env.clients.dynamodb;
+    let table = &env.config.table;
+    let rng = &mut rand::rng();
+    let t = Utc.with_ymd_and_hms(2031, 5, 1, 9, 0, 0).unwrap();
+    let tenant = TenantId::generate(t, rng);
+    let sub = SubscriptionId::generate(t, rng);
+    let mut made = Vec::new();
+    for i in 0..90 {
+        let event = Event {
+            id: EventId::generate(t, rng),
+            tenant_id: tenant.clone(),
+            event_type: EventType::parse("order.created").unwrap(),
+            payload: serde_json::json!({"n": i}),
+            created_at: t + Duration::seconds(i),
+            idempotency_key: None,
+        };
+        let d = Delivery::new(DeliveryId::for_event(&event.id, &sub), &event, sub.clone());
+        store
+            .create_event(&event, std::slice::from_ref(&d))
+            .await
+            .expect("create");
+        made.push(d);
+    }
+    let index_key = |d: &Delivery, attr: &str| {
+        let client = client.clone();
+        let (table, id, attr) = (table.clone(), d.id.clone(), attr.to_owned());
+        async move {
+            let out = client
+                .get_item()
+                .table_name(table)
+                .key("pk", AttributeValue::S(format!("DLV#{id}")))
+                .key("sk", AttributeValue::S("#DELIVERY".into()))
+                .send()
+                .await
+                .expect("raw get");
+            out.item
+                .and_then(|i| i.get(&attr).cloned())
+                .and_then(|v| v.as_s().ok().cloned())
+                .unwrap()
+        }
+    };
+    let mut shards = std::collections::HashSet::new();
+    for d in &made {
+        shards.insert(index_key(d, "gsi_tenant").await);
+    }
+    assert_eq!(
+        shards.len(),
+        hookwise_aws::store::LISTING_SHARDS as usize,
+        "90 deliveries reach every shard"
+    );
+
+    // Every third as an older build wrote it: the tenant's and subscription's keys unsharded.
+    for d in made.iter().step_by(3) {
+        client
+            .update_item()
+            .table_name(table)
+            .key("pk", AttributeValue::S(format!("DLV#{}", d.id)))
+            .key("sk", AttributeValue::S("#DELIVERY".into()))
+            .update_expression("SET gsi_tenant = :t, gsi_subscription = :s")
+            .expression_attribute_values(":t", AttributeValue::S(tenant.to_string()))
+            .expression_attribute_values(":s", AttributeValue::S(format!("{tenant}#{sub}")))
+            .send()
+            .await
+            .expect("write as an older build");
+    }
+
+    let newest_first: Vec<DeliveryId> = made.iter().rev().map(|d| d.id.clone()).collect();
+    for subscription_id in [None, Some(sub.clone())] {
+        let mut listed = Vec::new();
+        let mut cursor = None;
+        loop {
+            let page = store
+                .list_deliveries(
+                    &tenant,
+                    &DeliveryQuery {
+                        subscription_id: subscription_id.clone(),
+                        limit: 25,
+                        cursor,
+                        ..DeliveryQuery::default()
+                    },
+                )
+                .await
+                .expect("list");
+            assert!(page.items.len() <= 25);
+            listed.extend(page.items.into_iter().map(|d| d.id));
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(listed, newest_first, "by subscription: {}", subscription_id.is_some());
+    }
+}

@@ -150,7 +150,14 @@ impl Services {
         }
         let outcome = self.ports.sender.send(request).await;
         let now = self.now();
-        tracing::info!(event_id = %event.id, status = ?outcome.status_code, error = ?outcome.error.as_ref().map(|e| e.0), "attempt made");
+        // A line per attempt: at INFO when it failed, at DEBUG when it delivered (the store
+        // records every attempt, and a line each is most of what a delivery logs).
+        if outcome.is_success() {
+            tracing::debug!(event_id = %event.id, status = ?outcome.status_code, "attempt made");
+        } else {
+            tracing::info!(event_id = %event.id, status = ?outcome.status_code,
+                error = ?outcome.error.as_ref().map(|e| e.0), "attempt failed");
+        }
 
         let ctx = AttemptContext {
             attempt: task.attempt,

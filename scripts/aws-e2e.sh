@@ -20,4 +20,4 @@ cargo lambda --version
 
 cargo build --locked --bins -p hookwise-ingest -p hookwise-deliver -p hookwise-scheduler -p hookwise-dead-letter
 scripts/aws-test-services.sh run -- \
-  cargo test --locked -p hookwise-tests --test aws_e2e -- --nocapture
+  cargo test --locked -p hookwise-tests --test aws_e2e --test aws_iam -- --nocapture

@@ -24,7 +24,7 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 export HOOKWISE_BIN="$HOOKWISE"
 export HOOKWISE_LAMBDA_BIN_DIR="$(dirname "$HOOKWISE")"
 
-step "Template lint: cfn-lint and sam validate --lint"
+step "Template lint: cfn-lint, its serverless rules, and sam validate --lint"
 scripts/lint-template.sh
 
 step "sam build of the four functions for arm64 with cargo-lambda (dev profile)"

@@ -353,6 +353,8 @@ pub struct Receiver {
     hits: Arc<AtomicU32>,
     /// How long each answer takes, in milliseconds.
     delay_ms: Arc<AtomicU64>,
+    /// The status of an answer that is not a failure (200 unless told otherwise).
+    status: Arc<AtomicU32>,
 }
 
 impl Receiver {
@@ -361,9 +363,16 @@ impl Receiver {
         let fail = Arc::new(AtomicU32::new(fail_first));
         let hits = Arc::new(AtomicU32::new(0));
         let delay_ms = Arc::new(AtomicU64::new(0));
-        let (g, f, h, d) = (got.clone(), fail.clone(), hits.clone(), delay_ms.clone());
+        let status = Arc::new(AtomicU32::new(200));
+        let (g, f, h, d, s) = (
+            got.clone(),
+            fail.clone(),
+            hits.clone(),
+            delay_ms.clone(),
+            status.clone(),
+        );
         let app = axum::Router::new().fallback(move |headers: HeaderMap, body: Bytes| {
-            let (g, f, h, d) = (g.clone(), f.clone(), h.clone(), d.clone());
+            let (g, f, h, d, s) = (g.clone(), f.clone(), h.clone(), d.clone(), s.clone());
             async move {
                 let headers = headers
                     .iter()
@@ -378,7 +387,13 @@ impl Receiver {
                 if n < f.load(Ordering::SeqCst) {
                     (StatusCode::INTERNAL_SERVER_ERROR, "down for maintenance")
                 } else {
-                    (StatusCode::OK, "thanks")
+                    let status = u16::try_from(s.load(Ordering::SeqCst)).ok();
+                    (
+                        status
+                            .and_then(|s| StatusCode::from_u16(s).ok())
+                            .unwrap_or(StatusCode::OK),
+                        "thanks",
+                    )
                 }
             }
         });
@@ -391,7 +406,13 @@ impl Receiver {
             fail_first: fail,
             hits,
             delay_ms,
+            status,
         }
+    }
+
+    /// Answer what does not fail with `status` (410: gone for good) instead of 200.
+    pub fn answer_with(&self, status: u16) {
+        self.status.store(status.into(), Ordering::SeqCst);
     }
 
     /// Answer each request only after `delay` (the request is recorded on arrival).

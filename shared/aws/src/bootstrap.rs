@@ -24,6 +24,7 @@ pub const MAIN_TABLE: &str = "MainTable";
 pub const SCHEDULER_TABLE: &str = "SchedulerTable";
 pub const DELIVERY_QUEUE: &str = "DeliveryQueue";
 pub const DEAD_LETTER_QUEUE: &str = "DeadLetterQueue";
+pub const PARKED_QUEUE: &str = "ParkedQueue";
 
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
@@ -372,9 +373,9 @@ impl Provisioned {
     }
 }
 
-/// Both tables and both queues as the template defines them, named `{prefix}-main`,
-/// `{prefix}-scheduler`, `{prefix}-delivery` and `{prefix}-dead-letter`. The tables are
-/// created concurrently, then the dead-letter queue before the queue that redrives to it.
+/// Both tables and the three queues as the template defines them, named `{prefix}-main`,
+/// `{prefix}-scheduler`, `{prefix}-delivery`, `{prefix}-dead-letter` and `{prefix}-parked`.
+/// The tables are created concurrently, then each queue after the one it redrives to.
 pub async fn provision(
     clients: &AwsClients,
     resources: &TemplateResources,
@@ -384,6 +385,7 @@ pub async fn provision(
     let scheduler = resources.table(SCHEDULER_TABLE)?;
     let delivery = resources.queue(DELIVERY_QUEUE)?;
     let dead = resources.queue(DEAD_LETTER_QUEUE)?;
+    let parked = resources.queue(PARKED_QUEUE)?;
     let names = Provisioned {
         table: format!("{prefix}-main"),
         scheduler_table: format!("{prefix}-scheduler"),
@@ -396,8 +398,11 @@ pub async fn provision(
     );
     a?;
     b?;
-    let dead_url = create_queue(&clients.sqs, dead, &format!("{prefix}-dead-letter"), &HashMap::new()).await?;
-    let arns = HashMap::from([(DEAD_LETTER_QUEUE.to_owned(), queue_arn(&clients.sqs, &dead_url).await?)]);
+    // Each queue after the one it redrives to.
+    let parked_url = create_queue(&clients.sqs, parked, &format!("{prefix}-parked"), &HashMap::new()).await?;
+    let mut arns = HashMap::from([(PARKED_QUEUE.to_owned(), queue_arn(&clients.sqs, &parked_url).await?)]);
+    let dead_url = create_queue(&clients.sqs, dead, &format!("{prefix}-dead-letter"), &arns).await?;
+    arns.insert(DEAD_LETTER_QUEUE.to_owned(), queue_arn(&clients.sqs, &dead_url).await?);
     let delivery_url = create_queue(&clients.sqs, delivery, &format!("{prefix}-delivery"), &arns).await?;
     Ok(Provisioned {
         delivery_queue_url: delivery_url,
@@ -449,6 +454,57 @@ mod tests {
         assert!(template_number("DeliveryQueue", "VisibilityTimeout") >= 6 * deliver);
         let dead_letter = template_number("DeadLetterFunction", "Timeout");
         assert!(template_number("DeadLetterQueue", "VisibilityTimeout") >= 6 * dead_letter);
+    }
+
+    /// Least privilege: every function's policies are statements of their own (SAM's policy
+    /// templates grant more than a function calls, e.g. `DynamoDBCrudPolicy` every write on
+    /// every index), each action named, each resource named.
+    #[test]
+    fn the_templates_function_policies_name_every_action_and_resource_without_wildcards() {
+        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
+        let doc: Value = serde_yaml_ng::from_str(&yaml).unwrap();
+        let resources = doc["Resources"].as_mapping().unwrap();
+        let mut functions = 0;
+        for (id, resource) in resources {
+            if resource["Type"].as_str() != Some("AWS::Serverless::Function") {
+                continue;
+            }
+            functions += 1;
+            let id = id.as_str().unwrap();
+            let policies = resource["Properties"]["Policies"]
+                .as_sequence()
+                .unwrap_or_else(|| panic!("{id} lists its Policies"));
+            for policy in policies {
+                let statements = policy
+                    .as_mapping()
+                    .filter(|p| p.len() == 1)
+                    .and_then(|p| p.get("Statement"))
+                    .and_then(Value::as_sequence)
+                    .unwrap_or_else(|| panic!("{id}: {policy:?} is not a Statement list"));
+                for statement in statements {
+                    assert_eq!(statement["Effect"].as_str(), Some("Allow"), "{id}: {statement:?}");
+                    let actions = statement["Action"]
+                        .as_sequence()
+                        .unwrap_or_else(|| panic!("{id}: Action is a list: {statement:?}"));
+                    for action in actions {
+                        let action = action.as_str().unwrap_or_else(|| panic!("{id}: {action:?}"));
+                        assert!(
+                            !action.contains('*') && action.contains(':'),
+                            "{id}: the action {action} is not one named action"
+                        );
+                    }
+                    let resources: Vec<&Value> = match &statement["Resource"] {
+                        Value::Sequence(list) => list.iter().collect(),
+                        Value::Null => panic!("{id}: a statement without Resource"),
+                        one => vec![one],
+                    };
+                    for resource in resources {
+                        assert_ne!(resource.as_str(), Some("*"), "{id}: a statement on every resource");
+                    }
+                }
+            }
+        }
+        assert_eq!(functions, 4);
     }
 
     const SAMPLE: &str = r#"

@@ -273,14 +273,24 @@ impl AwsClients {
 
     /// Clients for a local endpoint (moto, DynamoDB Local) with fixed test credentials.
     pub async fn for_endpoint(endpoint_url: &str, counter: Option<&RequestCounter>) -> Self {
+        Self::for_endpoint_as(endpoint_url, "testing", "testing", counter).await
+    }
+
+    /// [`Self::for_endpoint`], signing with this access key (an IAM user of moto's).
+    pub async fn for_endpoint_as(
+        endpoint_url: &str,
+        access_key_id: &str,
+        secret_access_key: &str,
+        counter: Option<&RequestCounter>,
+    ) -> Self {
         let config = aws_config::defaults(BehaviorVersion::latest())
             .http_client(https_client())
             .timeout_config(timeouts())
             .endpoint_url(endpoint_url)
             .region(aws_config::Region::new("us-east-1"))
             .credentials_provider(aws_sdk_dynamodb::config::Credentials::new(
-                "testing",
-                "testing",
+                access_key_id,
+                secret_access_key,
                 None,
                 None,
                 "hookwise-test",

@@ -13,10 +13,48 @@ pub fn generate_api_key(rng: &mut impl Rng) -> String {
     format!("{API_KEY_PREFIX}{}", B64URL.encode(bytes))
 }
 
+/// Whether `key` has the form [`generate_api_key`] gives: the prefix and 32 base64url
+/// characters (24 random bytes). Anything else is refused before any lookup, so a flood of
+/// junk keys costs no store reads.
+pub fn is_well_formed(key: &str) -> bool {
+    key.strip_prefix(API_KEY_PREFIX).is_some_and(|rest| {
+        rest.len() == 32
+            && rest
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
+}
+
 /// What the store keeps and looks keys up by.
 pub fn hash_api_key(key: &str) -> String {
     Sha256::digest(key.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_keys_are_well_formed_and_junk_is_not() {
+        let rng = &mut rand::rng();
+        for _ in 0..100 {
+            assert!(is_well_formed(&generate_api_key(rng)));
+        }
+        let good = generate_api_key(rng);
+        for junk in [
+            "",
+            "hwk_",
+            "hwk_wrong",
+            &good[..good.len() - 1],
+            &format!("{good}x"),
+            &good.replace("hwk_", "hwx_"),
+            &format!("hwk_{}", "é".repeat(16)),
+            &format!("hwk_{}+", &good[4..35]),
+        ] {
+            assert!(!is_well_formed(junk), "{junk:?}");
+        }
+    }
 }

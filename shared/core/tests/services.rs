@@ -431,6 +431,30 @@ async fn given_two_tenants_then_neither_reads_or_replays_the_others_deliveries()
 }
 
 #[tokio::test]
+async fn given_a_key_not_of_the_api_key_form_then_it_is_refused_without_a_lookup() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, key) = h.tenant("owner@example.com").await;
+    let reads = || h.store.api_key_reads.load(SeqCst);
+    let before = reads();
+    for junk in ["", "hwk_wrong", "Bearer", &key[..key.len() - 1], &format!("{key}x")] {
+        assert!(
+            matches!(h.services.authenticate(junk).await, Err(Error::Unauthorized)),
+            "{junk:?}"
+        );
+    }
+    assert_eq!(reads(), before, "a malformed key reached the store");
+    // A key of the right form that no tenant holds is looked up, and refused.
+    let unknown = hookwise_core::auth::generate_api_key(&mut rand::rng());
+    assert!(matches!(
+        h.services.authenticate(&unknown).await,
+        Err(Error::Unauthorized)
+    ));
+    assert_eq!(reads(), before + 1);
+    assert_eq!(h.services.authenticate(&key).await.unwrap().id, tenant.id);
+}
+
+#[tokio::test]
 async fn given_a_webhook_then_it_carries_standard_webhooks_headers_that_verify() {
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, key) = h.tenant("owner@example.com").await;

@@ -108,6 +108,11 @@ impl AwsEnv {
     pub async fn new(label: &str, counter: Option<&RequestCounter>) -> Option<Self> {
         let moto_url = endpoint(MOTO_URL)?;
         let dynamodb_url = endpoint(DYNAMODB_LOCAL_URL)?;
+        Some(Self::at(moto_url, dynamodb_url, label, counter).await)
+    }
+
+    /// Queues and SES on `moto_url`, tables on `dynamodb_url` (which may be moto too).
+    pub async fn at(moto_url: String, dynamodb_url: String, label: &str, counter: Option<&RequestCounter>) -> Self {
         let moto = AwsClients::for_endpoint(&moto_url, counter).await;
         let ddb = AwsClients::for_endpoint(&dynamodb_url, counter).await;
         let clients = AwsClients {
@@ -125,12 +130,12 @@ impl AwsEnv {
             .send()
             .await
             .expect("verify the sender on moto");
-        Some(Self {
+        Self {
             moto_url,
             dynamodb_url,
             clients,
             provisioned,
-        })
+        }
     }
 
     /// What template.yaml's Globals give every function, pointed at these resources.
@@ -185,7 +190,7 @@ pub fn function_bins() -> PathBuf {
     .clone()
 }
 
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -203,6 +208,11 @@ pub struct LambdaHost {
 
 impl LambdaHost {
     pub async fn start(fn_env: &[(String, String)]) -> Self {
+        Self::start_with(fn_env, |_| Vec::new()).await
+    }
+
+    /// [`Self::start`], with `own(function)` set for that function over `fn_env`.
+    pub async fn start_with(fn_env: &[(String, String)], own: impl Fn(&str) -> Vec<(String, String)>) -> Self {
         let bins = function_bins();
         let port = free_port();
         let watch = Command::new(env!("CARGO"))
@@ -238,6 +248,7 @@ impl LambdaHost {
         for name in FUNCTIONS {
             let child = Command::new(bins.join(name))
                 .envs(fn_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                .envs(own(name))
                 .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt/{name}"))
                 .env("AWS_LAMBDA_FUNCTION_NAME", name)
                 .env("AWS_LAMBDA_FUNCTION_VERSION", "1")

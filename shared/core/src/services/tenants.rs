@@ -40,7 +40,7 @@ impl Services {
 
     /// The tenant an API key belongs to.
     pub async fn authenticate(&self, api_key: &str) -> Result<Tenant> {
-        if api_key.is_empty() {
+        if !crate::auth::is_well_formed(api_key) {
             return Err(Error::Unauthorized);
         }
         self.tenant_by_api_key(api_key).await?.ok_or(Error::Unauthorized)

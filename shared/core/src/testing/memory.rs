@@ -50,6 +50,8 @@ pub struct MemoryStore {
     pub failing_subscription_writes: std::sync::atomic::AtomicU32,
     /// The next this many event writes fail (retryable), writing nothing.
     pub failing_event_writes: std::sync::atomic::AtomicU32,
+    /// Lookups of API keys so far.
+    pub api_key_reads: std::sync::atomic::AtomicU32,
 }
 
 #[async_trait]
@@ -64,6 +66,7 @@ impl Store for MemoryStore {
         Ok(())
     }
     async fn tenant_by_api_key(&self, api_key_hash: &str) -> PortResult<Option<Tenant>> {
+        self.api_key_reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let d = lock(&self.data);
         Ok(d.keys.get(api_key_hash).and_then(|id| d.tenants.get(id)).cloned())
     }

@@ -507,6 +507,43 @@ mod tests {
         assert_eq!(functions, 4);
     }
 
+    /// Every alarm tells the topic, and the dashboard's body is JSON once `!Sub` has put the
+    /// names in (CloudFormation would take a broken body and the console show nothing).
+    #[test]
+    fn the_templates_alarms_reach_the_topic_and_its_dashboard_is_json() {
+        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
+        let doc: Value = serde_yaml_ng::from_str(&yaml).unwrap();
+        let resources = doc["Resources"].as_mapping().unwrap();
+        let mut alarms = 0;
+        for (id, resource) in resources {
+            match resource["Type"].as_str() {
+                Some("AWS::CloudWatch::Alarm") => {
+                    alarms += 1;
+                    let actions = resource["Properties"]["AlarmActions"].as_sequence();
+                    assert!(
+                        actions.is_some_and(|a| a.iter().any(|t| untag(t).as_str() == Some("AlarmTopic"))),
+                        "{id:?} tells AlarmTopic"
+                    );
+                }
+                Some("AWS::CloudWatch::Dashboard") => {
+                    let body = untag(&resource["Properties"]["DashboardBody"]).as_str().unwrap();
+                    let mut substituted = String::new();
+                    let mut rest = body;
+                    while let Some(start) = rest.find("${") {
+                        substituted.push_str(&rest[..start]);
+                        substituted.push_str("name");
+                        rest = &rest[start + rest[start..].find('}').unwrap() + 1..];
+                    }
+                    substituted.push_str(rest);
+                    let json: serde_json::Value = serde_json::from_str(&substituted).expect("the dashboard is JSON");
+                    assert!(json["widgets"].as_array().is_some_and(|w| !w.is_empty()));
+                }
+                _ => {}
+            }
+        }
+        assert!(alarms >= 9, "{alarms} alarms");
+    }
+
     const SAMPLE: &str = r#"
 Transform: AWS::Serverless-2016-10-31
 Parameters:

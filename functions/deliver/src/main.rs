@@ -16,7 +16,9 @@ async fn main() -> Result<(), Error> {
         allow_cidrs: config.allowed_target_cidrs.clone(),
         ..Default::default()
     })?;
-    let services = Arc::new(config.services(Arc::new(sender)).await);
+    // Metrics as embedded metric format, one log line per invocation.
+    let metrics = Arc::new(hookwise_aws::metrics::EmfMetrics::new("deliver"));
+    let services = Arc::new(config.services(Arc::new(sender)).await.with_metrics(metrics));
     run(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let services = services.clone();
         async move { Ok::<_, Error>(hookwise_deliver::handle(&services, event.payload, event.context.deadline).await) }

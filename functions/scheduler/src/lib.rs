@@ -15,7 +15,9 @@ pub async fn handle(services: &Services, event: &Value) -> Result<Value, hookwis
     let report = services.run_scheduler().await.inspect_err(|err| {
         let tick = event.get("id").and_then(|v| v.as_str()).unwrap_or("-");
         tracing::error!(error = %err, retryable = err.is_retryable(), tick, "scheduler tick failed");
-    })?;
+    });
+    services.flush_metrics();
+    let report = report?;
     Ok(json!({"moved": report.moved, "requeued": report.requeued, "emails": report.emails}))
 }
 

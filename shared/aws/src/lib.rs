@@ -18,6 +18,7 @@ pub mod counter;
 mod error;
 mod item;
 pub mod mailer;
+pub mod metrics;
 pub mod queue;
 mod recent;
 pub mod scheduler;

@@ -49,6 +49,7 @@ pub async fn handle_sqs_event(
     let messages: Vec<QueueMessage> = event.records.iter().map(queue_message).collect();
     let deadline = invocation_deadline(deadline_ms, chrono::Utc::now());
     let dispositions = services.handle_messages(role, &messages, deadline).await;
+    services.flush_metrics();
     let mut response = SqsBatchResponse::default();
     response.set_failures(
         messages

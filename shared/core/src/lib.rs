@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod error;
 pub mod health;
+pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod ports;

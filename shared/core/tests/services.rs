@@ -1365,3 +1365,78 @@ async fn given_more_subscriptions_than_a_page_then_they_are_listed_page_by_page_
         "{err:?}"
     );
 }
+
+/// What a recorder was given, by name.
+#[derive(Default)]
+struct Recorded {
+    counts: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    times: std::sync::Mutex<std::collections::BTreeMap<&'static str, usize>>,
+    flushes: std::sync::atomic::AtomicU32,
+}
+
+impl hookwise_core::metrics::Recorder for Recorded {
+    fn count(&self, name: &'static str, n: u64) {
+        *self.counts.lock().unwrap().entry(name).or_default() += n;
+    }
+    fn time(&self, name: &'static str, _: std::time::Duration) {
+        *self.times.lock().unwrap().entry(name).or_default() += 1;
+    }
+    fn flush(&self) {
+        self.flushes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn given_a_recorder_then_deliveries_by_outcome_their_latency_queue_lag_and_dead_letters_are_recorded() {
+    use hookwise_core::metrics::*;
+    let recorded = std::sync::Arc::new(Recorded::default());
+    let h = Harness::new(ScriptedSender::new(|url, _| {
+        status_outcome(if url.contains("down") { 500 } else { 200 })
+    }));
+    let h = Harness {
+        services: h.services.with_metrics(recorded.clone()),
+        ..h
+    };
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, new_sub("https://up.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    h.services
+        .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![])))
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    // As the hosts do: each queue's batch through `handle_messages`.
+    let messages = |tasks: Vec<DeliveryTask>| -> Vec<hookwise_core::ports::QueueMessage> {
+        tasks
+            .into_iter()
+            .enumerate()
+            .map(|(i, task)| hookwise_core::ports::QueueMessage {
+                message_id: i.to_string(),
+                task: Ok(task),
+                redriven: false,
+                receive_count: 1,
+            })
+            .collect()
+    };
+    use hookwise_core::services::QueueRole;
+    let first = messages(h.queue.take_visible());
+    assert_eq!(first.len(), 2);
+    h.services.handle_messages(QueueRole::Delivery, &first, None).await;
+    let dead = messages(h.queue.take_dead());
+    h.services.handle_messages(QueueRole::DeadLetter, &dead, None).await;
+
+    let counts = recorded.counts.lock().unwrap().clone();
+    assert_eq!(counts.get(DELIVERED), Some(&1), "{counts:?}");
+    assert_eq!(counts.get(DEAD), Some(&1), "{counts:?}");
+    assert_eq!(counts.get(DEAD_LETTERS), Some(&1), "{counts:?}");
+    assert_eq!(counts.get(NOTICES), Some(&1), "{counts:?}");
+    assert_eq!(counts.get(EMAILS), Some(&1), "{counts:?}");
+    let times = recorded.times.lock().unwrap().clone();
+    assert_eq!(times.get(ATTEMPT_LATENCY), Some(&2), "{times:?}");
+    assert_eq!(times.get(QUEUE_LAG), Some(&2), "both were first attempts: {times:?}");
+    // Flushing is the host's (the Lambda handlers flush after each invocation).
+    h.services.flush_metrics();
+    assert_eq!(recorded.flushes.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

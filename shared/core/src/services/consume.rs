@@ -4,6 +4,7 @@
 
 use super::deliver::DeliverOutcome;
 use super::Services;
+use crate::metrics;
 use crate::ports::{DeliveryTask, QueueMessage};
 
 /// Which queue a batch came from, and so which handler takes it.
@@ -84,12 +85,16 @@ impl Services {
                 let outcomes = self.deliver_batch_within(&tasks, deadline).await;
                 let mut handled = Vec::with_capacity(tasks.len());
                 for ((outcome, task), redelivered) in outcomes.into_iter().zip(&tasks).zip(&redelivered) {
+                    if let Ok(outcome) = &outcome {
+                        self.metrics.count(outcome_metric(outcome), 1);
+                    }
                     let result = match outcome {
                         Ok(DeliverOutcome::Stale) if *redelivered => self.resume_retry(task).await,
                         Ok(_) => Ok(()),
                         Err(e) => Err(e),
                     };
                     if let Err(error) = &result {
+                        self.metrics.count(metrics::REDELIVERED, 1);
                         tracing::warn!(
                             delivery_id = %task.delivery_id, attempt = task.attempt, %error,
                             retryable = error.is_retryable(),
@@ -102,8 +107,12 @@ impl Services {
                 handled
             }
             QueueRole::DeadLetter => {
+                self.metrics.count(metrics::DEAD_LETTERS, tasks.len() as u64);
                 let ok = match self.handle_dead_letters(&tasks).await {
                     Ok(report) => {
+                        self.metrics.count(metrics::NOTICES, report.queued as u64);
+                        self.metrics.count(metrics::EMAILS, report.emails as u64);
+                        self.metrics.count(metrics::RESCHEDULED, report.rescheduled as u64);
                         if report.queued + report.emails + report.rescheduled > 0 {
                             tracing::info!(
                                 queued = report.queued,
@@ -116,6 +125,7 @@ impl Services {
                         true
                     }
                     Err(error) => {
+                        self.metrics.count(metrics::REDELIVERED, tasks.len() as u64);
                         tracing::warn!(%error, retryable = error.is_retryable(), messages = tasks.len(),
                             "dead-letter batch failed; the queue will redeliver it");
                         false
@@ -132,5 +142,15 @@ impl Services {
                 _ => Disposition::Redeliver,
             })
             .collect()
+    }
+}
+
+fn outcome_metric(outcome: &DeliverOutcome) -> &'static str {
+    match outcome {
+        DeliverOutcome::Delivered => metrics::DELIVERED,
+        DeliverOutcome::Retrying { .. } => metrics::RETRYING,
+        DeliverOutcome::Dead => metrics::DEAD,
+        DeliverOutcome::Stale => metrics::STALE,
+        DeliverOutcome::NotStoredYet => metrics::NOT_STORED_YET,
     }
 }

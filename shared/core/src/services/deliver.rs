@@ -8,6 +8,7 @@ use futures::StreamExt;
 use super::Services;
 use crate::error::{PortError, Result};
 use crate::health::HealthSample;
+use crate::metrics;
 use crate::model::*;
 use crate::ports::{DeliveryTask, ScheduledTask, WebhookRequest};
 use crate::signing::signature_header;
@@ -148,8 +149,18 @@ impl Services {
             }
             request.timeout = request.timeout.min(left);
         }
+        if let Some(queued_at) = task.queued_at.filter(|_| task.round == 0 && task.attempt == 1) {
+            self.metrics.time(
+                metrics::QUEUE_LAG,
+                (started_at - queued_at).to_std().unwrap_or_default(),
+            );
+        }
         let outcome = self.ports.sender.send(request).await;
         let now = self.now();
+        self.metrics.time(
+            metrics::ATTEMPT_LATENCY,
+            (now - started_at).to_std().unwrap_or_default(),
+        );
         // A line per attempt: at INFO when it failed, at DEBUG when it delivered (the store
         // records every attempt, and a line each is most of what a delivery logs).
         if outcome.is_success() {

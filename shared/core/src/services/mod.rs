@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 
+use crate::metrics::{NoMetrics, Recorder};
 use crate::policy::RetryPolicy;
 
 use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store};
@@ -109,6 +110,7 @@ pub struct Services {
     ports: Ports,
     config: Config,
     lookups: lookups::Lookups,
+    metrics: Arc<dyn Recorder>,
     // Held only between awaits, never across one.
     rng: Mutex<StdRng>,
 }
@@ -120,8 +122,21 @@ impl Services {
             ports,
             config,
             lookups: lookups::Lookups::new(),
+            metrics: Arc::new(NoMetrics),
             rng: Mutex::new(rng),
         }
+    }
+
+    /// Record the services' metrics ([`crate::metrics`]) into `recorder`.
+    pub fn with_metrics(mut self, recorder: Arc<dyn Recorder>) -> Self {
+        self.metrics = recorder;
+        self
+    }
+
+    /// Publish the metrics recorded since the last flush (a host calls it at the end of each
+    /// unit of work: a Lambda invocation).
+    pub fn flush_metrics(&self) {
+        self.metrics.flush();
     }
 
     pub fn ports(&self) -> &Ports {

@@ -10,6 +10,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use super::Services;
 use crate::error::{PortError, Result};
+use crate::metrics;
 use crate::state::{next_task, requeued};
 
 /// Items handled per query.
@@ -41,6 +42,9 @@ impl Services {
         if moved + requeued + emails > 0 {
             tracing::info!(moved, requeued, emails, "scheduler tick");
         }
+        self.metrics.count(metrics::RETRIES_MOVED, moved as u64);
+        self.metrics.count(metrics::REQUEUED, requeued as u64);
+        self.metrics.count(metrics::EMAILS, emails as u64);
         Ok(SchedulerReport {
             moved,
             requeued,

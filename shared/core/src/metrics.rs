@@ -1,0 +1,49 @@
+//! Operational metrics: what the services count and time, handed to a [`Recorder`]. The
+//! Lambda functions record into CloudWatch's embedded metric format (`hookwise-aws`, one log
+//! line per invocation); the local hosts record nothing.
+
+use std::time::Duration;
+
+/// Where the services' metrics go. Each name is one of the constants below.
+pub trait Recorder: Send + Sync {
+    /// `n` more of `name`.
+    fn count(&self, name: &'static str, n: u64);
+    /// One observation of a duration.
+    fn time(&self, name: &'static str, took: Duration);
+    /// The end of a unit of work (a Lambda invocation): publish what was recorded since.
+    fn flush(&self);
+}
+
+/// Deliveries by what their attempt came to (`Services::deliver`).
+pub const DELIVERED: &str = "Delivered";
+pub const RETRYING: &str = "Retrying";
+pub const DEAD: &str = "Dead";
+/// Duplicate or late messages, nothing done.
+pub const STALE: &str = "Stale";
+/// First attempts that arrived before their delivery was stored, looked at again.
+pub const NOT_STORED_YET: &str = "NotStoredYet";
+/// Messages given back to the queue on an infrastructure failure.
+pub const REDELIVERED: &str = "Redelivered";
+/// How long a POST took, from its start to its answer (or timeout).
+pub const ATTEMPT_LATENCY: &str = "AttemptLatency";
+/// From the ingest's queueing of a first attempt to the worker taking it.
+pub const QUEUE_LAG: &str = "QueueLag";
+/// Dead-letter messages handled, dead rounds whose owners will be told, owners' emails sent,
+/// and deliveries the queue gave up on put back on their schedule.
+pub const DEAD_LETTERS: &str = "DeadLetters";
+pub const NOTICES: &str = "Notices";
+pub const EMAILS: &str = "Emails";
+pub const RESCHEDULED: &str = "Rescheduled";
+/// Retries the scheduler moved from its table to the queue, and overdue deliveries it
+/// queued again.
+pub const RETRIES_MOVED: &str = "RetriesMoved";
+pub const REQUEUED: &str = "Requeued";
+
+/// Records nothing.
+pub struct NoMetrics;
+
+impl Recorder for NoMetrics {
+    fn count(&self, _: &'static str, _: u64) {}
+    fn time(&self, _: &'static str, _: Duration) {}
+    fn flush(&self) {}
+}

@@ -428,11 +428,15 @@ pub async fn verify_sender(clients: &AwsClients, email: &str) -> Result<(), Port
 mod tests {
     use super::*;
 
+    /// The real template.yaml.
+    fn the_template() -> Value {
+        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
+        serde_yaml_ng::from_str(&yaml).unwrap()
+    }
+
     /// A property of a resource in the real template.yaml, as a number.
     fn template_number(resource: &str, property: &str) -> u64 {
-        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
-        let doc: Value = serde_yaml_ng::from_str(&yaml).unwrap();
-        doc["Resources"][resource]["Properties"][property]
+        the_template()["Resources"][resource]["Properties"][property]
             .as_u64()
             .unwrap_or_else(|| panic!("{resource}.{property} is a number in template.yaml"))
     }
@@ -461,8 +465,7 @@ mod tests {
     /// every index), each action named, each resource named.
     #[test]
     fn the_templates_function_policies_name_every_action_and_resource_without_wildcards() {
-        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
-        let doc: Value = serde_yaml_ng::from_str(&yaml).unwrap();
+        let doc = the_template();
         let resources = doc["Resources"].as_mapping().unwrap();
         let mut functions = 0;
         for (id, resource) in resources {
@@ -511,8 +514,7 @@ mod tests {
     /// names in (CloudFormation would take a broken body and the console show nothing).
     #[test]
     fn the_templates_alarms_reach_the_topic_and_its_dashboard_is_json() {
-        let yaml = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../template.yaml")).unwrap();
-        let doc: Value = serde_yaml_ng::from_str(&yaml).unwrap();
+        let doc = the_template();
         let resources = doc["Resources"].as_mapping().unwrap();
         let mut alarms = 0;
         for (id, resource) in resources {

@@ -1,8 +1,12 @@
 //! The services' metrics as CloudWatch embedded metric format: one JSON line on standard
 //! output per Lambda invocation, which CloudWatch Logs turns into metrics in the `Hookwise`
 //! namespace, with the function as their dimension (no API call, no permission beyond the
-//! logs'). Counts go out as one value each; durations as every value observed, in
-//! milliseconds (EMF's `Values` and `Counts`, so CloudWatch has their percentiles).
+//! logs'). Counts go out as one value each; durations as the values observed, in
+//! milliseconds (an array of at most 100, so CloudWatch has their percentiles).
+//!
+//! The line carries the function's own application log level (`AWS_LAMBDA_LOG_LEVEL`, which
+//! the template sets from `LogLevel`) as its `level`: Lambda's log-level filter takes a JSON
+//! line without one for INFO, and would drop every metric at `warn` or `error`.
 //!
 //! The format is a small JSON document (the specification: CloudWatch's "Specification:
 //! Embedded metric format"), so it is written here rather than through a metrics framework.
@@ -15,28 +19,36 @@ use hookwise_core::metrics::Recorder;
 use serde_json::{json, Value};
 
 pub const NAMESPACE: &str = "Hookwise";
-/// At most this many distinct values of one duration per line (EMF allows 100).
+/// At most this many values of one metric per line (EMF's limit).
 const MAX_VALUES: usize = 100;
 
 #[derive(Debug, Default)]
 struct Recorded {
     counts: BTreeMap<&'static str, u64>,
-    /// Milliseconds (rounded to 0.1) → how many times.
-    times: BTreeMap<&'static str, BTreeMap<u64, u64>>,
+    /// Milliseconds.
+    times: BTreeMap<&'static str, Vec<f64>>,
 }
 
 /// Records one function's metrics; [`Recorder::flush`] prints them.
 #[derive(Debug)]
 pub struct EmfMetrics {
     function: String,
+    level: String,
     recorded: Mutex<Recorded>,
 }
 
 impl EmfMetrics {
-    /// `function`: the dimension's value (`deliver`, `dead-letter`, `scheduler`).
+    /// `function`: the dimension's value (`deliver`, `dead-letter`, `scheduler`); the line's
+    /// level is the function's (`AWS_LAMBDA_LOG_LEVEL`, else INFO).
     pub fn new(function: &str) -> Self {
+        let level = std::env::var("AWS_LAMBDA_LOG_LEVEL").unwrap_or_else(|_| "INFO".into());
+        Self::at_level(function, &level)
+    }
+
+    fn at_level(function: &str, level: &str) -> Self {
         Self {
             function: function.to_owned(),
+            level: level.to_owned(),
             recorded: Mutex::new(Recorded::default()),
         }
     }
@@ -50,15 +62,15 @@ impl EmfMetrics {
         }
         let mut metrics = Vec::new();
         let mut doc = serde_json::Map::new();
+        doc.insert("level".into(), json!(self.level));
         doc.insert("Function".into(), json!(self.function));
         for (name, n) in &recorded.counts {
             metrics.push(json!({"Name": name, "Unit": "Count"}));
             doc.insert((*name).into(), json!(n));
         }
-        for (name, seen) in &recorded.times {
+        for (name, seen) in recorded.times {
             metrics.push(json!({"Name": name, "Unit": "Milliseconds"}));
-            let (values, counts): (Vec<f64>, Vec<u64>) = merged(seen).into_iter().unzip();
-            doc.insert((*name).into(), json!({"Values": values, "Counts": counts}));
+            doc.insert(name.into(), json!(at_most_100(seen)));
         }
         doc.insert(
             "_aws".into(),
@@ -71,19 +83,14 @@ impl EmfMetrics {
     }
 }
 
-/// The observed values as at most [`MAX_VALUES`] (milliseconds, count) pairs: neighbours are
-/// merged into their count-weighted mean when there are more.
-fn merged(seen: &BTreeMap<u64, u64>) -> Vec<(f64, u64)> {
-    let tenths: Vec<(u64, u64)> = seen.iter().map(|(v, n)| (*v, *n)).collect();
-    let per_bucket = tenths.len().div_ceil(MAX_VALUES).max(1);
-    tenths
-        .chunks(per_bucket)
-        .map(|chunk| {
-            let n: u64 = chunk.iter().map(|(_, n)| n).sum();
-            let sum: f64 = chunk.iter().map(|(v, n)| *v as f64 * *n as f64).sum();
-            ((sum / n as f64).round() / 10.0, n)
-        })
-        .collect()
+/// The values, or, past [`MAX_VALUES`], as many evenly spaced quantiles of them (each
+/// standing for the same share, so the percentiles hold).
+fn at_most_100(mut values: Vec<f64>) -> Vec<f64> {
+    values.sort_by(f64::total_cmp);
+    if values.len() <= MAX_VALUES {
+        return values;
+    }
+    (0..MAX_VALUES).map(|i| values[i * values.len() / MAX_VALUES]).collect()
 }
 
 impl Recorder for EmfMetrics {
@@ -100,9 +107,9 @@ impl Recorder for EmfMetrics {
     }
 
     fn time(&self, name: &'static str, took: Duration) {
-        let tenths = (took.as_secs_f64() * 10_000.0).round() as u64;
+        let ms = (took.as_secs_f64() * 10_000.0).round() / 10.0;
         let mut recorded = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
-        *recorded.times.entry(name).or_default().entry(tenths).or_default() += 1;
+        recorded.times.entry(name).or_default().push(ms);
     }
 
     /// One line on standard output, where Lambda's log agent takes it.
@@ -120,7 +127,7 @@ mod tests {
 
     #[test]
     fn an_invocations_metrics_are_one_emf_document_then_nothing() {
-        let m = EmfMetrics::new("deliver");
+        let m = EmfMetrics::at_level("deliver", "WARN");
         assert_eq!(m.take_line(1), None);
         m.count(DELIVERED, 2);
         m.count(DELIVERED, 1);
@@ -132,9 +139,10 @@ mod tests {
         assert_eq!(
             line,
             json!({
+                "level": "WARN",
                 "Function": "deliver",
                 "Delivered": 3,
-                "AttemptLatency": {"Values": [35.3, 120.0], "Counts": [1, 2]},
+                "AttemptLatency": [35.3, 120.0, 120.0],
                 "_aws": {
                     "Timestamp": 1_700_000_000_000i64,
                     "CloudWatchMetrics": [{
@@ -152,21 +160,19 @@ mod tests {
     }
 
     #[test]
-    fn many_distinct_durations_fit_emfs_hundred_values_and_keep_their_count() {
-        let m = EmfMetrics::new("deliver");
+    fn many_durations_go_out_as_a_hundred_quantiles() {
+        let m = EmfMetrics::at_level("deliver", "INFO");
         for ms in 0..1000 {
-            m.time(ATTEMPT_LATENCY, Duration::from_millis(ms));
+            m.time(ATTEMPT_LATENCY, Duration::from_millis(999 - ms));
         }
         let line = m.take_line(1).unwrap();
-        let values = line["AttemptLatency"]["Values"].as_array().unwrap();
-        let counts: u64 = line["AttemptLatency"]["Counts"]
+        let values: Vec<f64> = line["AttemptLatency"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|c| c.as_u64().unwrap())
-            .sum();
-        assert!(values.len() <= MAX_VALUES, "{}", values.len());
-        assert_eq!(counts, 1000);
-        assert_eq!(values[0], json!(4.5), "the mean of 0..=9 ms");
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        assert_eq!(values.len(), MAX_VALUES);
+        assert_eq!((values[0], values[50], values[99]), (0.0, 500.0, 990.0));
     }
 }

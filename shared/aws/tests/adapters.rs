@@ -988,3 +988,86 @@ async fn given_deliveries_on_every_listing_shard_and_some_an_older_build_wrote_t
         assert_eq!(listed, newest_first, "by subscription: {}", subscription_id.is_some());
     }
 }
+
+/// Two leftovers an index or an older build can hand the adapter: a key named twice in one
+/// read (DynamoDB refuses a `BatchGetItem` that does), and an event an older build left half
+/// written in `overdue` (the sweep takes it out of the index, once).
+#[tokio::test]
+async fn given_a_key_named_twice_and_an_old_builds_unfinished_event_then_reads_and_the_sweep_go_on() {
+    let Some(env) = support::dynamodb_local_env().await else {
+        return;
+    };
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use hookwise_core::model::*;
+    let store = &env.adapters.store;
+    let client = &env.clients.dynamodb;
+    let table = &env.config.table;
+    let rng = &mut rand::rng();
+    let t = Utc.with_ymd_and_hms(2031, 6, 1, 9, 0, 0).unwrap();
+    let tenant = TenantId::generate(t, rng);
+    let sub = SubscriptionId::generate(t, rng);
+    let event = Event {
+        id: EventId::generate(t, rng),
+        tenant_id: tenant.clone(),
+        event_type: EventType::parse("order.created").unwrap(),
+        payload: serde_json::json!({"n": 1}),
+        created_at: t,
+        idempotency_key: None,
+    };
+    let d = Delivery::new(DeliveryId::for_event(&event.id, &sub), &event, sub.clone());
+    store
+        .create_event(&event, std::slice::from_ref(&d))
+        .await
+        .expect("create");
+    let event_key = [
+        ("pk", AttributeValue::S(format!("EVT#{}", event.id))),
+        ("sk", AttributeValue::S("#EVENT".into())),
+    ];
+    let mut update = client
+        .update_item()
+        .table_name(table)
+        .update_expression("SET delivery_ids = :ids, gsi_due_shard = :shard, gsi_due = :due")
+        .expression_attribute_values(
+            ":ids",
+            AttributeValue::L(vec![
+                AttributeValue::S(d.id.to_string()),
+                AttributeValue::S(d.id.to_string()),
+            ]),
+        )
+        .expression_attribute_values(":shard", AttributeValue::S("DUE#0".into()))
+        .expression_attribute_values(
+            ":due",
+            AttributeValue::S(format!("2031-06-01T08:00:00.000000Z#{}", event.id)),
+        );
+    for (name, value) in event_key.clone() {
+        update = update.key(name, value);
+    }
+    update
+        .send()
+        .await
+        .expect("the event as an older build might have left it");
+
+    let listed = store
+        .event_deliveries(&tenant, &event.id)
+        .await
+        .expect("a key named twice is read (once)");
+    assert!(!listed.is_empty() && listed.iter().all(|x| x == &d), "{listed:?}");
+
+    let swept = store
+        .overdue_deliveries(t + Duration::days(1), 100)
+        .await
+        .expect("overdue");
+    assert!(
+        swept.iter().all(|x| x.tenant_id != tenant),
+        "an event is not a delivery"
+    );
+    let mut get = client.get_item().table_name(table);
+    for (name, value) in event_key {
+        get = get.key(name, value);
+    }
+    let item = get.send().await.expect("raw get").item.expect("the event");
+    assert!(
+        !item.contains_key("gsi_due_shard"),
+        "the sweep took it out of the index"
+    );
+}

@@ -437,7 +437,14 @@ async fn given_a_key_not_of_the_api_key_form_then_it_is_refused_without_a_lookup
     let (tenant, key) = h.tenant("owner@example.com").await;
     let reads = || h.store.api_key_reads.load(SeqCst);
     let before = reads();
-    for junk in ["", "hwk_wrong", "Bearer", &key[..key.len() - 1], &format!("{key}x")] {
+    for junk in [
+        "",
+        "hwk_wrong",
+        "Bearer",
+        &key[4..],
+        &format!("{key}+"),
+        &format!("{key}{key}"),
+    ] {
         assert!(
             matches!(h.services.authenticate(junk).await, Err(Error::Unauthorized)),
             "{junk:?}"

@@ -1,7 +1,7 @@
 //! Tenants and their API keys.
 
 use super::Services;
-use crate::auth::{generate_api_key, hash_api_key, API_KEY_PREFIX};
+use crate::auth::{generate_api_key, hash_api_key, is_well_formed, API_KEY_PREFIX};
 use crate::error::{Error, Result, ValidationError};
 use crate::model::{Email, Tenant, TenantId};
 
@@ -19,10 +19,10 @@ impl Services {
         if name.is_empty() || name.len() > 200 {
             return Err(ValidationError::new("invalid_name", "a tenant name must be 1 to 200 characters").into());
         }
-        if api_key.len() < 16 || api_key.chars().any(char::is_whitespace) {
+        if !is_well_formed(api_key) {
             return Err(ValidationError::new(
                 "invalid_api_key",
-                format!("an API key must be at least 16 characters without spaces (generated ones look like `{API_KEY_PREFIX}...`)"),
+                format!("an API key is `{API_KEY_PREFIX}` and 16 to 64 letters, digits, `-` or `_`"),
             )
             .into());
         }
@@ -40,7 +40,7 @@ impl Services {
 
     /// The tenant an API key belongs to.
     pub async fn authenticate(&self, api_key: &str) -> Result<Tenant> {
-        if !crate::auth::is_well_formed(api_key) {
+        if !is_well_formed(api_key) {
             return Err(Error::Unauthorized);
         }
         self.tenant_by_api_key(api_key).await?.ok_or(Error::Unauthorized)

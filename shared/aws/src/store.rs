@@ -56,6 +56,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
     AttributeValue, KeysAndAttributes, Put, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
@@ -609,6 +610,47 @@ impl DynamoStore {
         Ok(item)
     }
 
+    /// A new event's delivery, if its item is not there yet. One that is, because an earlier
+    /// run of this keyed ingest wrote it, is left as it is: it may have been attempted since.
+    /// Unless it was attempted and its event is gone: the key's first event expired before
+    /// its delivery did (a retrying delivery's item lives up to its retry span longer), and
+    /// the key now names a new event, whose delivery starts afresh.
+    async fn put_delivery(&self, d: &Delivery) -> Result<(), PortError> {
+        let put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(self.delivery_item(d)))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await;
+        let failed = match put {
+            Ok(out) => {
+                self.charge("create event", true, out.consumed_capacity());
+                return Ok(());
+            }
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(failed)) => failed.item().cloned(),
+                _ => return Err(classify("create event", err)),
+            },
+        };
+        let Some(old) = failed else { return Ok(()) };
+        if untouched(&from_item(&old)?) || self.get(&event_key(&d.event_id), "read event").await?.is_some() {
+            return Ok(());
+        }
+        let updated_at = old.get("updated_at").cloned().unwrap_or_else(|| s(""));
+        unless_changed(
+            self.put_item(
+                self.delivery_item(d),
+                Some(("updated_at = :was", vec![(":was", updated_at)])),
+                "create event",
+            )
+            .await,
+        )
+    }
+
     /// The deliveries anyone may see: all but those whose ingest did not commit them. A
     /// delivery is written before its event, so one that never changed since its ingest
     /// ([`untouched`]) is checked against its event's list (one `BatchGetItem` for all); one
@@ -1070,24 +1112,13 @@ impl Store for DynamoStore {
     }
 
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
-        // No transaction (it bills every item and index entry twice). The deliveries first,
-        // each a conditional put: one an earlier run of this keyed ingest wrote is left as it
-        // is, for it may have been attempted since. Then the event, the commit point: until it
-        // is written, and lists them, the deliveries are not seen (`committed`).
+        // No transaction (it bills every item and index entry twice). The deliveries first
+        // (`put_delivery`), then the event, the commit point: until it is written, and lists
+        // them, the deliveries are not seen (`committed`).
         // The futures are built first: a closure in the stream trips the `Send` check.
-        let puts: Vec<_> = deliveries
-            .iter()
-            .map(|d| {
-                self.put_item(
-                    self.delivery_item(d),
-                    Some(("attribute_not_exists(pk)", Vec::new())),
-                    "create event",
-                )
-            })
-            .collect();
+        let puts: Vec<_> = deliveries.iter().map(|d| self.put_delivery(d)).collect();
         futures::stream::iter(puts)
             .buffer_unordered(CONCURRENCY * 4)
-            .map(unless_changed)
             .try_collect::<Vec<()>>()
             .await?;
         // A keyed event's id is derived from its key (`EventId::for_key`), so this

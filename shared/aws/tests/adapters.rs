@@ -1071,3 +1071,92 @@ async fn given_a_key_named_twice_and_an_old_builds_unfinished_event_then_reads_a
         "the sweep took it out of the index"
     );
 }
+
+/// A key used again after its first event expired (the retention), while that event's
+/// delivery, which retried for longer, is still stored: the new event is delivered afresh.
+#[tokio::test]
+async fn given_a_key_used_again_after_its_event_expired_but_not_its_delivery_then_the_new_event_is_delivered() {
+    let Some(env) = support::dynamodb_local_env().await else {
+        return;
+    };
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use hookwise_core::model::*;
+    use hookwise_core::ports::Created;
+    let store = &env.adapters.store;
+    let client = &env.clients.dynamodb;
+    let table = &env.config.table;
+    let rng = &mut rand::rng();
+    let t = Utc.with_ymd_and_hms(2031, 7, 1, 9, 0, 0).unwrap();
+    let tenant = TenantId::generate(t, rng);
+    let sub = SubscriptionId::generate(t, rng);
+    let keyed = |at: chrono::DateTime<Utc>| Event {
+        id: EventId::for_key(&tenant, "order-9"),
+        tenant_id: tenant.clone(),
+        event_type: EventType::parse("order.created").unwrap(),
+        payload: serde_json::json!({"n": 9}),
+        created_at: at,
+        idempotency_key: Some("order-9".into()),
+    };
+    let first = keyed(t);
+    let d = Delivery::new(DeliveryId::for_event(&first.id, &sub), &first, sub.clone());
+    assert_eq!(
+        store.create_event(&first, std::slice::from_ref(&d)).await.unwrap(),
+        Created::New
+    );
+    // Delivered on its third attempt, long ago; then its event expired (TTL deleted it).
+    client
+        .update_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(format!("DLV#{}", d.id)))
+        .key("sk", AttributeValue::S("#DELIVERY".into()))
+        .update_expression("SET #st = :delivered, attempts = :three")
+        .expression_attribute_names("#st", "status")
+        .expression_attribute_values(":delivered", AttributeValue::S("delivered".into()))
+        .expression_attribute_values(":three", AttributeValue::N("3".into()))
+        .send()
+        .await
+        .expect("delivered");
+    client
+        .delete_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(format!("EVT#{}", first.id)))
+        .key("sk", AttributeValue::S("#EVENT".into()))
+        .send()
+        .await
+        .expect("the event expired");
+
+    let again = keyed(t + Duration::days(40));
+    let fresh = Delivery::new(DeliveryId::for_event(&again.id, &sub), &again, sub.clone());
+    assert_eq!(fresh.id, d.id, "the same key names the same delivery");
+    assert_eq!(
+        store.create_event(&again, std::slice::from_ref(&fresh)).await.unwrap(),
+        Created::New
+    );
+    let stored = store.get_delivery(&d.id).await.unwrap().expect("the delivery");
+    assert_eq!(stored, fresh, "a new delivery, due for its first attempt");
+    assert_eq!(
+        store.event_deliveries(&tenant, &again.id).await.unwrap(),
+        vec![fresh.clone()]
+    );
+
+    // While its event is there, an attempted delivery is left as it is (a racing request).
+    client
+        .update_item()
+        .table_name(table)
+        .key("pk", AttributeValue::S(format!("DLV#{}", d.id)))
+        .key("sk", AttributeValue::S("#DELIVERY".into()))
+        .update_expression("SET #st = :delivered, attempts = :one")
+        .expression_attribute_names("#st", "status")
+        .expression_attribute_values(":delivered", AttributeValue::S("delivered".into()))
+        .expression_attribute_values(":one", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .expect("delivered");
+    let racing = keyed(t + Duration::days(40) + Duration::seconds(1));
+    assert_eq!(
+        store.create_event(&racing, std::slice::from_ref(&fresh)).await.unwrap(),
+        Created::Existing(again.id.clone())
+    );
+    let kept = store.get_delivery(&d.id).await.unwrap().unwrap();
+    assert_eq!((kept.status, kept.attempts), (DeliveryStatus::Delivered, 1));
+}

@@ -600,14 +600,7 @@ impl DynamoStore {
 
     async fn event(&self, id: &EventId, what: &str) -> Result<Option<Item>, PortError> {
         let key = event_key(id);
-        if let Some(item) = self.recent_events.get(&key.0) {
-            return Ok(Some(item));
-        }
-        let item = self.get(&key, what).await?;
-        if let Some(item) = &item {
-            self.recent_events.keep(&key.0, item);
-        }
-        Ok(item)
+        Ok(self.events(std::slice::from_ref(&key), what).await?.remove(&key.0))
     }
 
     /// A new event's delivery, if its item is not there yet. One that is, because an earlier
@@ -654,18 +647,23 @@ impl DynamoStore {
     /// The deliveries anyone may see: all but those whose ingest did not commit them. A
     /// delivery is written before its event, so one that never changed since its ingest
     /// ([`untouched`]) is checked against its event's list (one `BatchGetItem` for all); one
-    /// that changed was seen, so committed, before.
-    async fn committed(&self, deliveries: Vec<Delivery>, what: &str) -> Result<Vec<Delivery>, PortError> {
-        let mut events: Vec<Key> = deliveries
+    /// that changed was seen, so committed, before. `items` are deliveries, or carry one
+    /// (`delivery` gives it).
+    async fn committed<T: Send>(
+        &self,
+        items: Vec<T>,
+        delivery: fn(&T) -> &Delivery,
+        what: &str,
+    ) -> Result<Vec<T>, PortError> {
+        let events: Vec<Key> = items
             .iter()
+            .map(delivery)
             .filter(|d| untouched(d))
             .map(|d| event_key(&d.event_id))
             .collect();
         if events.is_empty() {
-            return Ok(deliveries);
+            return Ok(items);
         }
-        events.sort();
-        events.dedup();
         let found = self.events(&events, what).await?;
         let lists = |d: &Delivery| {
             let listed = found
@@ -674,7 +672,10 @@ impl DynamoStore {
                 .and_then(|ids| ids.as_l().ok());
             listed.is_some_and(|ids| ids.iter().any(|id| id.as_s().is_ok_and(|id| id == d.id.as_str())))
         };
-        Ok(deliveries.into_iter().filter(|d| !untouched(d) || lists(d)).collect())
+        Ok(items
+            .into_iter()
+            .filter(|item| !untouched(delivery(item)) || lists(delivery(item)))
+            .collect())
     }
 
     /// One page of a tenant's deliveries from `index`, newest first, read whole.
@@ -717,14 +718,7 @@ impl DynamoStore {
                     candidates.push((created.clone(), d));
                 }
             }
-            let (created, deliveries): (Vec<String>, Vec<Delivery>) = candidates.into_iter().unzip();
-            let seen = self.committed(deliveries.clone(), "list deliveries").await?;
-            found.extend(
-                created
-                    .into_iter()
-                    .zip(deliveries)
-                    .filter(|(_, d)| seen.iter().any(|c| c.id == d.id)),
-            );
+            found.extend(self.committed(candidates, |(_, d)| d, "list deliveries").await?);
             let next = keys.last().filter(|_| more).map(|(created, _)| created.clone());
             match next {
                 Some(c) if found.len() <= limit && scanned_pages >= MAX_SCANNED_PAGES => {
@@ -1169,7 +1163,10 @@ impl Store for DynamoStore {
         let Some(item) = self.get(&delivery_key(id), "get delivery").await? else {
             return Ok(None);
         };
-        Ok(self.committed(vec![from_item(&item)?], "get delivery").await?.pop())
+        Ok(self
+            .committed(vec![from_item(&item)?], |d| d, "get delivery")
+            .await?
+            .pop())
     }
 
     async fn list_deliveries(&self, tenant: &TenantId, query: &DeliveryQuery) -> PortResult<DeliveryPage> {

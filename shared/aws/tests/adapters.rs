@@ -338,6 +338,46 @@ async fn given_a_message_on_sqs_the_consumer_port_receives_returns_and_acks_it()
     );
 }
 
+/// An `order.created` event of `tenant` at `at` with payload `{"n": n}`: with a key, its id
+/// derived from it as the services derive it.
+fn order_event(
+    tenant: &hookwise_core::model::TenantId,
+    at: chrono::DateTime<Utc>,
+    key: Option<&str>,
+    n: i64,
+) -> hookwise_core::model::Event {
+    use hookwise_core::model::*;
+    Event {
+        id: match key {
+            Some(key) => EventId::for_key(tenant, key),
+            None => EventId::generate(at, &mut rand::rng()),
+        },
+        tenant_id: tenant.clone(),
+        event_type: EventType::parse("order.created").unwrap(),
+        payload: serde_json::json!({ "n": n }),
+        created_at: at,
+        idempotency_key: key.map(str::to_owned),
+    }
+}
+
+/// `event` stored with its one delivery to `sub` (its id as the services derive it).
+async fn stored_with_delivery(
+    store: &hookwise_aws::DynamoStore,
+    event: &hookwise_core::model::Event,
+    sub: &hookwise_core::model::SubscriptionId,
+) -> hookwise_core::model::Delivery {
+    use hookwise_core::model::*;
+    let d = Delivery::new(DeliveryId::for_event(&event.id, sub), event, sub.clone());
+    assert_eq!(
+        store
+            .create_event(event, std::slice::from_ref(&d))
+            .await
+            .expect("create"),
+        hookwise_core::ports::Created::New
+    );
+    d
+}
+
 /// Fails the requests of one DynamoDB operation once lit, after letting a number through: a
 /// call dies half way, as a crash or a throttling spell between its requests would leave it.
 #[derive(Debug, Clone)]
@@ -414,17 +454,7 @@ async fn given_an_ingest_that_died_before_its_event_then_none_of_its_deliveries_
     let now = Utc::now();
     let tenant = TenantId::generate(now, rng);
     let subs: Vec<SubscriptionId> = (0..150).map(|_| SubscriptionId::generate(now, rng)).collect();
-    let event = |key: Option<&str>, at, rng: &mut rand::rngs::ThreadRng| Event {
-        id: match key {
-            Some(key) => EventId::for_key(&tenant, key),
-            None => EventId::generate(at, rng),
-        },
-        tenant_id: tenant.clone(),
-        event_type: EventType::parse("order.created").unwrap(),
-        payload: serde_json::json!({"n": 1}),
-        created_at: at,
-        idempotency_key: key.map(str::to_owned),
-    };
+    let event = |key: Option<&str>, at| order_event(&tenant, at, key, 1);
     // As the services name them: derived from the event's and the subscription's ids.
     let deliveries = |e: &Event| -> Vec<Delivery> {
         subs.iter()
@@ -480,7 +510,7 @@ async fn given_an_ingest_that_died_before_its_event_then_none_of_its_deliveries_
     };
 
     // With a key: the 150 deliveries are written, the event is not.
-    let first = event(Some("big-1"), now, rng);
+    let first = event(Some("big-1"), now);
     let first_deliveries = deliveries(&first);
     fuse.light(150);
     let died = fused.create_event(&first, &first_deliveries).await;
@@ -501,7 +531,7 @@ async fn given_an_ingest_that_died_before_its_event_then_none_of_its_deliveries_
         .is_empty());
 
     // The client's retry, with the same key, commits them all.
-    let retry = event(Some("big-1"), now + Duration::seconds(2), rng);
+    let retry = event(Some("big-1"), now + Duration::seconds(2));
     assert_eq!(
         store.create_event(&retry, &deliveries(&retry)).await.expect("retry"),
         Created::New
@@ -519,7 +549,7 @@ async fn given_an_ingest_that_died_before_its_event_then_none_of_its_deliveries_
 
     // Without a key nothing retries it: its deliveries stay unseen, and the sweep does not
     // look after them (their messages, sent first, are dropped once old).
-    let lost = event(None, now + Duration::seconds(3), rng);
+    let lost = event(None, now + Duration::seconds(3));
     let lost_deliveries = deliveries(&lost);
     fuse.light(150);
     assert!(fused.create_event(&lost, &lost_deliveries).await.is_err());
@@ -903,20 +933,8 @@ async fn given_deliveries_on_every_listing_shard_and_some_an_older_build_wrote_t
     let sub = SubscriptionId::generate(t, rng);
     let mut made = Vec::new();
     for i in 0..90 {
-        let event = Event {
-            id: EventId::generate(t, rng),
-            tenant_id: tenant.clone(),
-            event_type: EventType::parse("order.created").unwrap(),
-            payload: serde_json::json!({"n": i}),
-            created_at: t + Duration::seconds(i),
-            idempotency_key: None,
-        };
-        let d = Delivery::new(DeliveryId::for_event(&event.id, &sub), &event, sub.clone());
-        store
-            .create_event(&event, std::slice::from_ref(&d))
-            .await
-            .expect("create");
-        made.push(d);
+        let event = order_event(&tenant, t + Duration::seconds(i), None, i);
+        made.push(stored_with_delivery(store, &event, &sub).await);
     }
     let index_key = |d: &Delivery, attr: &str| {
         let client = client.clone();
@@ -1006,19 +1024,8 @@ async fn given_a_key_named_twice_and_an_old_builds_unfinished_event_then_reads_a
     let t = Utc.with_ymd_and_hms(2031, 6, 1, 9, 0, 0).unwrap();
     let tenant = TenantId::generate(t, rng);
     let sub = SubscriptionId::generate(t, rng);
-    let event = Event {
-        id: EventId::generate(t, rng),
-        tenant_id: tenant.clone(),
-        event_type: EventType::parse("order.created").unwrap(),
-        payload: serde_json::json!({"n": 1}),
-        created_at: t,
-        idempotency_key: None,
-    };
-    let d = Delivery::new(DeliveryId::for_event(&event.id, &sub), &event, sub.clone());
-    store
-        .create_event(&event, std::slice::from_ref(&d))
-        .await
-        .expect("create");
+    let event = order_event(&tenant, t, None, 1);
+    let d = stored_with_delivery(store, &event, &sub).await;
     let event_key = [
         ("pk", AttributeValue::S(format!("EVT#{}", event.id))),
         ("sk", AttributeValue::S("#EVENT".into())),
@@ -1089,20 +1096,9 @@ async fn given_a_key_used_again_after_its_event_expired_but_not_its_delivery_the
     let t = Utc.with_ymd_and_hms(2031, 7, 1, 9, 0, 0).unwrap();
     let tenant = TenantId::generate(t, rng);
     let sub = SubscriptionId::generate(t, rng);
-    let keyed = |at: chrono::DateTime<Utc>| Event {
-        id: EventId::for_key(&tenant, "order-9"),
-        tenant_id: tenant.clone(),
-        event_type: EventType::parse("order.created").unwrap(),
-        payload: serde_json::json!({"n": 9}),
-        created_at: at,
-        idempotency_key: Some("order-9".into()),
-    };
+    let keyed = |at| order_event(&tenant, at, Some("order-9"), 9);
     let first = keyed(t);
-    let d = Delivery::new(DeliveryId::for_event(&first.id, &sub), &first, sub.clone());
-    assert_eq!(
-        store.create_event(&first, std::slice::from_ref(&d)).await.unwrap(),
-        Created::New
-    );
+    let d = stored_with_delivery(store, &first, &sub).await;
     // Delivered on its third attempt, long ago; then its event expired (TTL deleted it).
     client
         .update_item()

@@ -86,6 +86,29 @@ pub fn spawn_until_ready(command: &mut Command, mut ready: impl FnMut(&str) -> b
 }
 
 /// A running `hookwise dev`.
+/// `hookwise tenant <args>` with `env` set: its stdout, or a panic with its stderr.
+pub fn tenant_cli(args: &[&str], env: &[(String, String)]) -> String {
+    let out = Command::new(hookwise_bin())
+        .arg("tenant")
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("HOOKWISE_LOG", "warn")
+        .output()
+        .expect("hookwise tenant runs");
+    assert!(
+        out.status.success(),
+        "hookwise tenant {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// `hookwise tenant <args> --json`, parsed.
+pub fn tenant_cli_json(args: &[&str], env: &[(String, String)]) -> Value {
+    let out = tenant_cli(args, env);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
 pub struct Dev {
     child: Child,
     pub base: String,

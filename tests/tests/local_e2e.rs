@@ -454,3 +454,93 @@ async fn given_a_running_dev_then_a_second_on_its_data_dir_refuses_and_tenant_cr
     let out: serde_json::Value = serde_json::from_slice(&tenant.stdout).expect("JSON");
     assert!(out["api_key"].as_str().is_some_and(|k| k.starts_with("hwk_")), "{out}");
 }
+
+/// Polls until `key` answers `want` on `dev`; how long that took.
+async fn until_key_answers(api: &hookwise_tests::Api, key: &str, want: u16, within: Duration) -> Duration {
+    let started = std::time::Instant::now();
+    loop {
+        let (status, _) = api.with_key(key).get("/v1/subscriptions").await;
+        if status == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "{key} still answers {status} after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn given_the_tenant_commands_beside_a_running_dev_then_a_rotation_keeps_both_keys_and_a_revoked_one_is_refused_within_the_cache_time(
+) {
+    let dir = TempDir::new("tenant-admin");
+    let dev = Dev::start(&dir.0, &[]);
+    let api = dev.api();
+    let data_dir = dir.0.to_str().unwrap();
+    let on = ["--data-dir", data_dir];
+    let cli = |args: &[&str]| hookwise_tests::tenant_cli(&[args, &on[..]].concat(), &[]);
+    let json = |args: &[&str]| hookwise_tests::tenant_cli_json(&[args, &on[..]].concat(), &[]);
+
+    let created = json(&["create", "--name", "Carol", "--owner-email", "carol@example.com"]);
+    let (id, old_key) = (created["id"].as_str().unwrap(), created["api_key"].as_str().unwrap());
+    assert_eq!(api.with_key(old_key).get("/v1/subscriptions").await.0, 200);
+
+    let table = cli(&["list"]);
+    assert!(table.starts_with("ID "), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(id) && l.contains("carol@example.com") && l.ends_with("Carol")),
+        "{table}"
+    );
+    let listed = json(&["list", "--json"]);
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        2,
+        "dev's own tenant and Carol: {listed}"
+    );
+
+    let set = json(&["set", id, "--retries", "off", "--name", "Carol B", "--json"]);
+    assert_eq!(
+        (set["retries_enabled"].as_bool(), set["name"].as_str()),
+        (Some(false), Some("Carol B"))
+    );
+    let shown = cli(&["show", id]);
+    assert!(shown.contains("retries:     off"), "{shown}");
+
+    let rotated = json(&["rotate-key", id]);
+    let new_key = rotated["api_key"].as_str().unwrap();
+    assert_ne!(new_key, old_key);
+    for key in [old_key, new_key] {
+        assert_eq!(
+            api.with_key(key).get("/v1/subscriptions").await.0,
+            200,
+            "both keys work"
+        );
+    }
+    let shown = json(&["show", id, "--json"]);
+    let key_ids: Vec<&str> = shown["api_keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(key_ids.len(), 2, "{shown}");
+    assert_eq!(key_ids[1], rotated["key_id"].as_str().unwrap());
+
+    // A third key waits for a revocation: a clear error, not a crash.
+    let third = std::process::Command::new(hookwise_bin())
+        .args(["tenant", "rotate-key", id, "--data-dir", data_dir])
+        .output()
+        .unwrap();
+    assert_eq!(third.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&third.stderr).contains("revoke one first"));
+
+    let revoked = json(&["revoke-key", id, "--key-id", key_ids[0], "--json"]);
+    assert_eq!(revoked["api_keys"].as_array().unwrap().len(), 1);
+    // dev used the old key a moment ago: it may take it until its lookup is 30 s old.
+    let took = until_key_answers(&api, old_key, 401, Duration::from_secs(35)).await;
+    eprintln!("the revoked key answered 401 after {took:?}");
+    assert_eq!(api.with_key(new_key).get("/v1/subscriptions").await.0, 200);
+}

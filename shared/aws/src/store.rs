@@ -3,7 +3,8 @@
 //!
 //! | item               | `pk`                     | `sk`                          |
 //! |--------------------|--------------------------|-------------------------------|
-//! | tenant             | `TEN#{tenant}`           | `#TENANT`                     |
+//! | tenant             | `TEN#{tenant}`           | `#TENANT` (+ its keys' hashes) |
+//! | tenant directory   | `TENANTS`                | `TEN#{tenant}` (to list them) |
 //! | subscription       | `TEN#{tenant}`           | `SUB#{subscription}`          |
 //! | API key (hash)     | `KEY#{sha256}`           | `#KEY` (a copy of the tenant) |
 //! | event              | `EVT#{event}`            | `#EVENT` (+ its delivery ids) |
@@ -59,8 +60,8 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, KeysAndAttributes, Put, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
-    TransactWriteItem, Update,
+    AttributeValue, Delete, KeysAndAttributes, Put, ReturnConsumedCapacity, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, TransactWriteItem, Update,
 };
 use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, Utc};
@@ -142,6 +143,11 @@ fn key_item((pk, sk): &Key) -> Item {
 
 fn tenant_key(id: &TenantId) -> Key {
     (format!("TEN#{id}"), "#TENANT".into())
+}
+/// One partition listing every tenant (a handful of writes a day: no need to spread it).
+const TENANT_DIRECTORY: &str = "TENANTS";
+fn directory_key(id: &TenantId) -> Key {
+    (TENANT_DIRECTORY.into(), format!("TEN#{id}"))
 }
 fn api_key_key(hash: &str) -> Key {
     (format!("KEY#{hash}"), "#KEY".into())
@@ -1002,16 +1008,88 @@ const EXPECTED_STATE: &str = "attribute_exists(pk) AND #status = :status AND #ro
 
 #[async_trait]
 impl Store for DynamoStore {
-    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> PortResult<()> {
-        let items = vec![
-            self.put_new(with_key(to_item(tenant), &api_key_key(api_key_hash), "api_key"))?,
+    async fn create_tenant(&self, tenant: &Tenant) -> PortResult<()> {
+        let mut items = vec![
             self.put_new(with_key(to_item(tenant), &tenant_key(&tenant.id), "tenant"))?,
+            self.put(key_item(&directory_key(&tenant.id)), None)?,
         ];
+        for key in &tenant.api_keys {
+            items.push(self.put_new(with_key(to_item(tenant), &api_key_key(&key.hash), "api_key"))?);
+        }
         match self.transact(items, None, "create tenant").await {
             Ok(()) => Ok(()),
             Err(TxFailure::Condition(_)) => {
                 Err(PortError::ConditionFailed("API key or tenant id already in use".into()))
             }
+            Err(TxFailure::Other(e)) => Err(e),
+        }
+    }
+
+    async fn list_tenants(&self, after: Option<&TenantId>, limit: u32) -> PortResult<Vec<Tenant>> {
+        let from = after.map_or_else(|| "TEN#".to_owned(), |a| directory_key(a).1);
+        let q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND sk > :from")
+            .expression_attribute_values(":pk", s(TENANT_DIRECTORY))
+            .expression_attribute_values(":from", s(&from));
+        let entries = self.query_up_to(q, limit as usize, "list tenants").await?;
+        let keys: Vec<Key> = entries
+            .iter()
+            .map(|e| {
+                let id = get_s(e, SK)?.trim_start_matches("TEN#");
+                let id = TenantId::parse(id).map_err(|err| corrupt("tenant directory", err.to_string()))?;
+                Ok(tenant_key(&id))
+            })
+            .collect::<Result<_, PortError>>()?;
+        let found = self.batch_get(&keys, "list tenants").await?;
+        // By id, as the directory lists them; one whose item is gone is left out.
+        keys.iter().filter_map(|k| found.get(&k.0)).map(from_item).collect()
+    }
+
+    async fn update_tenant(&self, tenant: &Tenant, read: &Tenant) -> PortResult<()> {
+        // Written only if still as read: an item an older build wrote has no version yet.
+        let condition = if read.version == 0 {
+            "attribute_exists(pk) AND (attribute_not_exists(#version) OR #version = :version)"
+        } else {
+            "attribute_exists(pk) AND #version = :version"
+        };
+        let put_tenant = Put::builder()
+            .table_name(&self.table)
+            .set_item(Some(with_key(to_item(tenant), &tenant_key(&tenant.id), "tenant")))
+            .condition_expression(condition)
+            .expression_attribute_names("#version", "version")
+            .expression_attribute_values(":version", n(read.version))
+            .build()
+            .map_err(|e| build_err("put", e))?;
+        let (claimed, freed) = tenant.key_changes(read);
+        let mut items = vec![
+            TransactWriteItem::builder().put(put_tenant).build(),
+            // An older build listed no tenants: a change lists this one.
+            self.put(key_item(&directory_key(&tenant.id)), None)?,
+        ];
+        // Every key item holds a copy of the tenant: the kept ones are written afresh.
+        for key in &tenant.api_keys {
+            let item = with_key(to_item(tenant), &api_key_key(&key.hash), "api_key");
+            let claims = claimed.iter().any(|c| c.hash == key.hash);
+            items.push(self.put(item, claims.then_some("attribute_not_exists(pk)"))?);
+        }
+        for key in freed {
+            let delete = Delete::builder()
+                .table_name(&self.table)
+                .set_key(Some(key_item(&api_key_key(&key.hash))))
+                .build()
+                .map_err(|e| build_err("delete", e))?;
+            items.push(TransactWriteItem::builder().delete(delete).build());
+        }
+        match self.transact(items, None, "update tenant").await {
+            Ok(()) => Ok(()),
+            Err(TxFailure::Condition(_)) => Err(PortError::ConditionFailed(format!(
+                "tenant `{}` changed since it was read, is gone, or a new key is in use",
+                tenant.id
+            ))),
             Err(TxFailure::Other(e)) => Err(e),
         }
     }

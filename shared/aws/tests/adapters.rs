@@ -4,6 +4,8 @@
 
 mod support;
 
+use std::collections::HashMap;
+
 use chrono::{Duration, TimeZone, Utc};
 use hookwise_aws::AwsClients;
 use hookwise_aws::RequestCounter;
@@ -1155,4 +1157,78 @@ async fn given_a_key_used_again_after_its_event_expired_but_not_its_delivery_the
     );
     let kept = store.get_delivery(&d.id).await.unwrap().unwrap();
     assert_eq!((kept.status, kept.attempts), (DeliveryStatus::Delivered, 1));
+}
+
+/// A tenant an older build wrote: its item and its one key's copy, with neither a version
+/// nor its keys listed, and no entry in the directory. A change lists it and versions it;
+/// its key, named by value, is revoked like any other.
+#[tokio::test]
+async fn given_a_tenant_an_older_build_wrote_then_its_key_can_be_revoked_and_a_change_lists_it() {
+    let Some(env) = support::dynamodb_local_env().await else {
+        return;
+    };
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use hookwise_core::model::*;
+    use hookwise_core::services::{KeyRef, Services};
+    // A process of its own: nothing kept from another's lookups.
+    let process = || {
+        Services::new(
+            env.adapters.ports(
+                std::sync::Arc::new(hookwise_core::ports::NoSender),
+                std::sync::Arc::new(hookwise_core::ports::SystemClock),
+            ),
+            hookwise_core::services::Config::default(),
+            rand::SeedableRng::from_os_rng(),
+        )
+    };
+    let services = process();
+    let rng = &mut rand::rng();
+    let id = TenantId::generate(Utc::now(), rng);
+    let key = hookwise_core::auth::generate_api_key(rng);
+    let old_item = |pk: String, sk: &str, kind: &str| {
+        HashMap::from([
+            ("pk".to_owned(), AttributeValue::S(pk)),
+            ("sk".to_owned(), AttributeValue::S(sk.into())),
+            ("kind".to_owned(), AttributeValue::S(kind.into())),
+            ("id".to_owned(), AttributeValue::S(id.to_string())),
+            ("name".to_owned(), AttributeValue::S("Old".into())),
+            ("owner_email".to_owned(), AttributeValue::S("old@example.com".into())),
+            ("retries_enabled".to_owned(), AttributeValue::Bool(true)),
+            (
+                "created_at".to_owned(),
+                AttributeValue::S("2026-01-01T00:00:00Z".into()),
+            ),
+        ])
+    };
+    let hash = hookwise_core::auth::hash_api_key(&key);
+    for item in [
+        old_item(format!("TEN#{id}"), "#TENANT", "tenant"),
+        old_item(format!("KEY#{hash}"), "#KEY", "api_key"),
+    ] {
+        env.clients
+            .dynamodb
+            .put_item()
+            .table_name(&env.config.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .expect("write as an older build");
+    }
+    let listed = || async { services.all_tenants().await.unwrap().iter().any(|t| t.id == id) };
+    assert_eq!(services.authenticate(&key).await.unwrap().id, id);
+    assert!(services.tenant(&id).await.unwrap().api_keys.is_empty());
+    assert!(!listed().await, "an older build listed no tenants");
+
+    // Named by id it is unknown (its tenant does not list it); by value, it goes.
+    let (rotated, new_key) = services.rotate_api_key(&id).await.unwrap();
+    assert_eq!((rotated.version, rotated.api_keys.len()), (1, 1));
+    assert!(listed().await, "a change lists it");
+    let revoked = services.revoke_api_key(&id, &KeyRef::Key(key.clone())).await.unwrap();
+    assert_eq!(revoked.api_keys, rotated.api_keys);
+    let fresh = process();
+    assert!(matches!(
+        fresh.authenticate(&key).await,
+        Err(hookwise_core::Error::Unauthorized)
+    ));
+    assert_eq!(fresh.authenticate(&new_key).await.unwrap().id, id);
 }

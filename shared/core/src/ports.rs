@@ -76,10 +76,19 @@ pub struct DeliveryPage {
 /// Durable state: tenants, subscriptions, events, deliveries, attempts, endpoint health.
 #[async_trait]
 pub trait Store: Send + Sync {
-    /// `api_key_hash` is [`crate::auth::hash_api_key`] of the tenant's key; keys are never stored.
-    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> PortResult<()>;
+    /// A new tenant and its `api_keys` (hashes: keys are never stored). `ConditionFailed` if
+    /// its id or one of its keys is in use.
+    async fn create_tenant(&self, tenant: &Tenant) -> PortResult<()>;
+    /// The tenant holding the key whose [`crate::auth::hash_api_key`] this is.
     async fn tenant_by_api_key(&self, api_key_hash: &str) -> PortResult<Option<Tenant>>;
     async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>>;
+    /// Tenants by id, the first `limit` after `after`.
+    async fn list_tenants(&self, after: Option<&TenantId>, limit: u32) -> PortResult<Vec<Tenant>>;
+    /// Replace a tenant that is still as `read` (its `version`; `tenant.version` is the next),
+    /// and its keys with it: a key in `tenant.api_keys` and not in `read.api_keys` is claimed
+    /// (`ConditionFailed` if in use), one in `read.api_keys` and not in `tenant.api_keys`
+    /// finds no tenant from now on. `ConditionFailed` if the tenant changed since or is gone.
+    async fn update_tenant(&self, tenant: &Tenant, read: &Tenant) -> PortResult<()>;
 
     /// A new subscription; `ConditionFailed` if one with its id exists.
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()>;

@@ -5,7 +5,9 @@ use chrono::Duration;
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, SendOutcome, Store};
-use hookwise_core::services::{Config, DeliverOutcome, NewEvent, NewSubscription};
+use hookwise_core::services::{
+    Config, DeliverOutcome, KeyRef, NewEvent, NewSubscription, Ports, Services, TenantPatch,
+};
 use hookwise_core::signing;
 use hookwise_core::testing::memory::{status_outcome, Harness, ScriptedSender};
 use hookwise_core::Error;
@@ -338,9 +340,8 @@ async fn given_a_duplicated_message_then_no_second_attempt_is_made_or_recorded()
 #[tokio::test]
 async fn given_retries_switched_off_for_the_tenant_then_the_first_failure_is_final() {
     let h = Harness::new(ScriptedSender::always(500));
-    let (mut tenant, _) = h.tenant("owner@example.com").await;
-    tenant.retries_enabled = false;
-    h.store.create_tenant(&tenant, "other-hash").await.unwrap(); // overwrite the flag
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let tenant = h.services.set_tenant_retries(&tenant.id, false).await.unwrap();
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
         .await
@@ -1446,4 +1447,113 @@ async fn given_a_recorder_then_deliveries_by_outcome_their_latency_queue_lag_and
     // Flushing is the host's (the Lambda handlers flush after each invocation).
     h.services.flush_metrics();
     assert_eq!(recorded.flushes.load(std::sync::atomic::Ordering::SeqCst), 1);
+}
+
+/// Services of another process on the same ports: the operator's `hookwise tenant`.
+fn operator(h: &Harness) -> Services {
+    let ports = Ports {
+        store: h.store.clone(),
+        queue: h.queue.clone(),
+        scheduler: h.scheduler.clone(),
+        mailer: h.mailer.clone(),
+        sender: h.sender.clone(),
+        clock: h.clock.clone(),
+    };
+    Services::new(ports, Config::default(), rand::SeedableRng::seed_from_u64(7))
+}
+
+#[tokio::test]
+async fn given_a_rotation_then_both_keys_work_until_one_is_revoked_and_a_warm_process_refuses_it_within_the_cache_time()
+{
+    let h = Harness::new(ScriptedSender::always(200));
+    let admin = operator(&h);
+    let (tenant, old_key) = h.tenant("owner@example.com").await;
+    // The warm process has used the old key: it keeps its tenant for the lookup's lifetime.
+    assert_eq!(h.services.authenticate(&old_key).await.unwrap().id, tenant.id);
+
+    let (rotated, new_key) = admin.rotate_api_key(&tenant.id).await.unwrap();
+    assert_eq!(rotated.api_keys.len(), 2);
+    assert_eq!(h.services.authenticate(&old_key).await.unwrap().id, tenant.id);
+    assert_eq!(h.services.authenticate(&new_key).await.unwrap().id, tenant.id);
+    // Two at most: a third waits for a revocation.
+    assert!(matches!(
+        admin.rotate_api_key(&tenant.id).await,
+        Err(Error::Conflict(_))
+    ));
+
+    let old_id = rotated.api_keys[0].id().to_owned();
+    let unknown = KeyRef::Id("0123456789ab".into());
+    assert!(matches!(
+        admin.revoke_api_key(&tenant.id, &unknown).await,
+        Err(Error::NotFound { .. })
+    ));
+    let revoked = admin.revoke_api_key(&tenant.id, &KeyRef::Id(old_id)).await.unwrap();
+    assert_eq!(revoked.api_keys.len(), 1);
+    // Refused at once by a process that never used it; by the warm one, once its entry is
+    // as old as the lookup's time to live, and not before.
+    assert!(matches!(admin.authenticate(&old_key).await, Err(Error::Unauthorized)));
+    h.clock.advance(Duration::seconds(29));
+    assert_eq!(h.services.authenticate(&old_key).await.unwrap().id, tenant.id);
+    h.clock.advance(Duration::seconds(2));
+    assert!(matches!(
+        h.services.authenticate(&old_key).await,
+        Err(Error::Unauthorized)
+    ));
+    assert_eq!(h.services.authenticate(&new_key).await.unwrap().id, tenant.id);
+
+    // Named by the key itself, the last one goes too: the tenant is locked out.
+    let none = admin
+        .revoke_api_key(&tenant.id, &KeyRef::Key(new_key.clone()))
+        .await
+        .unwrap();
+    assert!(none.api_keys.is_empty());
+    assert!(matches!(admin.authenticate(&new_key).await, Err(Error::Unauthorized)));
+}
+
+#[tokio::test]
+async fn given_a_tenant_change_then_it_is_stored_listed_and_validated() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (a, _) = h.tenant("a@example.com").await;
+    let (b, _) = h.tenant("b@example.com").await;
+    let patch = TenantPatch {
+        name: Some("  Renamed ".into()),
+        owner_email: Some(Email::parse("new@example.com").unwrap()),
+        retries_enabled: Some(false),
+    };
+    let changed = h.services.update_tenant(&a.id, &patch).await.unwrap();
+    assert_eq!(
+        (
+            changed.name.as_str(),
+            changed.owner_email.as_str(),
+            changed.retries_enabled
+        ),
+        ("Renamed", "new@example.com", false)
+    );
+    assert_eq!(changed.version, a.version + 1);
+    assert_eq!(h.services.tenant(&a.id).await.unwrap(), changed);
+    let ids: Vec<TenantId> = h
+        .services
+        .all_tenants()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.id)
+        .collect();
+    let mut want = vec![a.id.clone(), b.id.clone()];
+    want.sort();
+    assert_eq!(ids, want);
+
+    let blank = TenantPatch {
+        name: Some(" ".into()),
+        ..TenantPatch::default()
+    };
+    assert!(matches!(
+        h.services.update_tenant(&b.id, &blank).await,
+        Err(Error::Validation(e)) if e.code == "invalid_name"
+    ));
+    let ghost = TenantId::generate(h.clock.now(), &mut rand::rng());
+    assert!(matches!(
+        h.services.set_tenant_retries(&ghost, true).await,
+        Err(Error::NotFound { what: "tenant", .. })
+    ));
 }

@@ -37,11 +37,10 @@ async fn main() {
         owner_email: Email::parse("bench@example.com").unwrap(),
         retries_enabled: true,
         created_at: now,
+        api_keys: Vec::new(),
+        version: 0,
     };
-    backend
-        .create_tenant(&tenant, &format!("bench-{}", tenant.id))
-        .await
-        .unwrap();
+    backend.create_tenant(&tenant).await.unwrap();
     let sub = Subscription {
         id: SubscriptionId::generate(now, &mut rng),
         tenant_id: tenant.id.clone(),

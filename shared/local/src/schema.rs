@@ -8,14 +8,18 @@ use rusqlite::Connection;
 use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 
 /// 2: `dead_notices.sent_at`. 3: `notices` (who is told, and when) and `digests` replace
-/// `dead_notices`.
-const VERSION: i64 = 3;
+/// `dead_notices`. 4: `api_keys`, so a tenant can hold two (`tenants.api_key_hash` goes).
+const VERSION: i64 = 4;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS tenants (
     id            TEXT PRIMARY KEY,
-    api_key_hash  TEXT NOT NULL UNIQUE,
     doc           TEXT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS api_keys (
+    hash       TEXT PRIMARY KEY,
+    tenant_id  TEXT NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS subscriptions (
@@ -174,6 +178,27 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
              DROP TABLE dead_notices;",
         )
         .map_err(|e| db_err("upgrade the schema to version 3", e))?;
+    }
+    let has_key_column: bool = tx
+        .query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('tenants') WHERE name = 'api_key_hash'",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(|e| db_err("read the schema", e))?;
+    if has_key_column {
+        // Each tenant's one key moves to `api_keys`, and is listed on the tenant.
+        tx.execute_batch(
+            "INSERT OR IGNORE INTO api_keys (hash, tenant_id) SELECT api_key_hash, id FROM tenants;
+             CREATE TABLE tenants_v4 (id TEXT PRIMARY KEY, doc TEXT NOT NULL);
+             INSERT INTO tenants_v4 (id, doc)
+                 SELECT id, json_set(doc, '$.api_keys', json_array(json_object(
+                     'hash', api_key_hash, 'created_at', json_extract(doc, '$.created_at'))))
+                 FROM tenants;
+             DROP TABLE tenants;
+             ALTER TABLE tenants_v4 RENAME TO tenants;",
+        )
+        .map_err(|e| db_err("upgrade the schema to version 4", e))?;
     }
     tx.pragma_update(None, "user_version", VERSION)
         .map_err(|e| db_err("set user_version", e))?;

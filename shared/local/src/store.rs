@@ -91,21 +91,28 @@ fn query_doc<T: serde::de::DeserializeOwned>(
 
 #[async_trait]
 impl Store for LocalBackend {
-    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> PortResult<()> {
+    async fn create_tenant(&self, tenant: &Tenant) -> PortResult<()> {
         let id = tenant.id.to_string();
-        let hash = api_key_hash.to_owned();
+        let hashes: Vec<String> = tenant.api_keys.iter().map(|k| k.hash.clone()).collect();
         let doc = to_json("tenant", tenant)?;
         self.with_conn("create tenant", move |conn| {
-            match conn.execute(
-                "INSERT INTO tenants (id, api_key_hash, doc) VALUES (?1, ?2, ?3)",
-                params![id, hash, doc],
-            ) {
-                Ok(_) => Ok(()),
-                Err(e) if is_constraint_violation(&e) => Err(PortError::ConditionFailed(format!(
-                    "tenant `{id}` or its API key already exists"
-                ))),
-                Err(e) => Err(db_err("create tenant", e)),
+            let in_use = |e: rusqlite::Error| {
+                if is_constraint_violation(&e) {
+                    PortError::ConditionFailed(format!("tenant `{id}` or its API key already exists"))
+                } else {
+                    db_err("create tenant", e)
+                }
+            };
+            conn.execute("INSERT INTO tenants (id, doc) VALUES (?1, ?2)", params![id, doc])
+                .map_err(in_use)?;
+            for hash in &hashes {
+                conn.execute(
+                    "INSERT INTO api_keys (hash, tenant_id) VALUES (?1, ?2)",
+                    params![hash, id],
+                )
+                .map_err(in_use)?;
             }
+            Ok(())
         })
         .await
     }
@@ -116,7 +123,7 @@ impl Store for LocalBackend {
             query_doc(
                 conn,
                 "tenant",
-                "SELECT doc FROM tenants WHERE api_key_hash = ?1",
+                "SELECT t.doc FROM api_keys k JOIN tenants t ON t.id = k.tenant_id WHERE k.hash = ?1",
                 [hash],
             )
         })
@@ -127,6 +134,60 @@ impl Store for LocalBackend {
         let id = id.to_string();
         self.with_conn("get tenant", move |conn| {
             query_doc(conn, "tenant", "SELECT doc FROM tenants WHERE id = ?1", [id])
+        })
+        .await
+    }
+
+    async fn list_tenants(&self, after: Option<&TenantId>, limit: u32) -> PortResult<Vec<Tenant>> {
+        let after = after.map_or_else(String::new, |a| a.to_string());
+        self.with_conn("list tenants", move |conn| {
+            query_docs(
+                conn,
+                "tenant",
+                "SELECT doc FROM tenants WHERE id > ?1 ORDER BY id LIMIT ?2",
+                params![after, limit],
+            )
+        })
+        .await
+    }
+
+    async fn update_tenant(&self, tenant: &Tenant, read: &Tenant) -> PortResult<()> {
+        let id = tenant.id.to_string();
+        let (claimed, freed) = tenant.key_changes(read);
+        let claimed: Vec<String> = claimed.into_iter().map(|k| k.hash.clone()).collect();
+        let freed: Vec<String> = freed.into_iter().map(|k| k.hash.clone()).collect();
+        let version = read.version;
+        let doc = to_json("tenant", tenant)?;
+        self.with_conn("update tenant", move |conn| {
+            let changed = conn
+                .execute(
+                    "UPDATE tenants SET doc = ?2 WHERE id = ?1 AND coalesce(json_extract(doc, '$.version'), 0) = ?3",
+                    params![id, doc, version],
+                )
+                .map_err(|e| db_err("update tenant", e))?;
+            if changed == 0 {
+                return Err(PortError::ConditionFailed(format!(
+                    "tenant `{id}` changed since it was read, or is gone"
+                )));
+            }
+            for hash in &freed {
+                conn.execute(
+                    "DELETE FROM api_keys WHERE hash = ?1 AND tenant_id = ?2",
+                    params![hash, id],
+                )
+                .map_err(|e| db_err("update tenant", e))?;
+            }
+            for hash in &claimed {
+                conn.execute(
+                    "INSERT INTO api_keys (hash, tenant_id) VALUES (?1, ?2)",
+                    params![hash, id],
+                )
+                .map_err(|e| match is_constraint_violation(&e) {
+                    true => PortError::ConditionFailed("API key already in use".into()),
+                    false => db_err("update tenant", e),
+                })?;
+            }
+            Ok(())
         })
         .await
     }

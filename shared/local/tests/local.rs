@@ -50,8 +50,13 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         owner_email: Email::parse("ops@acme.example").unwrap(),
         retries_enabled: true,
         created_at: now,
+        api_keys: vec![ApiKey {
+            hash: "hash-of-key".into(),
+            created_at: now,
+        }],
+        version: 0,
     };
-    store.create_tenant(&tenant, "hash-of-key").await.unwrap();
+    store.create_tenant(&tenant).await.unwrap();
     let sub = Subscription {
         id: SubscriptionId::generate(now, rng),
         tenant_id: tenant.id.clone(),
@@ -804,4 +809,48 @@ async fn a_version_2_data_dir_left_half_upgraded_by_a_killed_process_still_opens
             "told already"
         );
     }
+}
+
+#[tokio::test]
+async fn a_version_3_data_dir_moves_each_tenants_key_beside_it_and_lists_it_on_the_tenant() {
+    // What version 3 wrote: one key per tenant, in a column of its row.
+    let (_dir, backend) = opened_after(
+        r#"CREATE TABLE tenants (id TEXT PRIMARY KEY, api_key_hash TEXT NOT NULL UNIQUE, doc TEXT NOT NULL);
+         INSERT INTO tenants VALUES ('ten_01J0000000000000000000000A', 'hash-a',
+             '{"id":"ten_01J0000000000000000000000A","name":"Acme","owner_email":"ops@acme.example","retries_enabled":true,"created_at":"2026-01-01T00:00:00Z"}');
+         PRAGMA user_version = 3;"#,
+    )
+    .await;
+    let tenant = backend
+        .tenant_by_api_key("hash-a")
+        .await
+        .unwrap()
+        .expect("its key still works");
+    assert_eq!(tenant.name, "Acme");
+    assert_eq!(
+        tenant.api_keys,
+        vec![ApiKey {
+            hash: "hash-a".into(),
+            created_at: "2026-01-01T00:00:00Z".parse().unwrap()
+        }]
+    );
+    assert_eq!(backend.list_tenants(None, 10).await.unwrap(), vec![tenant.clone()]);
+    // And a second key can be added beside it.
+    let rotated = Tenant {
+        api_keys: vec![
+            tenant.api_keys[0].clone(),
+            ApiKey {
+                hash: "hash-b".into(),
+                created_at: start(),
+            },
+        ],
+        version: 1,
+        ..tenant.clone()
+    };
+    backend.update_tenant(&rotated, &tenant).await.unwrap();
+    assert_eq!(
+        backend.tenant_by_api_key("hash-b").await.unwrap(),
+        Some(rotated.clone())
+    );
+    assert_eq!(backend.tenant_by_api_key("hash-a").await.unwrap(), Some(rotated));
 }

@@ -21,6 +21,46 @@ pub struct Tenant {
     /// Seed 002's `webhook_retries` rollout flag: off, a failed first attempt is final.
     pub retries_enabled: bool,
     pub created_at: DateTime<Utc>,
+    /// Its API keys, oldest first: one, or two while a rotation is under way
+    /// ([`MAX_API_KEYS`]). A tenant an older build of the DynamoDB store wrote has none
+    /// listed here, though its first key works (see `Services::revoke_api_key`).
+    #[serde(default)]
+    pub api_keys: Vec<ApiKey>,
+    /// Moves on every change: what a conditional write of the tenant checks.
+    #[serde(default)]
+    pub version: u64,
+}
+
+impl Tenant {
+    /// What writing this copy over `read` does to the keys: the ones it claims (held here,
+    /// not there) and the ones it frees (held there, not here).
+    pub fn key_changes<'a>(&'a self, read: &'a Tenant) -> (Vec<&'a ApiKey>, Vec<&'a ApiKey>) {
+        let missing_from = |from: &'a Tenant, of: &'a Tenant| {
+            of.api_keys
+                .iter()
+                .filter(|k| !from.api_keys.iter().any(|f| f.hash == k.hash))
+                .collect()
+        };
+        (missing_from(read, self), missing_from(self, read))
+    }
+}
+
+/// Keys a tenant holds at most: the current one and the one it is rotating to.
+pub const MAX_API_KEYS: usize = 2;
+
+/// An API key as stored: its hash (the key itself is shown once, never kept).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiKey {
+    /// [`crate::auth::hash_api_key`] of the key.
+    pub hash: String,
+    pub created_at: DateTime<Utc>,
+}
+
+impl ApiKey {
+    /// What an operator names the key by: the start of its hash (the key is not kept).
+    pub fn id(&self) -> &str {
+        &self.hash[..self.hash.len().min(12)]
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -205,6 +205,15 @@ impl Services {
         self.lookups.tenant_subscriptions.forget(tenant);
     }
 
+    /// This process changed a tenant: forget it, and what its keys (as `read`) found.
+    pub(crate) fn forget_tenant(&self, read: &Tenant) {
+        self.lookups.generation.fetch_add(1, Ordering::SeqCst);
+        self.lookups.tenants.forget(&read.id);
+        for key in &read.api_keys {
+            self.lookups.tenants_by_key.forget(&key.hash);
+        }
+    }
+
     fn kept_healths(&self) -> std::sync::MutexGuard<'_, HashMap<SubscriptionId, KeptHealth>> {
         self.lookups.health.lock().unwrap_or_else(|p| p.into_inner())
     }

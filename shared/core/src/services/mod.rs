@@ -30,6 +30,7 @@ pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;
 pub use scheduler::SchedulerReport;
 pub use subscriptions::{check_retention, NewSubscription, SubscriptionOverview, SubscriptionPage, SubscriptionPatch};
+pub use tenants::{KeyRef, TenantPatch};
 
 /// The adapters the services run on.
 #[derive(Clone)]

@@ -67,6 +67,8 @@ macro_rules! store_contract_tests {
     ($factory:expr) => {
         $crate::__contract_tests! { $factory;
             tenants_are_found_by_id_and_by_api_key_hash,
+            tenants_are_listed_by_id_a_page_at_a_time,
+            update_tenant_claims_and_frees_keys_and_refuses_a_stale_copy,
             subscriptions_are_listed_oldest_first_within_their_tenant,
             subscriptions_are_listed_a_page_at_a_time_after_the_one_named,
             replace_subscription_writes_a_copy_still_as_read_and_refuses_a_stale_or_deleted_one,
@@ -144,23 +146,23 @@ impl Fixture {
     }
 
     fn tenant(&mut self) -> Tenant {
-        Tenant {
+        let tenant = Tenant {
             id: TenantId::generate(t0(), &mut self.rng),
             name: "Acme".into(),
             owner_email: Email::parse("ops@acme.example").expect("a valid email"),
             retries_enabled: true,
             created_at: t0(),
-        }
+            api_keys: Vec::new(),
+            version: 0,
+        };
+        let key = format!("hwk_{}", tenant.id);
+        with_key(tenant, &key)
     }
 
     /// A tenant written to the store.
     async fn stored_tenant(&mut self, b: &dyn ContractBackend) -> Tenant {
         let t = self.tenant();
-        let key = format!("hwk_{}", t.id);
-        b.store()
-            .create_tenant(&t, &crate::auth::hash_api_key(&key))
-            .await
-            .expect("create tenant");
+        b.store().create_tenant(&t).await.expect("create tenant");
         t
     }
 
@@ -345,26 +347,166 @@ async fn all_pages(b: &dyn ContractBackend, tenant: &TenantId, query: DeliveryQu
 // ---------------------------------------------------------------------------------------
 // Store: tenants and subscriptions
 
+/// `tenant` holding one more key.
+fn with_key(mut tenant: Tenant, key: &str) -> Tenant {
+    tenant.api_keys.push(ApiKey {
+        hash: crate::auth::hash_api_key(key),
+        created_at: t0(),
+    });
+    tenant
+}
+
 pub async fn tenants_are_found_by_id_and_by_api_key_hash(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let tenant = fx.tenant();
-    let hash = crate::auth::hash_api_key("hwk_contract_key_one");
-    b.store().create_tenant(&tenant, &hash).await.expect("create tenant");
+    b.store().create_tenant(&tenant).await.expect("create tenant");
 
     assert_eq!(
         b.store().get_tenant(&tenant.id).await.expect("get"),
         Some(tenant.clone())
     );
-    assert_eq!(
-        b.store().tenant_by_api_key(&hash).await.expect("by key"),
-        Some(tenant.clone())
-    );
+    for key in &tenant.api_keys {
+        assert_eq!(
+            b.store().tenant_by_api_key(&key.hash).await.expect("by key"),
+            Some(tenant.clone())
+        );
+    }
     let other_hash = crate::auth::hash_api_key("hwk_contract_key_two");
     assert_eq!(
         b.store().tenant_by_api_key(&other_hash).await.expect("by unknown key"),
         None
     );
     assert_eq!(b.store().get_tenant(&fx.tenant().id).await.expect("get unknown"), None);
+
+    // Neither its id nor its key can be taken again.
+    let same_key = Tenant {
+        id: fx.tenant().id,
+        ..tenant.clone()
+    };
+    assert!(matches!(
+        b.store().create_tenant(&same_key).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    assert_eq!(b.store().get_tenant(&same_key.id).await.expect("get"), None);
+}
+
+pub async fn tenants_are_listed_by_id_a_page_at_a_time(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let mut made = Vec::new();
+    for _ in 0..5 {
+        made.push(fx.stored_tenant(b).await);
+    }
+    made.sort_by(|a, b| a.id.cmp(&b.id));
+    // The store may hold other tests' tenants: page through all, and find these in order.
+    let mut listed = Vec::new();
+    let mut after: Option<TenantId> = None;
+    loop {
+        let page = b.store().list_tenants(after.as_ref(), 2).await.expect("list tenants");
+        assert!(page.len() <= 2, "a page of {}", page.len());
+        if page.is_empty() {
+            break;
+        }
+        after = page.last().map(|t| t.id.clone());
+        listed.extend(page);
+    }
+    let ids: Vec<&TenantId> = listed.iter().map(|t| &t.id).collect();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "not by id, or repeated: {ids:?}");
+    let ours: Vec<Tenant> = listed
+        .into_iter()
+        .filter(|t| made.iter().any(|m| m.id == t.id))
+        .collect();
+    assert_eq!(ours, made);
+}
+
+pub async fn update_tenant_claims_and_frees_keys_and_refuses_a_stale_copy(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let read = fx.stored_tenant(b).await;
+    let old = read.api_keys[0].clone();
+
+    // A rotation: a second key beside the first, and the flag turned off.
+    let rotated = with_key(
+        Tenant {
+            retries_enabled: false,
+            version: read.version + 1,
+            ..read.clone()
+        },
+        &format!("hwk_rotated_{}", read.id),
+    );
+    b.store().update_tenant(&rotated, &read).await.expect("rotate");
+    assert_eq!(
+        b.store().get_tenant(&read.id).await.expect("get"),
+        Some(rotated.clone())
+    );
+    for key in &rotated.api_keys {
+        assert_eq!(
+            b.store().tenant_by_api_key(&key.hash).await.expect("by key"),
+            Some(rotated.clone()),
+            "each key finds the tenant as it is now"
+        );
+    }
+
+    // A write from the copy read before the rotation is refused, and changes nothing.
+    let stale = Tenant {
+        name: "stale".into(),
+        version: read.version + 1,
+        ..read.clone()
+    };
+    assert!(matches!(
+        b.store().update_tenant(&stale, &read).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    assert_eq!(
+        b.store().get_tenant(&read.id).await.expect("get"),
+        Some(rotated.clone())
+    );
+
+    // A key another tenant holds cannot be claimed.
+    let other = fx.stored_tenant(b).await;
+    let grab = Tenant {
+        api_keys: vec![rotated.api_keys[0].clone()],
+        version: other.version + 1,
+        ..other.clone()
+    };
+    assert!(matches!(
+        b.store().update_tenant(&grab, &other).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    assert_eq!(
+        b.store()
+            .tenant_by_api_key(&old.hash)
+            .await
+            .expect("by key")
+            .map(|t| t.id),
+        Some(read.id.clone())
+    );
+
+    // Revoking the first key: it finds nothing; the second still finds the tenant.
+    let revoked = Tenant {
+        api_keys: rotated.api_keys[1..].to_vec(),
+        version: rotated.version + 1,
+        ..rotated.clone()
+    };
+    b.store().update_tenant(&revoked, &rotated).await.expect("revoke");
+    assert_eq!(b.store().tenant_by_api_key(&old.hash).await.expect("by key"), None);
+    assert_eq!(
+        b.store()
+            .tenant_by_api_key(&revoked.api_keys[0].hash)
+            .await
+            .expect("by key"),
+        Some(revoked.clone())
+    );
+
+    // A tenant that is gone is not written.
+    let ghost = fx.tenant();
+    let next = Tenant {
+        version: 1,
+        ..ghost.clone()
+    };
+    assert!(matches!(
+        b.store().update_tenant(&next, &ghost).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    assert_eq!(b.store().get_tenant(&ghost.id).await.expect("get"), None);
 }
 
 pub async fn subscriptions_are_listed_oldest_first_within_their_tenant(b: &dyn ContractBackend) {

@@ -56,12 +56,14 @@ pub struct MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
-    async fn create_tenant(&self, tenant: &Tenant, api_key_hash: &str) -> PortResult<()> {
+    async fn create_tenant(&self, tenant: &Tenant) -> PortResult<()> {
         let mut d = lock(&self.data);
-        if d.keys.contains_key(api_key_hash) {
-            return Err(PortError::ConditionFailed("API key already in use".into()));
+        if d.tenants.contains_key(&tenant.id) || tenant.api_keys.iter().any(|k| d.keys.contains_key(&k.hash)) {
+            return Err(PortError::ConditionFailed("tenant id or API key already in use".into()));
         }
-        d.keys.insert(api_key_hash.to_owned(), tenant.id.clone());
+        for key in &tenant.api_keys {
+            d.keys.insert(key.hash.clone(), tenant.id.clone());
+        }
         d.tenants.insert(tenant.id.clone(), tenant.clone());
         Ok(())
     }
@@ -69,6 +71,39 @@ impl Store for MemoryStore {
         self.api_key_reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let d = lock(&self.data);
         Ok(d.keys.get(api_key_hash).and_then(|id| d.tenants.get(id)).cloned())
+    }
+    async fn list_tenants(&self, after: Option<&TenantId>, limit: u32) -> PortResult<Vec<Tenant>> {
+        let d = lock(&self.data);
+        let mut all: Vec<Tenant> = d
+            .tenants
+            .values()
+            .filter(|t| after.is_none_or(|a| t.id.as_str() > a.as_str()))
+            .cloned()
+            .collect();
+        all.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        all.truncate(limit as usize);
+        Ok(all)
+    }
+    async fn update_tenant(&self, tenant: &Tenant, read: &Tenant) -> PortResult<()> {
+        let mut d = lock(&self.data);
+        if d.tenants.get(&tenant.id).map(|t| t.version) != Some(read.version) {
+            return Err(PortError::ConditionFailed(format!(
+                "tenant `{}` changed or is gone",
+                tenant.id
+            )));
+        }
+        let (claimed, freed) = tenant.key_changes(read);
+        if claimed.iter().any(|k| d.keys.contains_key(&k.hash)) {
+            return Err(PortError::ConditionFailed("API key already in use".into()));
+        }
+        for key in freed {
+            d.keys.remove(&key.hash);
+        }
+        for key in claimed {
+            d.keys.insert(key.hash.clone(), tenant.id.clone());
+        }
+        d.tenants.insert(tenant.id.clone(), tenant.clone());
+        Ok(())
     }
     async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
         Ok(lock(&self.data).tenants.get(id).cloned())

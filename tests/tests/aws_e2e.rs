@@ -192,3 +192,51 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
     );
     sources.stop().await;
 }
+
+/// `hookwise tenant --aws` on the stack's table, with the variables the template gives the
+/// functions; the real ingest function answers with the keys it changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn given_the_tenant_commands_on_the_stack_then_the_ingest_function_takes_a_rotated_key_and_refuses_a_revoked_one_within_its_cache_time(
+) {
+    let Some(()) = aws_support::cargo_lambda() else {
+        return;
+    };
+    let Some(env) = AwsEnv::new("tenant", None).await else {
+        return;
+    };
+    let fn_env = env.function_env(MAX_DELAY);
+    let cli = |args: &[&str]| hookwise_tests::tenant_cli_json(&[args, &["--aws"][..]].concat(), &fn_env);
+    let created = cli(&["create", "--name", "Dora", "--owner-email", "dora@example.com"]);
+    let id = created["id"].as_str().unwrap().to_owned();
+    let old_key = created["api_key"].as_str().unwrap().to_owned();
+
+    let host = Arc::new(LambdaHost::start(&fn_env).await);
+    let status = |key: &str| {
+        let api = Gateway {
+            host: host.clone(),
+            key: key.to_owned(),
+        };
+        async move { api.call("GET", "/v1/subscriptions", None).await.0 }
+    };
+    assert_eq!(status(&old_key).await, 200);
+
+    let set = cli(&["set", &id, "--retries", "off", "--json"]);
+    assert_eq!(set["retries_enabled"], json!(false));
+    let listed = cli(&["list", "--json"]);
+    assert!(listed.as_array().unwrap().iter().any(|t| t["id"] == json!(id)), "{listed}");
+
+    let rotated = cli(&["rotate-key", &id]);
+    let new_key = rotated["api_key"].as_str().unwrap().to_owned();
+    assert_eq!((status(&old_key).await, status(&new_key).await), (200, 200));
+
+    let revoked = cli(&["revoke-key", &id, "--api-key", &old_key, "--json"]);
+    assert_eq!(revoked["api_keys"].as_array().unwrap().len(), 1, "{revoked}");
+    // The warm function found the old key a moment ago: it takes it for up to 30 s more.
+    let started = Instant::now();
+    while status(&old_key).await != 401 {
+        assert!(started.elapsed() < Duration::from_secs(35), "the revoked key still works");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!("the revoked key answered 401 after {:?}", started.elapsed());
+    assert_eq!(status(&new_key).await, 200);
+}

@@ -130,9 +130,14 @@ fn template_policies(queue_arns: &HashMap<String, String>) -> HashMap<String, Va
             continue;
         }
         let binary = resource["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap();
+        // `Role: !GetAtt <role>.Arn`, and the role's inline policies.
+        let role = match &resource["Properties"]["Role"] {
+            Yaml::Tagged(t) => t.value.as_str().unwrap().trim_end_matches(".Arn"),
+            other => panic!("{binary}'s Role: {other:?}"),
+        };
         let mut statements = Vec::new();
-        for policy in resource["Properties"]["Policies"].as_sequence().unwrap() {
-            for statement in policy["Statement"].as_sequence().unwrap() {
+        for policy in doc["Resources"][role]["Properties"]["Policies"].as_sequence().unwrap() {
+            for statement in policy["PolicyDocument"]["Statement"].as_sequence().unwrap() {
                 let mut actions: Vec<&str> = statement["Action"]
                     .as_sequence()
                     .unwrap()

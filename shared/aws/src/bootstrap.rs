@@ -476,14 +476,20 @@ mod tests {
             }
             functions += 1;
             let id = id.as_str().unwrap();
-            assert!(resource["Properties"]["Policies"].is_null(), "{id}: Policies beside its role");
+            assert!(
+                resource["Properties"]["Policies"].is_null(),
+                "{id}: Policies beside its role"
+            );
             let role_ref = untag(&resource["Properties"]["Role"]).as_str();
             let role_id = role_ref
                 .and_then(|r| r.strip_suffix(".Arn"))
                 .unwrap_or_else(|| panic!("{id} has `Role: !GetAtt <role>.Arn`"));
             let role = &doc["Resources"][role_id];
             assert_eq!(role["Type"].as_str(), Some("AWS::IAM::Role"), "{id}'s role");
-            assert!(role["Properties"]["ManagedPolicyArns"].is_null(), "{role_id}: a managed policy");
+            assert!(
+                role["Properties"]["ManagedPolicyArns"].is_null(),
+                "{role_id}: a managed policy"
+            );
             let policies = role["Properties"]["Policies"]
                 .as_sequence()
                 .unwrap_or_else(|| panic!("{role_id} lists its Policies"));

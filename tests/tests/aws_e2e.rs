@@ -223,7 +223,10 @@ async fn given_the_tenant_commands_on_the_stack_then_the_ingest_function_takes_a
     let set = cli(&["set", &id, "--retries", "off", "--json"]);
     assert_eq!(set["retries_enabled"], json!(false));
     let listed = cli(&["list", "--json"]);
-    assert!(listed.as_array().unwrap().iter().any(|t| t["id"] == json!(id)), "{listed}");
+    assert!(
+        listed.as_array().unwrap().iter().any(|t| t["id"] == json!(id)),
+        "{listed}"
+    );
 
     let rotated = cli(&["rotate-key", &id]);
     let new_key = rotated["api_key"].as_str().unwrap().to_owned();
@@ -234,7 +237,10 @@ async fn given_the_tenant_commands_on_the_stack_then_the_ingest_function_takes_a
     // The warm function found the old key a moment ago: it takes it for up to 30 s more.
     let started = Instant::now();
     while status(&old_key).await != 401 {
-        assert!(started.elapsed() < Duration::from_secs(35), "the revoked key still works");
+        assert!(
+            started.elapsed() < Duration::from_secs(35),
+            "the revoked key still works"
+        );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     eprintln!("the revoked key answered 401 after {:?}", started.elapsed());

@@ -354,6 +354,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         round: 0,
         attempt: 2,
         queued_at: None,
+        slot: None,
     });
     admin
         .sqs

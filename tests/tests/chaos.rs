@@ -376,6 +376,7 @@ impl Backend for Aws {
                     round,
                     attempt,
                     queued_at: None,
+                    slot: None,
                 };
                 self.env
                     .clients

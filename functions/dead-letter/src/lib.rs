@@ -51,6 +51,7 @@ mod tests {
             owner_email: None,
             retry_policy: Some(policy),
             timeout_ms: None,
+            rate_limit_per_second: None,
             description: None,
         };
         h.services.create_subscription(&tenant, sub).await.unwrap();

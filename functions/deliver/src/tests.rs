@@ -39,6 +39,7 @@ async fn one_queued_delivery(h: &Harness) -> DeliveryTask {
         owner_email: None,
         retry_policy: Some(RetryPolicy::custom(vec![1], Jitter::None, false).unwrap()),
         timeout_ms: None,
+        rate_limit_per_second: None,
         description: None,
     };
     h.services.create_subscription(&tenant, sub).await.unwrap();

@@ -46,6 +46,7 @@ mod tests {
             owner_email: None,
             retry_policy: Some(RetryPolicy::custom(vec![300], Jitter::None, false).unwrap()),
             timeout_ms: None,
+            rate_limit_per_second: None,
             description: None,
         };
         h.services.create_subscription(&tenant, sub).await.unwrap();

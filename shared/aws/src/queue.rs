@@ -304,6 +304,7 @@ mod tests {
             round: 1,
             attempt: 3,
             queued_at: None,
+            slot: None,
         };
         let body = encode_task(&task);
         assert!(body.contains("\"attempt\":3"));

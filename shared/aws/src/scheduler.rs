@@ -110,6 +110,7 @@ fn decode(item: &Item) -> PortResult<ScheduledTask> {
             round: get_n(item, "round")?,
             attempt: get_n(item, "attempt")?,
             queued_at: None,
+            slot: None,
         },
         due,
     })
@@ -394,6 +395,7 @@ mod tests {
                 round: 0,
                 attempt: 2,
                 queued_at: None,
+                slot: None,
             },
             due,
         };

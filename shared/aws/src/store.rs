@@ -14,6 +14,7 @@
 //! | owner's emails     | `OWNER#{email}`          | `#DIGEST` (last sent, claim, count)      |
 //! | waiting notice     | `OWNER#{email}`          | `NOTICE#{delivery}#{round:010}`          |
 //! | endpoint health    | `HEALTH#{subscription}`  | `#HEALTH`                     |
+//! | rate limiter       | `RATE#{subscription}`    | `#RATE` (`next_slot`, µs)     |
 //!
 //! Deliveries are read by id alone (queue messages carry only the id) and strongly
 //! consistently, so they have their own partition. A delivery's attempts are in its item,
@@ -172,6 +173,9 @@ fn waiting_notice_key(owner: &Email, id: &DeliveryId, round: u32) -> Key {
 }
 /// The `overdue` partition of owners' digests with notices waiting.
 const DIGEST_SHARD: &str = "DIGEST";
+fn rate_key(sub: &SubscriptionId) -> Key {
+    (format!("RATE#{sub}"), "#RATE".into())
+}
 fn health_key(sub: &SubscriptionId) -> Key {
     (format!("HEALTH#{sub}"), "#HEALTH".into())
 }
@@ -212,6 +216,9 @@ pub struct DynamoStore {
     retention: chrono::Duration,
     counter: Option<RequestCounter>,
     recent_events: RecentEvents,
+    /// Each rate-limited endpoint's next free slot as this process last saw it, to guess
+    /// whether the limiter is idle (see `reserve_slot`).
+    slots_seen: std::sync::Arc<std::sync::Mutex<HashMap<SubscriptionId, i64>>>,
 }
 
 impl DynamoStore {
@@ -222,6 +229,7 @@ impl DynamoStore {
             retention: chrono::Duration::from_std(config.retention).unwrap_or(chrono::Duration::days(30)),
             counter: None,
             recent_events: RecentEvents::default(),
+            slots_seen: Default::default(),
         }
     }
 
@@ -1447,6 +1455,93 @@ impl Store for DynamoStore {
             }
         }
         Ok(overdue)
+    }
+
+    /// One write a reservation, most of the time. In a backlog, an atomic `ADD` of the
+    /// interval hands out the next slot. An idle limiter (its next slot more than the
+    /// tolerance ago) starts afresh at now with a conditional `SET`, tried first when this
+    /// process last saw it idle; a wrong guess costs one more write. (The SDK's retry of a
+    /// lost `ADD` wastes a slot: the rate dips, never rises.)
+    async fn reserve_slot(
+        &self,
+        sub: &SubscriptionId,
+        interval: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> PortResult<DateTime<Utc>> {
+        const WHAT: &str = "reserve a rate-limit slot";
+        let now_us = now.timestamp_micros();
+        let interval_us = i64::try_from(interval.as_micros()).unwrap_or(i64::MAX).max(1);
+        let behind_us = now_us - hookwise_core::rate_limit::TOLERANCE.as_micros() as i64;
+        let seen = |next: i64| {
+            self.slots_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(sub.clone(), next);
+        };
+        let last_seen = self
+            .slots_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(sub)
+            .copied();
+        let mut guess_idle = last_seen.is_none_or(|next| next < behind_us);
+        for _ in 0..4 {
+            if guess_idle {
+                // Afresh at now, unless someone reserved since it went idle.
+                let afresh = self
+                    .client
+                    .update_item()
+                    .table_name(&self.table)
+                    .set_key(Some(key_item(&rate_key(sub))))
+                    .update_expression("SET next_slot = :next")
+                    .condition_expression("attribute_not_exists(next_slot) OR next_slot < :behind")
+                    .expression_attribute_values(":next", n(now_us + interval_us))
+                    .expression_attribute_values(":behind", n(behind_us))
+                    .set_return_consumed_capacity(self.rcc())
+                    .send()
+                    .await;
+                match afresh {
+                    Ok(out) => {
+                        self.charge(WHAT, true, out.consumed_capacity());
+                        seen(now_us + interval_us);
+                        return Ok(now);
+                    }
+                    Err(err)
+                        if matches!(
+                            err.as_service_error(),
+                            Some(UpdateItemError::ConditionalCheckFailedException(_))
+                        ) => {}
+                    Err(err) => return Err(classify(WHAT, err)),
+                }
+            }
+            let out = self
+                .client
+                .update_item()
+                .table_name(&self.table)
+                .set_key(Some(key_item(&rate_key(sub))))
+                .update_expression("ADD next_slot :interval")
+                .expression_attribute_values(":interval", n(interval_us))
+                .return_values(ReturnValue::UpdatedNew)
+                .set_return_consumed_capacity(self.rcc())
+                .send()
+                .await
+                .map_err(|e| classify(WHAT, e))?;
+            self.charge(WHAT, true, out.consumed_capacity());
+            let next = out
+                .attributes
+                .as_ref()
+                .map(|a| get_n(a, "next_slot"))
+                .transpose()?
+                .ok_or_else(|| corrupt("rate limiter", "ADD returned no next_slot"))?;
+            seen(next);
+            let slot = next - interval_us;
+            if slot >= behind_us {
+                return Ok(DateTime::from_timestamp_micros(slot).unwrap_or(now));
+            }
+            guess_idle = true;
+        }
+        // Contended while going idle, four times over: send now rather than hold the attempt.
+        Ok(now)
     }
 
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {

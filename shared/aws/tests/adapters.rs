@@ -20,6 +20,7 @@ fn task(at: chrono::DateTime<Utc>) -> ScheduledTask {
             round: 0,
             attempt: 2,
             queued_at: None,
+            slot: None,
         },
         due: at,
     }

@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod model;
 pub mod policy;
 pub mod ports;
+pub mod rate_limit;
 pub mod services;
 pub mod signing;
 pub mod state;

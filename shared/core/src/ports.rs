@@ -131,6 +131,18 @@ pub trait Store: Send + Sync {
     /// replay) whose next attempt was due before `due_before`.
     async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>>;
 
+    /// The rate limiter: reserve the next slot for an attempt to `sub`'s endpoint, where two
+    /// slots are `interval` apart, shared by every worker and process on the store. The
+    /// slot is the one after the last reserved, or `now` if that has passed; a limiter may
+    /// run up to [`crate::rate_limit::TOLERANCE`] behind `now` before it starts afresh at
+    /// `now` ([`crate::rate_limit::reserve`] is the rule).
+    async fn reserve_slot(
+        &self,
+        sub: &SubscriptionId,
+        interval: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> PortResult<DateTime<Utc>>;
+
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth>;
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()>;
 
@@ -211,6 +223,10 @@ pub struct DeliveryTask {
     /// has been looking (see `Services::not_stored_yet`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued_at: Option<DateTime<Utc>>,
+    /// Set on an attempt the endpoint's rate limit deferred: the slot the limiter reserved for
+    /// it. Its worker waits for the slot and sends, without reserving another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<DateTime<Utc>>,
 }
 
 /// The delivery queue and its dead-letter queue.

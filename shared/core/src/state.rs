@@ -194,5 +194,6 @@ pub fn next_task(delivery: &Delivery) -> DeliveryTask {
         round: delivery.round,
         attempt: delivery.attempts + 1,
         queued_at: None,
+        slot: None,
     }
 }

@@ -19,6 +19,7 @@ fn new_sub(url: &str, types: &[&str], schedule: Option<Vec<u64>>) -> NewSubscrip
         owner_email: None,
         retry_policy: schedule.map(|s| RetryPolicy::custom(s, Jitter::None, false).unwrap()),
         timeout_ms: None,
+        rate_limit_per_second: None,
         description: None,
     }
 }
@@ -165,6 +166,7 @@ async fn given_an_always_failing_endpoint_then_it_dies_after_the_schedule_and_th
         round: 0,
         attempt: 3,
         queued_at: None,
+        slot: None,
     };
     h.services.handle_dead_letters(&[again]).await.unwrap();
     assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);

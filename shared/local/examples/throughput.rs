@@ -52,6 +52,7 @@ async fn main() {
         retry_policy: RetryPolicy::standard(),
         timeout_ms: DEFAULT_TIMEOUT_MS,
         status: SubscriptionStatus::Active,
+        rate_limit_per_second: None,
         disabled_reason: None,
         owner_email: None,
         description: None,
@@ -178,6 +179,7 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                         round: 0,
                         attempt: 1,
                         queued_at: None,
+                        slot: None,
                     },
                     0,
                 )])

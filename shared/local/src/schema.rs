@@ -8,13 +8,20 @@ use rusqlite::Connection;
 use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 
 /// 2: `dead_notices.sent_at`. 3: `notices` (who is told, and when) and `digests` replace
-/// `dead_notices`. 4: `api_keys`, so a tenant can hold two (`tenants.api_key_hash` goes).
+/// `dead_notices`. 4: `api_keys`, so a tenant can hold two (`tenants.api_key_hash` goes), and
+/// `rate_slots`.
 const VERSION: i64 = 4;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS tenants (
     id            TEXT PRIMARY KEY,
     doc           TEXT NOT NULL
+);
+
+-- Each rate-limited endpoint's next free slot (nanoseconds).
+CREATE TABLE IF NOT EXISTS rate_slots (
+    subscription_id  TEXT PRIMARY KEY,
+    next_slot        INTEGER NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS api_keys (

@@ -10,7 +10,7 @@ use hookwise_core::ports::{
 use hookwise_core::PortError;
 use rusqlite::{params, Connection, OptionalExtension};
 
-use crate::{db_err, from_json, is_constraint_violation, nanos, to_json, LocalBackend};
+use crate::{db_err, from_json, from_nanos, is_constraint_violation, nanos, to_json, LocalBackend};
 
 /// `limit` 0 asks for the default page; larger asks are cut to the maximum.
 const DEFAULT_PAGE: u32 = 50;
@@ -540,6 +540,30 @@ impl Store for LocalBackend {
                  ORDER BY next_attempt_at, id LIMIT ?2",
                 params![before, limit],
             )
+        })
+        .await
+    }
+
+    async fn reserve_slot(
+        &self,
+        sub: &SubscriptionId,
+        interval: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> PortResult<DateTime<Utc>> {
+        let sub = sub.to_string();
+        self.with_conn("reserve a rate-limit slot", move |conn| {
+            let next: Option<i64> = conn
+                .prepare_cached("SELECT next_slot FROM rate_slots WHERE subscription_id = ?1")
+                .and_then(|mut s| s.query_row([&sub], |row| row.get(0)).optional())
+                .map_err(|e| db_err("read a rate-limit slot", e))?;
+            let (slot, after) = hookwise_core::rate_limit::reserve(next.map(from_nanos), interval, now);
+            conn.prepare_cached(
+                "INSERT INTO rate_slots (subscription_id, next_slot) VALUES (?1, ?2)
+                 ON CONFLICT (subscription_id) DO UPDATE SET next_slot = excluded.next_slot",
+            )
+            .and_then(|mut s| s.execute(params![sub, nanos(after)]))
+            .map_err(|e| db_err("reserve a rate-limit slot", e))?;
+            Ok(slot)
         })
         .await
     }

@@ -38,6 +38,7 @@ fn task(rng: &mut StdRng) -> DeliveryTask {
         round: 0,
         attempt: 1,
         queued_at: None,
+        slot: None,
     }
 }
 
@@ -68,6 +69,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         retry_policy: RetryPolicy::standard(),
         timeout_ms: DEFAULT_TIMEOUT_MS,
         status: SubscriptionStatus::Active,
+        rate_limit_per_second: None,
         disabled_reason: None,
         owner_email: None,
         description: None,

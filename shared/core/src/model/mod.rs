@@ -75,6 +75,8 @@ pub const SECRET_ROTATION_GRACE_HOURS: i64 = 24;
 /// The default total timeout of one delivery attempt.
 pub const DEFAULT_TIMEOUT_MS: u32 = 10_000;
 pub const MAX_TIMEOUT_MS: u32 = 30_000;
+/// The highest per-endpoint rate limit, in POSTs a second.
+pub const MAX_RATE_LIMIT: u32 = 10_000;
 
 /// An endpoint and the events it wants.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,6 +92,10 @@ pub struct Subscription {
     pub previous_secret_expires_at: Option<DateTime<Utc>>,
     pub retry_policy: RetryPolicy,
     pub timeout_ms: u32,
+    /// At most this many POSTs a second to the endpoint, across every worker: an attempt
+    /// over it waits for the slot the limiter reserves for it. `None`: no limit.
+    #[serde(default)]
+    pub rate_limit_per_second: Option<u32>,
     pub status: SubscriptionStatus,
     /// Why it was disabled, when Hookwise disabled it (an endpoint answering 410).
     pub disabled_reason: Option<String>,
@@ -100,6 +106,13 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// The time between two of its attempts under its rate limit, if it has one.
+    pub fn slot_interval(&self) -> Option<std::time::Duration> {
+        self.rate_limit_per_second
+            .filter(|r| *r > 0)
+            .map(|r| std::time::Duration::from_secs(1) / r)
+    }
+
     pub fn wants(&self, event_type: &EventType) -> bool {
         self.status == SubscriptionStatus::Active && self.event_types.iter().any(|f| f.matches(event_type))
     }

@@ -347,5 +347,6 @@ fn dead_task(delivery: &Delivery) -> DeliveryTask {
         round: delivery.round,
         attempt: delivery.attempts,
         queued_at: None,
+        slot: None,
     }
 }

@@ -26,6 +26,8 @@ pub struct NewSubscription {
     #[serde(default)]
     pub timeout_ms: Option<u32>,
     #[serde(default)]
+    pub rate_limit_per_second: Option<u32>,
+    #[serde(default)]
     pub description: Option<String>,
 }
 
@@ -46,6 +48,9 @@ pub struct SubscriptionPatch {
     pub owner_email: Option<Option<Email>>,
     pub retry_policy: Option<RetryPolicy>,
     pub timeout_ms: Option<u32>,
+    /// Absent: unchanged; `null`: no limit; else replaced.
+    #[serde(default, deserialize_with = "present")]
+    pub rate_limit_per_second: Option<Option<u32>>,
     /// Absent: unchanged; `null`: removed; else replaced.
     #[serde(default, deserialize_with = "present")]
     pub description: Option<Option<String>>,
@@ -105,6 +110,16 @@ fn check_timeout(ms: u32) -> Result<u32, ValidationError> {
         ));
     }
     Ok(ms)
+}
+
+fn check_rate_limit(limit: Option<u32>) -> Result<Option<u32>, ValidationError> {
+    match limit {
+        Some(r) if r == 0 || r > MAX_RATE_LIMIT => Err(ValidationError::new(
+            "invalid_rate_limit",
+            format!("rate_limit_per_second must be 1 to {MAX_RATE_LIMIT}, or null for none"),
+        )),
+        other => Ok(other),
+    }
 }
 
 fn check_description(d: &str) -> Result<(), ValidationError> {
@@ -171,6 +186,7 @@ impl Services {
             check_description(d)?;
         }
         let timeout_ms = check_timeout(new.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS))?;
+        let rate_limit_per_second = check_rate_limit(new.rate_limit_per_second)?;
         let retry_policy = new
             .retry_policy
             .unwrap_or_else(|| self.config.default_retry_policy.clone());
@@ -190,6 +206,7 @@ impl Services {
             previous_secret_expires_at: None,
             retry_policy,
             timeout_ms,
+            rate_limit_per_second,
             status: SubscriptionStatus::Active,
             disabled_reason: None,
             owner_email: new.owner_email,
@@ -264,6 +281,9 @@ impl Services {
         }
         if let Some(ms) = patch.timeout_ms {
             sub.timeout_ms = check_timeout(ms)?;
+        }
+        if let Some(limit) = patch.rate_limit_per_second {
+            sub.rate_limit_per_second = check_rate_limit(limit)?;
         }
         if let Some(d) = patch.description {
             if let Some(d) = &d {

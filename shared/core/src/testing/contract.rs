@@ -93,6 +93,7 @@ macro_rules! store_contract_tests {
             a_released_claim_leaves_its_notices_waiting,
             a_notice_recorded_while_an_email_is_out_waits_for_the_next,
             endpoint_health_starts_empty_and_round_trips,
+            rate_limit_slots_follow_each_other_start_afresh_after_idle_and_never_repeat,
             tasks_enqueued_without_delay_are_visible_at_once,
             a_delayed_task_stays_hidden_until_its_delay_has_passed,
             the_queue_accepts_its_max_delay_and_refuses_longer,
@@ -178,6 +179,7 @@ impl Fixture {
             retry_policy: RetryPolicy::standard(),
             timeout_ms: DEFAULT_TIMEOUT_MS,
             status: SubscriptionStatus::Active,
+            rate_limit_per_second: None,
             disabled_reason: None,
             owner_email: None,
             description: Some("orders".into()),
@@ -234,6 +236,7 @@ impl Fixture {
             round: 0,
             attempt: 1,
             queued_at: None,
+            slot: None,
         }
     }
 }
@@ -1495,6 +1498,41 @@ pub async fn a_notice_recorded_while_an_email_is_out_waits_for_the_next(b: &dyn 
     assert!(due(b, &owner, t0() + minutes(5)).await, "it waits for the next email");
     let next = claim_at(b, &owner, t0() + minutes(5)).await.expect("the next email");
     assert_eq!(told(&next), vec![(ds[1].id.clone(), 0)]);
+}
+
+pub async fn rate_limit_slots_follow_each_other_start_afresh_after_idle_and_never_repeat(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let tenant = fx.tenant().id;
+    let sub = fx.subscription(&tenant, t0()).id;
+    let every = Duration::from_millis(20);
+    let step = chrono::Duration::milliseconds(20);
+    let store = b.store();
+    for i in 0..3 {
+        assert_eq!(
+            store.reserve_slot(&sub, every, t0()).await.expect("reserve"),
+            t0() + step * i
+        );
+    }
+    // Idle for a while: afresh at the new now, not a burst of the slots missed.
+    let later = t0() + minutes(1);
+    assert_eq!(store.reserve_slot(&sub, every, later).await.expect("reserve"), later);
+    assert_eq!(
+        store.reserve_slot(&sub, every, later).await.expect("reserve"),
+        later + step
+    );
+
+    // Many at once (as many workers would): each its own slot, one interval apart.
+    let other = fx.subscription(&tenant, t0()).id;
+    let at = t0() + minutes(2);
+    let mut slots: Vec<DateTime<Utc>> =
+        futures::future::join_all((0..40).map(|_| store.reserve_slot(&other, every, at)))
+            .await
+            .into_iter()
+            .map(|s| s.expect("reserve"))
+            .collect();
+    slots.sort();
+    let want: Vec<DateTime<Utc>> = (0..40).map(|i| at + step * i).collect();
+    assert_eq!(slots, want);
 }
 
 pub async fn endpoint_health_starts_empty_and_round_trips(b: &dyn ContractBackend) {

@@ -27,6 +27,8 @@ struct StoreData {
     deliveries: Vec<Delivery>,
     attempts: Vec<Attempt>,
     health: HashMap<SubscriptionId, EndpointHealth>,
+    /// Each rate-limited endpoint's next free slot.
+    slots: HashMap<SubscriptionId, DateTime<Utc>>,
     /// Dead rounds' notices: to whom, and whether sent.
     notices: HashMap<(DeliveryId, u32), (Email, DeadNotice, bool)>,
     digests: HashMap<Email, MemoryDigest>,
@@ -282,6 +284,17 @@ impl Store for MemoryStore {
             .take(limit as usize)
             .cloned()
             .collect())
+    }
+    async fn reserve_slot(
+        &self,
+        sub: &SubscriptionId,
+        interval: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> PortResult<DateTime<Utc>> {
+        let mut d = lock(&self.data);
+        let (slot, next) = crate::rate_limit::reserve(d.slots.get(sub).copied(), interval, now);
+        d.slots.insert(sub.clone(), next);
+        Ok(slot)
     }
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {
         Ok(lock(&self.data).health.get(sub).cloned().unwrap_or_default())

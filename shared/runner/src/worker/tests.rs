@@ -48,6 +48,7 @@ fn message(id: &str) -> QueueMessage {
         round: 1,
         attempt: 1,
         queued_at: None,
+        slot: None,
     };
     QueueMessage {
         message_id: id.into(),

@@ -30,8 +30,8 @@ scripts/lint-template.sh
 step "sam build of the four functions for arm64 with cargo-lambda (dev profile)"
 scripts/sam-build.sh --debug
 
-step "Rust tests, then the chaos suite with its figures, with moto and DynamoDB Local running"
-scripts/aws-test-services.sh run -- bash -c '
+step "Rust tests, then the chaos suite with its figures, with moto, DynamoDB Local and LocalStack's SQS running"
+scripts/aws-test-services.sh run -- scripts/localstack.sh run -- bash -c '
   cargo test --workspace --locked -- --skip chaos_ &&
   cargo test --workspace --locked --test chaos -- --nocapture'
 

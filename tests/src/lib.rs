@@ -355,6 +355,8 @@ where
 pub struct Received {
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// When it arrived.
+    pub at: Instant,
 }
 
 impl Received {
@@ -404,6 +406,7 @@ impl Receiver {
                 g.lock().unwrap().push(Received {
                     headers,
                     body: body.to_vec(),
+                    at: Instant::now(),
                 });
                 tokio::time::sleep(Duration::from_millis(d.load(Ordering::SeqCst))).await;
                 let n = h.fetch_add(1, Ordering::SeqCst);
@@ -474,5 +477,20 @@ impl Receiver {
 
     pub fn hits(&self) -> u32 {
         self.hits.load(Ordering::SeqCst)
+    }
+
+    /// The most requests that arrived within any one second (a sliding window).
+    pub fn busiest_second(&self) -> usize {
+        let mut times: Vec<Instant> = self.got.lock().unwrap().iter().map(|r| r.at).collect();
+        times.sort();
+        (0..times.len())
+            .map(|i| {
+                times[i..]
+                    .iter()
+                    .take_while(|t| **t - times[i] <= Duration::from_secs(1))
+                    .count()
+            })
+            .max()
+            .unwrap_or(0)
     }
 }

@@ -544,3 +544,35 @@ async fn given_the_tenant_commands_beside_a_running_dev_then_a_rotation_keeps_bo
     eprintln!("the revoked key answered 401 after {took:?}");
     assert_eq!(api.with_key(new_key).get("/v1/subscriptions").await.0, 200);
 }
+
+#[tokio::test]
+async fn given_a_rate_limit_then_the_receiver_never_gets_more_than_the_limit_a_tenth_and_one_in_any_second() {
+    let dir = TempDir::new("rate-limit");
+    let dev = Dev::start(&dir.0, &[]);
+    let api = dev.api();
+    let receiver = Receiver::start(0).await;
+    let limit = 20;
+    let sub = api
+        .subscribe(json!({"url": receiver.url("/limited"), "rate_limit_per_second": limit}))
+        .await;
+    assert_eq!(sub["rate_limit_per_second"], json!(limit));
+    let started = std::time::Instant::now();
+    for batch in 0..2 {
+        let events: Vec<_> = (0..100)
+            .map(|n| json!({"type": "order.paid", "payload": {"n": batch * 100 + n}}))
+            .collect();
+        let (status, out) = api.post("/v1/events/batch", json!({"events": events})).await;
+        assert_eq!(status, 202, "{out}");
+    }
+    receiver.wait_count(200, Duration::from_secs(40)).await;
+    let took = started.elapsed();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(receiver.count(), 200, "one POST each: a deferral is not an attempt");
+    let busiest = receiver.busiest_second();
+    eprintln!("200 POSTs at {limit}/s took {took:?}; the busiest second had {busiest}");
+    assert!(
+        busiest as f64 <= f64::from(limit) * 1.1 + 1.0,
+        "{busiest} POSTs in one second"
+    );
+    assert!(took >= Duration::from_secs(9), "200 at 20/s cannot take {took:?}");
+}

@@ -126,6 +126,9 @@ where
     let config = HostConfig {
         batch_size: 32,
         receive_wait,
+        // A batch whose attempts wait for their rate-limit slots (a second at most) must not
+        // hold up the next: with four at once, one worker paces up to ~128 attempts a second.
+        batches_in_flight: 4,
         scheduler_tick: Duration::from_secs(args.scheduler_interval.max(1)),
     };
     run_host(

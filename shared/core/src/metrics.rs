@@ -22,6 +22,8 @@ pub const DEAD: &str = "Dead";
 pub const STALE: &str = "Stale";
 /// First attempts that arrived before their delivery was stored, looked at again.
 pub const NOT_STORED_YET: &str = "NotStoredYet";
+/// Attempts the endpoint's rate limit deferred to their slot, not attempted.
+pub const RATE_LIMITED: &str = "RateLimited";
 /// Messages given back to the queue on an infrastructure failure.
 pub const REDELIVERED: &str = "Redelivered";
 /// How long a POST took, from its start to its answer (or timeout).

@@ -391,16 +391,25 @@ impl Sender for NoSender {
     }
 }
 
+#[async_trait]
 pub trait Clock: Send + Sync {
     fn now(&self) -> DateTime<Utc>;
+    /// Wait until `at` (an attempt's rate-limit slot); at once if it has passed.
+    async fn sleep_until(&self, at: DateTime<Utc>);
 }
 
 /// The wall clock.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SystemClock;
 
+#[async_trait]
 impl Clock for SystemClock {
     fn now(&self) -> DateTime<Utc> {
         Utc::now()
+    }
+    async fn sleep_until(&self, at: DateTime<Utc>) {
+        if let Ok(wait) = (at - Utc::now()).to_std() {
+            tokio::time::sleep(wait).await;
+        }
     }
 }

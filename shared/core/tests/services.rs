@@ -1559,3 +1559,97 @@ async fn given_a_tenant_change_then_it_is_stored_listed_and_validated() {
         Err(Error::NotFound { what: "tenant", .. })
     ));
 }
+
+#[tokio::test]
+async fn given_a_rate_limit_then_an_attempt_past_the_next_second_is_deferred_once_to_its_slot_uncounted() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let new = NewSubscription {
+        rate_limit_per_second: Some(1),
+        ..new_sub("https://a.example.com/", &["*"], None)
+    };
+    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    let t0 = h.clock.now();
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+        ids.push(ingested.deliveries[0].id.clone());
+    }
+    let tasks = h.queue.take_visible();
+    assert_eq!(tasks.len(), 4);
+    // The first goes at once; the second's slot is a second away: waited for in the worker.
+    for task in &tasks[..2] {
+        assert_eq!(h.services.deliver(task).await.unwrap(), DeliverOutcome::Delivered);
+    }
+    assert_eq!(
+        h.clock.now(),
+        t0 + Duration::seconds(1),
+        "the worker waited for the slot"
+    );
+    // Back at t0 (a second worker, say): the third's slot is two seconds away. Deferred,
+    // not attempted, not counted.
+    h.clock.set(t0);
+    let third = h.services.deliver(&tasks[2]).await.unwrap();
+    assert_eq!(
+        third,
+        DeliverOutcome::RateLimited {
+            slot: t0 + Duration::seconds(2)
+        }
+    );
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2);
+    let (d, attempts) = h.services.get_delivery(&tenant, &ids[2]).await.unwrap();
+    assert_eq!((d.status, d.attempts, attempts.len()), (DeliveryStatus::Pending, 0, 0));
+    // Queued to arrive a second before its slot, carrying it.
+    let (deferred, delay) = h.queue.log.lock().unwrap().last().cloned().unwrap();
+    assert_eq!((deferred.slot, delay), (Some(t0 + Duration::seconds(2)), 1));
+
+    // It arrives, waits the last second and goes, without reserving another slot: the
+    // fourth's is the one after it.
+    h.clock.advance(Duration::seconds(1));
+    let arrived = h.queue.take_visible();
+    assert_eq!(arrived, vec![deferred]);
+    assert_eq!(
+        h.services.deliver(&arrived[0]).await.unwrap(),
+        DeliverOutcome::Delivered
+    );
+    assert_eq!(h.clock.now(), t0 + Duration::seconds(2));
+    let fourth = h.services.deliver(&tasks[3]).await.unwrap();
+    assert_eq!(
+        fourth,
+        DeliverOutcome::Delivered,
+        "its slot, t0 + 3 s, was within the second"
+    );
+    assert_eq!(h.clock.now(), t0 + Duration::seconds(3));
+    let (d, attempts) = h.services.get_delivery(&tenant, &ids[2]).await.unwrap();
+    assert_eq!((d.status, attempts.len()), (DeliveryStatus::Delivered, 1));
+    assert_eq!(sub.rate_limit_per_second, Some(1));
+}
+
+#[tokio::test]
+async fn given_a_rate_limit_out_of_range_then_the_subscription_is_refused_and_null_removes_it() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    for bad in [0, 10_001] {
+        let new = NewSubscription {
+            rate_limit_per_second: Some(bad),
+            ..new_sub("https://a.example.com/", &["*"], None)
+        };
+        assert!(matches!(
+            h.services.create_subscription(&tenant, new).await,
+            Err(Error::Validation(e)) if e.code == "invalid_rate_limit"
+        ));
+    }
+    let new = NewSubscription {
+        rate_limit_per_second: Some(10_000),
+        ..new_sub("https://a.example.com/", &["*"], None)
+    };
+    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    let patch: hookwise_core::services::SubscriptionPatch =
+        serde_json::from_value(serde_json::json!({"rate_limit_per_second": null})).unwrap();
+    let changed = h.services.update_subscription(&tenant, &sub.id, patch).await.unwrap();
+    assert_eq!(changed.rate_limit_per_second, None);
+    let patch: hookwise_core::services::SubscriptionPatch =
+        serde_json::from_value(serde_json::json!({"timeout_ms": 5000})).unwrap();
+    let kept = h.services.update_subscription(&tenant, &sub.id, patch).await.unwrap();
+    assert_eq!(kept.rate_limit_per_second, None, "absent leaves it");
+}

@@ -205,6 +205,7 @@
           cell("Endpoint", el("span", { class: "mono" }, s.url), "url"),
           cell("Event types", s.event_types.join(", ")),
           cell("Policy", policyLabel(s.retry_policy)),
+          cell("Rate limit", s.rate_limit_per_second ? `${s.rate_limit_per_second}/s` : "none", "num"),
           cell("Status", [badge(s.status), s.disabled_reason ? el("div", { class: "hint" }, s.disabled_reason) : null]),
           cell("Health", healthLabel(s.health)),
           cell("Pending", String(c.pending ?? 0), "num"),

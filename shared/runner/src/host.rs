@@ -19,6 +19,8 @@ pub struct HostConfig {
     pub batch_size: usize,
     /// How long a receive waits for a first message.
     pub receive_wait: Duration,
+    /// Batches handled at once, per queue.
+    pub batches_in_flight: usize,
     /// Between scheduler runs (moving due retries, sweeping overdue deliveries).
     pub scheduler_tick: Duration,
 }
@@ -73,6 +75,7 @@ where
             name,
             batch_size: config.batch_size,
             wait: config.receive_wait,
+            batches_in_flight: config.batches_in_flight,
         };
         (handler, config, stop.clone())
     };

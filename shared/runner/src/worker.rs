@@ -41,19 +41,31 @@ pub struct WorkerConfig {
     /// How long one receive waits for a first message. Shutdown waits for it too: a receive
     /// is never cut short, or the messages it took would stay hidden until their timeout.
     pub wait: Duration,
+    /// Batches handled at once: the next receive does not wait for the batch in hand (whose
+    /// attempts may be waiting for their rate-limit slots), as Lambda's pollers do not.
+    pub batches_in_flight: usize,
 }
 
 /// A pause after a failed receive, so a queue that is down is not polled hard.
 const AFTER_ERROR: Duration = Duration::from_secs(1);
 
-/// Drain `consumer` through `handler` until `stop` is cancelled; the batch in hand is
-/// finished first.
+/// Drain `consumer` through `handler` until `stop` is cancelled, up to
+/// `batches_in_flight` batches at once; the batches in hand are finished first.
 pub async fn run_worker<C, H>(consumer: C, handler: H, config: WorkerConfig, stop: CancellationToken)
 where
-    C: QueueConsumer,
-    H: BatchHandler,
+    C: QueueConsumer + 'static,
+    C::Receipt: 'static,
+    H: BatchHandler + 'static,
 {
+    let consumer = Arc::new(consumer);
+    let handler = Arc::new(handler);
+    let slots = Arc::new(tokio::sync::Semaphore::new(config.batches_in_flight.max(1)));
+    let mut batches = tokio::task::JoinSet::new();
     while !stop.is_cancelled() {
+        let permit = tokio::select! {
+            permit = slots.clone().acquire_owned() => permit.expect("the semaphore is never closed"),
+            _ = stop.cancelled() => break,
+        };
         let batch = match consumer.receive(config.batch_size, config.wait).await {
             Ok(batch) => batch,
             Err(error) => {
@@ -68,19 +80,45 @@ where
         if batch.is_empty() {
             continue;
         }
-        let (receipts, messages): (Vec<_>, Vec<_>) = batch.into_iter().map(|r| (r.receipt, r.message)).unzip();
-        let dispositions = keep_hidden(&consumer, &receipts, handler.handle(&messages)).await;
-        let done: Vec<C::Receipt> = receipts
-            .into_iter()
-            .zip(dispositions)
-            .filter(|(_, d)| *d == Disposition::Done)
-            .map(|(r, _)| r)
-            .collect();
-        if !done.is_empty() {
-            if let Err(error) = consumer.ack(&done).await {
-                tracing::error!(queue = config.name, %error,
-                    "ack failed; those messages will be redelivered (and found stale)");
-            }
+        let (consumer, handler, name) = (consumer.clone(), handler.clone(), config.name);
+        batches.spawn(async move {
+            handle_batch(&*consumer, &*handler, name, batch).await;
+            drop(permit);
+        });
+        while let Some(done) = batches.try_join_next() {
+            log_panic(config.name, done);
+        }
+    }
+    while let Some(done) = batches.join_next().await {
+        log_panic(config.name, done);
+    }
+}
+
+fn log_panic(queue: &str, done: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = done {
+        tracing::error!(queue, %error, "a batch's handler panicked; its messages will be redelivered");
+    }
+}
+
+/// Hand one batch to the handler, keeping it hidden meanwhile, and acknowledge what is done.
+async fn handle_batch<C: QueueConsumer, H: BatchHandler>(
+    consumer: &C,
+    handler: &H,
+    name: &str,
+    batch: Vec<hookwise_core::ports::Received<C::Receipt>>,
+) {
+    let (receipts, messages): (Vec<_>, Vec<_>) = batch.into_iter().map(|r| (r.receipt, r.message)).unzip();
+    let dispositions = keep_hidden(consumer, &receipts, handler.handle(&messages)).await;
+    let done: Vec<C::Receipt> = receipts
+        .into_iter()
+        .zip(dispositions)
+        .filter(|(_, d)| *d == Disposition::Done)
+        .map(|(r, _)| r)
+        .collect();
+    if !done.is_empty() {
+        if let Err(error) = consumer.ack(&done).await {
+            tracing::error!(queue = name, %error,
+                "ack failed; those messages will be redelivered (and found stale)");
         }
     }
 }

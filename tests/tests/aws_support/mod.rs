@@ -363,6 +363,7 @@ impl EventSources {
                 name: label,
                 batch_size: 10,
                 wait: Duration::from_secs(1),
+                batches_in_flight: 1,
             };
             tasks.push(tokio::spawn(run_worker(consumer, handler, config, stop.clone())));
         }

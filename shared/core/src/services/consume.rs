@@ -152,5 +152,6 @@ fn outcome_metric(outcome: &DeliverOutcome) -> &'static str {
         DeliverOutcome::Dead => metrics::DEAD,
         DeliverOutcome::Stale => metrics::STALE,
         DeliverOutcome::NotStoredYet => metrics::NOT_STORED_YET,
+        DeliverOutcome::RateLimited { .. } => metrics::RATE_LIMITED,
     }
 }

@@ -26,7 +26,16 @@ pub enum DeliverOutcome {
     /// A first attempt whose delivery is not stored yet: the message is queued again, to
     /// look once more a little later (see `not_stored_yet`).
     NotStoredYet,
+    /// Over the endpoint's rate limit: queued again for the slot the limiter reserved, not
+    /// attempted (and not counted as an attempt).
+    RateLimited {
+        slot: DateTime<Utc>,
+    },
 }
+
+/// The longest a worker waits for an attempt's slot; one further ahead goes back on the queue
+/// (which delays in whole seconds) to arrive up to this much before its slot.
+pub const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long an ingest may take between queueing a first attempt and storing its delivery: no
 /// longer than the API's own time limit (API Gateway's 30 s; the ingest Lambda's is 15 s).
@@ -132,6 +141,9 @@ impl Services {
             (_, None) => return self.abandon(&delivery, task, "the event no longer exists").await,
         };
         let retries_enabled = tenant.is_none_or(|t| t.retries_enabled);
+        if let Some(slot) = self.wait_for_slot(&sub, task).await? {
+            return Ok(DeliverOutcome::RateLimited { slot });
+        }
 
         let started_at = self.now();
         let mut request = webhook_request(&sub, &event, started_at);
@@ -195,6 +207,31 @@ impl Services {
             self.disable_gone(sub).await?;
         }
         self.hand_on(&change.next, decision).await
+    }
+
+    /// Under the endpoint's rate limit, the attempt's slot: reserved now, or (on a deferred
+    /// message) reserved before. A slot within [`SLOT_WAIT`] is waited for here; one further
+    /// ahead sends the message back to arrive shortly before it, with its slot, and is
+    /// returned: the attempt is deferred once, whatever the backlog.
+    async fn wait_for_slot(&self, sub: &Subscription, task: &DeliveryTask) -> Result<Option<DateTime<Utc>>> {
+        let Some(interval) = sub.slot_interval() else {
+            return Ok(None);
+        };
+        let slot = match task.slot {
+            Some(slot) => slot,
+            None => self.ports.store.reserve_slot(&sub.id, interval, self.now()).await?,
+        };
+        let wait = chrono::Duration::from_std(SLOT_WAIT).unwrap_or_default();
+        if slot - self.now() <= wait {
+            self.ports.clock.sleep_until(slot).await;
+            return Ok(None);
+        }
+        let deferred = DeliveryTask {
+            slot: Some(slot),
+            ..task.clone()
+        };
+        self.schedule_attempt(deferred, slot - wait).await?;
+        Ok(Some(slot))
     }
 
     /// After the change is stored: queue the next attempt, or hand a dead one on.

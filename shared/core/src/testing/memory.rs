@@ -578,9 +578,15 @@ impl ManualClock {
     }
 }
 
+#[async_trait]
 impl Clock for ManualClock {
     fn now(&self) -> DateTime<Utc> {
         *lock(&self.now)
+    }
+    /// Time moves on to `at` at once: a test waits for nothing.
+    async fn sleep_until(&self, at: DateTime<Utc>) {
+        let mut now = lock(&self.now);
+        *now = (*now).max(at);
     }
 }
 

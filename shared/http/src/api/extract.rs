@@ -167,6 +167,7 @@ fn misfit(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         "event_types" => "invalid_event_type_filter",
         "owner_email" => "invalid_email",
         "timeout_ms" => "invalid_timeout",
+        "rate_limit_per_second" => "invalid_rate_limit",
         "description" => "invalid_description",
         "status" => "invalid_status",
         "payload" => "invalid_payload",

@@ -5,16 +5,19 @@ use hookwise_core::ports::{DeliveryTask, PortResult, Received};
 
 use super::*;
 
+/// Receipts hidden again, and for how long.
+type Extensions = Vec<(Vec<u32>, Duration)>;
+
 /// A queue in a vector: what was received, acked and hidden again.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct FakeQueue {
-    waiting: Mutex<Vec<QueueMessage>>,
-    acked: Mutex<Vec<u32>>,
-    extended: Mutex<Vec<(Vec<u32>, Duration)>>,
+    waiting: Arc<Mutex<Vec<QueueMessage>>>,
+    acked: Arc<Mutex<Vec<u32>>>,
+    extended: Arc<Mutex<Extensions>>,
 }
 
 #[async_trait]
-impl QueueConsumer for &FakeQueue {
+impl QueueConsumer for FakeQueue {
     type Receipt = u32;
 
     async fn receive(&self, max: usize, _wait: Duration) -> PortResult<Vec<Received<u32>>> {
@@ -80,6 +83,7 @@ fn config() -> WorkerConfig {
         name: "test",
         batch_size: 10,
         wait: Duration::from_millis(10),
+        batches_in_flight: 1,
     }
 }
 
@@ -97,7 +101,7 @@ async fn given_a_batch_then_only_the_messages_the_handler_is_done_with_are_acked
         takes: Duration::from_millis(5),
         stop: stop.clone(),
     };
-    run_worker(&queue, handler, config(), stop).await;
+    run_worker(queue.clone(), handler, config(), stop).await;
     assert_eq!(
         *queue.acked.lock().unwrap(),
         vec![0, 2],
@@ -120,7 +124,7 @@ async fn given_a_batch_slower_than_half_the_visibility_timeout_then_its_visibili
         takes: Duration::from_secs(40),
         stop: stop.clone(),
     };
-    run_worker(&queue, handler, config(), stop).await;
+    run_worker(queue.clone(), handler, config(), stop).await;
     let extended = queue.extended.lock().unwrap();
     assert_eq!(*extended, vec![(vec![0, 1], Duration::from_secs(30)); 2]);
     assert_eq!(*queue.acked.lock().unwrap(), vec![0, 1]);
@@ -136,6 +140,51 @@ async fn given_shutdown_before_a_message_arrives_then_the_worker_returns_without
         takes: Duration::ZERO,
         stop: stop.clone(),
     };
-    run_worker(&queue, handler, config(), stop).await;
+    run_worker(queue.clone(), handler, config(), stop).await;
     assert!(queue.acked.lock().unwrap().is_empty());
+}
+
+/// Records when each batch started; done with every message after `takes`.
+struct Timed {
+    takes: Duration,
+    started: Mutex<Vec<tokio::time::Instant>>,
+}
+
+#[async_trait]
+impl BatchHandler for Arc<Timed> {
+    async fn handle(&self, messages: &[QueueMessage]) -> Vec<Disposition> {
+        self.started.lock().unwrap().push(tokio::time::Instant::now());
+        tokio::time::sleep(self.takes).await;
+        vec![Disposition::Done; messages.len()]
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn given_two_batches_in_flight_then_the_second_is_taken_while_the_first_is_in_hand_and_both_finish_on_shutdown() {
+    let queue = FakeQueue::default();
+    queue
+        .waiting
+        .lock()
+        .unwrap()
+        .extend((0..20).map(|i| message(&i.to_string())));
+    let handler = Arc::new(Timed {
+        takes: Duration::from_secs(10),
+        started: Mutex::new(Vec::new()),
+    });
+    let stop = CancellationToken::new();
+    let config = WorkerConfig {
+        batches_in_flight: 2,
+        ..config()
+    };
+    let worker = tokio::spawn(run_worker(queue.clone(), handler.clone(), config, stop.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.cancel();
+    worker.await.unwrap();
+    let started = handler.started.lock().unwrap().clone();
+    assert_eq!(started.len(), 2, "two batches of ten");
+    assert!(
+        started[1] - started[0] < Duration::from_secs(1),
+        "the second did not wait for the first"
+    );
+    assert_eq!(queue.acked.lock().unwrap().len(), 20, "shutdown waited for both");
 }

@@ -355,6 +355,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         attempt: 2,
         queued_at: None,
         slot: None,
+        tenant_id: None,
     });
     admin
         .sqs

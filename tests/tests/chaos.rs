@@ -377,6 +377,7 @@ impl Backend for Aws {
                     attempt,
                     queued_at: None,
                     slot: None,
+                    tenant_id: None,
                 };
                 self.env
                     .clients

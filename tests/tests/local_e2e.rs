@@ -576,3 +576,68 @@ async fn given_a_rate_limit_then_the_receiver_never_gets_more_than_the_limit_a_t
     );
     assert!(took >= Duration::from_secs(9), "200 at 20/s cannot take {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn given_one_tenants_backlog_to_a_slow_endpoint_then_another_tenants_deliveries_keep_a_p99_under_two_seconds() {
+    let dir = TempDir::new("fairness");
+    let dev = Dev::start(&dir.0, &[]);
+    let a = dev.api();
+    let slow = Receiver::start(0).await;
+    slow.set_delay(Duration::from_millis(500));
+    a.subscribe(json!({"url": slow.url("/slow"), "retry_policy": {"schedule_seconds": []}}))
+        .await;
+    let created = hookwise_tests::tenant_cli_json(
+        &[
+            "create",
+            "--name",
+            "B",
+            "--owner-email",
+            "b@example.com",
+            "--data-dir",
+            dir.0.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let b = a.with_key(created["api_key"].as_str().unwrap());
+    let fast = Receiver::start(0).await;
+    b.subscribe(json!({"url": fast.url("/fast")})).await;
+
+    // Tenant A: 10 000 events, a backlog of some 40 s at its endpoint's pace.
+    for batch in 0..100 {
+        let events: Vec<_> = (0..100)
+            .map(|n| json!({"type": "order.paid", "payload": {"n": batch * 100 + n}}))
+            .collect();
+        let (status, out) = a.post("/v1/events/batch", json!({"events": events})).await;
+        assert_eq!(status, 202, "{out}");
+    }
+    assert!(
+        slow.count() < 5_000,
+        "A's backlog is there when B sends ({} delivered)",
+        slow.count()
+    );
+
+    // Tenant B: 100 events, one at a time, each timed from its send to its arrival.
+    let mut sent = std::collections::HashMap::new();
+    for n in 0..100 {
+        let at = std::time::Instant::now();
+        let ev = b.send_event("order.paid", json!({"n": n})).await;
+        sent.insert(ev["id"].as_str().unwrap().to_owned(), at);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    fast.wait_count(100, Duration::from_secs(30)).await;
+    let mut latencies: Vec<Duration> = fast
+        .requests()
+        .iter()
+        .map(|r| r.at - sent[r.header("webhook-id").unwrap()])
+        .collect();
+    latencies.sort();
+    let p99 = latencies[98];
+    eprintln!(
+        "B's latency: p50 {:?}, p99 {:?}, max {:?}; A's endpoint had {} of 10 000 by then",
+        latencies[49],
+        p99,
+        latencies[99],
+        slow.count()
+    );
+    assert!(p99 < Duration::from_secs(2), "B's p99 {p99:?} behind A's backlog");
+}

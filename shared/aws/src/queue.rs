@@ -76,6 +76,9 @@ impl SqsQueue {
                     .id(i.to_string())
                     .message_body(encode_task(task))
                     .delay_seconds(*delay as i32)
+                    // SQS fair queues: the tenant is the message group on this standard
+                    // queue, so one tenant's backlog does not hold up another's.
+                    .set_message_group_id(task.tenant_id.as_ref().map(|t| t.to_string()))
                     .build()
                     .map_err(|e| PortError::permanent(format!("building {what}"), e))
             })
@@ -305,6 +308,7 @@ mod tests {
             attempt: 3,
             queued_at: None,
             slot: None,
+            tenant_id: None,
         };
         let body = encode_task(&task);
         assert!(body.contains("\"attempt\":3"));

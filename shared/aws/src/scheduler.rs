@@ -27,7 +27,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
-use hookwise_core::model::DeliveryId;
+use hookwise_core::model::{DeliveryId, TenantId};
 use hookwise_core::ports::{DeliveryTask, PortResult, ScheduledTask, SchedulerTable};
 use hookwise_core::PortError;
 
@@ -104,13 +104,26 @@ fn decode(item: &Item) -> PortResult<ScheduledTask> {
         .with_timezone(&Utc);
     let delivery_id =
         DeliveryId::parse(get_s(item, "delivery_id")?).map_err(|e| corrupt("delivery_id", e.to_string()))?;
+    let slot = item
+        .get("slot")
+        .map(|_| {
+            DateTime::parse_from_rfc3339(get_s(item, "slot")?)
+                .map(|t| t.with_timezone(&Utc))
+                .map_err(|e| corrupt("slot", e.to_string()))
+        })
+        .transpose()?;
+    let tenant_id = item
+        .get("tenant_id")
+        .map(|_| TenantId::parse(get_s(item, "tenant_id")?).map_err(|e| corrupt("tenant_id", e.to_string())))
+        .transpose()?;
     Ok(ScheduledTask {
         task: DeliveryTask {
             delivery_id,
             round: get_n(item, "round")?,
             attempt: get_n(item, "attempt")?,
             queued_at: None,
-            slot: None,
+            slot,
+            tenant_id,
         },
         due,
     })
@@ -274,6 +287,15 @@ impl SchedulerTable for DynamoScheduler {
         record.insert("delivery_id".into(), s(item.task.delivery_id.as_str()));
         record.insert("round".into(), n(item.task.round));
         record.insert("attempt".into(), n(item.task.attempt));
+        if let Some(slot) = item.task.slot {
+            record.insert(
+                "slot".into(),
+                s(slot.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
+            );
+        }
+        if let Some(tenant) = &item.task.tenant_id {
+            record.insert("tenant_id".into(), s(tenant.as_str()));
+        }
         self.client
             .put_item()
             .table_name(&self.table)
@@ -396,6 +418,7 @@ mod tests {
                 attempt: 2,
                 queued_at: None,
                 slot: None,
+                tenant_id: None,
             },
             due,
         };

@@ -21,6 +21,7 @@ fn task(at: chrono::DateTime<Utc>) -> ScheduledTask {
             attempt: 2,
             queued_at: None,
             slot: None,
+            tenant_id: None,
         },
         due: at,
     }
@@ -339,6 +340,41 @@ async fn given_a_message_on_sqs_the_consumer_port_receives_returns_and_acks_it()
             .is_empty(),
         "deleted"
     );
+}
+
+/// SQS fair queues: a task's tenant is its message's group on the standard queue.
+#[tokio::test]
+async fn given_a_task_of_a_tenant_then_its_message_carries_the_tenant_as_its_message_group() {
+    use aws_sdk_sqs::types::MessageSystemAttributeName;
+    use hookwise_core::ports::DeliveryQueue;
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
+    let env = support::env(&moto, &moto, None).await;
+    let tenant = hookwise_core::model::TenantId::generate(Utc::now(), &mut rand::rng());
+    let t = hookwise_core::ports::DeliveryTask {
+        tenant_id: Some(tenant.clone()),
+        ..task(Utc::now()).task
+    };
+    env.adapters.queue.enqueue(&[(t, 0)]).await.unwrap();
+    let out = env
+        .clients
+        .sqs
+        .receive_message()
+        .queue_url(&env.provisioned.delivery_queue_url)
+        .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+        .wait_time_seconds(2)
+        .send()
+        .await
+        .unwrap();
+    let messages = out.messages.unwrap_or_default();
+    assert_eq!(messages.len(), 1);
+    let group = messages[0]
+        .attributes
+        .as_ref()
+        .and_then(|a| a.get(&MessageSystemAttributeName::MessageGroupId))
+        .cloned();
+    assert_eq!(group.as_deref(), Some(tenant.as_str()));
 }
 
 /// An `order.created` event of `tenant` at `at` with payload `{"n": n}`: with a key, its id

@@ -227,6 +227,10 @@ pub struct DeliveryTask {
     /// it. Its worker waits for the slot and sends, without reserving another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot: Option<DateTime<Utc>>,
+    /// The delivery's tenant: the group its queue is fair by (one tenant's backlog does not
+    /// hold up another's). A message an older build queued has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_id: Option<TenantId>,
 }
 
 /// The delivery queue and its dead-letter queue.

@@ -195,5 +195,6 @@ pub fn next_task(delivery: &Delivery) -> DeliveryTask {
         attempt: delivery.attempts + 1,
         queued_at: None,
         slot: None,
+        tenant_id: Some(delivery.tenant_id.clone()),
     }
 }

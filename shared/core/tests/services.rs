@@ -167,6 +167,7 @@ async fn given_an_always_failing_endpoint_then_it_dies_after_the_schedule_and_th
         attempt: 3,
         queued_at: None,
         slot: None,
+        tenant_id: None,
     };
     h.services.handle_dead_letters(&[again]).await.unwrap();
     assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);

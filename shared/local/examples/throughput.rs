@@ -180,6 +180,7 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                         attempt: 1,
                         queued_at: None,
                         slot: None,
+                        tenant_id: None,
                     },
                     0,
                 )])

@@ -227,10 +227,15 @@ impl LocalBackend {
                         .map_err(err)?,
                     None => 0,
                 };
+                // Fair by tenant: each group's oldest first, then each one's second, and so on,
+                // so one tenant's backlog does not hold up another's messages.
                 let rows: Vec<(i64, String, u32)> = conn
                     .prepare_cached(
-                        "SELECT id, doc, receive_count FROM queue
-                         WHERE queue = ?1 AND visible_at <= ?2 ORDER BY visible_at, id LIMIT ?3",
+                        "SELECT id, doc, receive_count FROM (
+                             SELECT id, doc, receive_count, visible_at,
+                                    ROW_NUMBER() OVER (PARTITION BY grp ORDER BY visible_at, id) AS turn
+                             FROM queue WHERE queue = ?1 AND visible_at <= ?2)
+                         ORDER BY turn, visible_at, id LIMIT ?3",
                     )
                     .and_then(|mut s| {
                         s.query_map(params![queue.as_str(), now_ns, limit], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
@@ -299,7 +304,9 @@ impl LocalBackend {
         .await
     }
 
-    async fn push(&self, queue: QueueName, tasks: Vec<(String, i64)>) -> PortResult<()> {
+    /// `tasks`: each message's document, when it becomes visible, and its group (the tenant,
+    /// or "" for none) that receives take turns by.
+    async fn push(&self, queue: QueueName, tasks: Vec<(String, i64, String)>) -> PortResult<()> {
         if tasks.is_empty() {
             return Ok(());
         }
@@ -308,10 +315,12 @@ impl LocalBackend {
             let err = |e| db_err("enqueue", e);
             {
                 let mut stmt = conn
-                    .prepare_cached("INSERT INTO queue (queue, doc, visible_at, enqueued_at) VALUES (?1, ?2, ?3, ?4)")
+                    .prepare_cached(
+                        "INSERT INTO queue (queue, doc, visible_at, enqueued_at, grp) VALUES (?1, ?2, ?3, ?4, ?5)",
+                    )
                     .map_err(err)?;
-                for (doc, visible_at) in tasks {
-                    stmt.execute(params![queue.as_str(), doc, visible_at, now])
+                for (doc, visible_at, group) in tasks {
+                    stmt.execute(params![queue.as_str(), doc, visible_at, now, group])
                         .map_err(err)?;
                 }
             }
@@ -350,6 +359,7 @@ impl DeliveryQueue for LocalBackend {
                 Ok((
                     to_json("delivery task", task)?,
                     nanos(later(now, chrono::Duration::seconds(i64::from(*delay)))),
+                    group(task),
                 ))
             })
             .collect::<PortResult<Vec<_>>>()?;
@@ -360,7 +370,7 @@ impl DeliveryQueue for LocalBackend {
         let now = nanos(self.now());
         let rows = tasks
             .iter()
-            .map(|task| Ok((to_json("delivery task", task)?, now)))
+            .map(|task| Ok((to_json("delivery task", task)?, now, group(task))))
             .collect::<PortResult<Vec<_>>>()?;
         self.push(QueueName::DeadLetter, rows).await
     }
@@ -416,4 +426,9 @@ impl QueueConsumer for LocalConsumer {
     fn visibility_timeout(&self) -> Duration {
         self.visibility_timeout
     }
+}
+
+/// The group a message takes its turn in: its tenant.
+fn group(task: &DeliveryTask) -> String {
+    task.tenant_id.as_ref().map(|t| t.to_string()).unwrap_or_default()
 }

@@ -9,7 +9,7 @@ use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 
 /// 2: `dead_notices.sent_at`. 3: `notices` (who is told, and when) and `digests` replace
 /// `dead_notices`. 4: `api_keys`, so a tenant can hold two (`tenants.api_key_hash` goes), and
-/// `rate_slots`.
+/// `rate_slots`, and `queue.grp` (the tenant a receive takes turns by).
 const VERSION: i64 = 4;
 
 const SCHEMA: &str = r#"
@@ -108,7 +108,9 @@ CREATE TABLE IF NOT EXISTS queue (
     doc            TEXT NOT NULL,
     visible_at     INTEGER NOT NULL,
     receive_count  INTEGER NOT NULL DEFAULT 0,
-    enqueued_at    INTEGER NOT NULL
+    enqueued_at    INTEGER NOT NULL,
+    -- The tenant, whose turn a receive takes (see `receive_from`).
+    grp            TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS queue_by_visibility ON queue (queue, visible_at, id);
 
@@ -193,6 +195,17 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
             |row| row.get(0),
         )
         .map_err(|e| db_err("read the schema", e))?;
+    let has_group_column: bool = tx
+        .query_row(
+            "SELECT count(*) > 0 FROM pragma_table_info('queue') WHERE name = 'grp'",
+            [],
+            |row| row.get(0),
+        )
+        .map_err(|e| db_err("read the schema", e))?;
+    if !has_group_column {
+        tx.execute_batch("ALTER TABLE queue ADD COLUMN grp TEXT NOT NULL DEFAULT '';")
+            .map_err(|e| db_err("upgrade the schema to version 4", e))?;
+    }
     if has_key_column {
         // Each tenant's one key moves to `api_keys`, and is listed on the tenant.
         tx.execute_batch(

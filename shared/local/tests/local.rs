@@ -39,6 +39,7 @@ fn task(rng: &mut StdRng) -> DeliveryTask {
         attempt: 1,
         queued_at: None,
         slot: None,
+        tenant_id: None,
     }
 }
 
@@ -855,4 +856,38 @@ async fn a_version_3_data_dir_moves_each_tenants_key_beside_it_and_lists_it_on_t
         Some(rotated.clone())
     );
     assert_eq!(backend.tenant_by_api_key("hash-a").await.unwrap(), Some(rotated));
+}
+
+#[tokio::test]
+async fn a_receive_takes_each_tenants_messages_in_turn_oldest_first() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let (clock, config) = clocked();
+    let backend = LocalBackend::open_in_memory_with(config).unwrap();
+    let (a, b) = (
+        TenantId::generate(start(), &mut rng),
+        TenantId::generate(start(), &mut rng),
+    );
+    let of = |tenant: &TenantId, rng: &mut StdRng| DeliveryTask {
+        tenant_id: Some(tenant.clone()),
+        ..task(rng)
+    };
+    // A's backlog first, then two of B's and one an older build queued (no tenant).
+    let mut queued = Vec::new();
+    for _ in 0..5 {
+        queued.push(of(&a, &mut rng));
+    }
+    queued.extend([of(&b, &mut rng), of(&b, &mut rng), task(&mut rng)]);
+    for t in &queued {
+        backend.enqueue(&[(t.clone(), 0)]).await.unwrap();
+        clock.advance(chrono::Duration::milliseconds(1));
+    }
+    let got: Vec<DeliveryTask> = backend
+        .receive(6, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.task)
+        .collect();
+    let want = [&queued[0], &queued[5], &queued[7], &queued[1], &queued[6], &queued[2]];
+    assert_eq!(got.iter().collect::<Vec<_>>(), want, "A, B, none, A, B, A");
 }

@@ -385,5 +385,6 @@ fn dead_task(delivery: &Delivery) -> DeliveryTask {
         attempt: delivery.attempts,
         queued_at: None,
         slot: None,
+        tenant_id: Some(delivery.tenant_id.clone()),
     }
 }

@@ -237,6 +237,7 @@ impl Fixture {
             attempt: 1,
             queued_at: None,
             slot: None,
+            tenant_id: None,
         }
     }
 }
@@ -1653,7 +1654,10 @@ fn scheduled(fx: &mut Fixture, due: DateTime<Utc>) -> ScheduledTask {
 pub async fn scheduled_items_come_due_earliest_first(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let ms = chrono::Duration::milliseconds;
-    let first = scheduled(&mut fx, t0() + minutes(10) + ms(250));
+    let mut first = scheduled(&mut fx, t0() + minutes(10) + ms(250));
+    // A rate-limited attempt's slot and its tenant come back with it.
+    first.task.slot = Some(t0() + minutes(11) + ms(5));
+    first.task.tenant_id = Some(fx.tenant().id);
     let second = scheduled(&mut fx, t0() + minutes(20));
     let third = scheduled(&mut fx, t0() + minutes(30));
     let much_later = scheduled(&mut fx, t0() + chrono::Duration::hours(2));

@@ -52,6 +52,7 @@ fn message(id: &str) -> QueueMessage {
         attempt: 1,
         queued_at: None,
         slot: None,
+        tenant_id: None,
     };
     QueueMessage {
         message_id: id.into(),

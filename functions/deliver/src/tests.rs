@@ -40,6 +40,7 @@ async fn one_queued_delivery(h: &Harness) -> DeliveryTask {
         retry_policy: Some(RetryPolicy::custom(vec![1], Jitter::None, false).unwrap()),
         timeout_ms: None,
         rate_limit_per_second: None,
+        auto_disable_after_hours: None,
         description: None,
     };
     h.services.create_subscription(&tenant, sub).await.unwrap();

@@ -47,6 +47,7 @@ mod tests {
             retry_policy: Some(RetryPolicy::custom(vec![300], Jitter::None, false).unwrap()),
             timeout_ms: None,
             rate_limit_per_second: None,
+            auto_disable_after_hours: None,
             description: None,
         };
         h.services.create_subscription(&tenant, sub).await.unwrap();

@@ -205,11 +205,24 @@ pub(crate) fn health_from_attr(item: &Item, name: &str) -> Result<EndpointHealth
             success: c[12] != 0,
         })
     };
-    let samples = bytes
+    let samples: Vec<HealthSample> = bytes
         .chunks_exact(HEALTH_SAMPLE_BYTES)
         .map(|c| sample(c).ok_or_else(|| corrupt(name, "a sample's time is out of range")))
         .collect::<Result<_, _>>()?;
-    Ok(EndpointHealth { samples })
+    let last_success_at = match item.get("last_success") {
+        Some(AttributeValue::N(micros)) => micros.parse().ok().and_then(DateTime::from_timestamp_micros),
+        _ => None,
+    };
+    // A save before `last_success` was kept: the window's latest success is the best known.
+    let last_success_at = last_success_at.or_else(|| samples_last_success(&samples));
+    Ok(EndpointHealth {
+        samples,
+        last_success_at,
+    })
+}
+
+fn samples_last_success(samples: &[HealthSample]) -> Option<DateTime<Utc>> {
+    samples.iter().filter(|s| s.success).map(|s| s.at).max()
 }
 
 #[cfg(test)]

@@ -1557,7 +1557,10 @@ impl Store for DynamoStore {
     }
 
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
-        let item = HashMap::from([("samples".to_owned(), health_to_attr(health))]);
+        let mut item = HashMap::from([("samples".to_owned(), health_to_attr(health))]);
+        if let Some(at) = health.last_success_at {
+            item.insert("last_success".to_owned(), n(at.timestamp_micros()));
+        }
         self.put_item(
             with_key(item, &health_key(sub), "endpoint_health"),
             None,

@@ -15,14 +15,18 @@ pub struct HealthSample {
     pub success: bool,
 }
 
-/// The last [`HEALTH_WINDOW`] attempts against one endpoint, oldest first.
+/// The last [`HEALTH_WINDOW`] attempts against one endpoint, oldest first, and when one last
+/// succeeded (which may be before the window: what auto-disable goes by).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct EndpointHealth {
     pub samples: Vec<HealthSample>,
+    #[serde(default)]
+    pub last_success_at: Option<DateTime<Utc>>,
 }
 
 impl EndpointHealth {
     pub fn record(&mut self, sample: HealthSample) {
+        self.note_success(&sample);
         self.samples.push(sample);
         if self.samples.len() > HEALTH_WINDOW {
             let excess = self.samples.len() - HEALTH_WINDOW;
@@ -32,11 +36,20 @@ impl EndpointHealth {
 
     /// `samples` (recorded elsewhere, and not in these) added in time order, the window kept.
     pub fn merge(&mut self, samples: &[HealthSample]) {
+        for s in samples {
+            self.note_success(s);
+        }
         self.samples.extend_from_slice(samples);
         self.samples.sort_by_key(|s| s.at);
         if self.samples.len() > HEALTH_WINDOW {
             let excess = self.samples.len() - HEALTH_WINDOW;
             self.samples.drain(..excess);
+        }
+    }
+
+    fn note_success(&mut self, sample: &HealthSample) {
+        if sample.success && self.last_success_at.is_none_or(|at| at < sample.at) {
+            self.last_success_at = Some(sample.at);
         }
     }
 

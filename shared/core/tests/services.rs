@@ -20,6 +20,7 @@ fn new_sub(url: &str, types: &[&str], schedule: Option<Vec<u64>>) -> NewSubscrip
         retry_policy: schedule.map(|s| RetryPolicy::custom(s, Jitter::None, false).unwrap()),
         timeout_ms: None,
         rate_limit_per_second: None,
+        auto_disable_after_hours: None,
         description: None,
     }
 }
@@ -1653,4 +1654,92 @@ async fn given_a_rate_limit_out_of_range_then_the_subscription_is_refused_and_nu
         serde_json::from_value(serde_json::json!({"timeout_ms": 5000})).unwrap();
     let kept = h.services.update_subscription(&tenant, &sub.id, patch).await.unwrap();
     assert_eq!(kept.rate_limit_per_second, None, "absent leaves it");
+}
+
+#[tokio::test]
+async fn given_an_endpoint_without_a_success_for_its_auto_disable_hours_then_the_subscription_is_disabled_and_its_owner_told_once(
+) {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let new = NewSubscription {
+        auto_disable_after_hours: Some(Some(1)),
+        ..new_sub("https://a.example.com/", &["*"], Some(vec![]))
+    };
+    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    // Failing, but not for an hour yet: still active.
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    let active = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert_eq!(active.status, SubscriptionStatus::Active);
+
+    // An hour of failures: the next failure disables it, and one email says so.
+    h.clock.advance(Duration::minutes(61));
+    for _ in 0..3 {
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    h.drain_now().await;
+    let disabled = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert_eq!(
+        (disabled.status, disabled.disabled_reason.as_deref()),
+        (SubscriptionStatus::Disabled, Some(DISABLED_FAILING))
+    );
+    let told: Vec<_> = h
+        .mailer
+        .sent
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|m| m.subject.contains("disabled"))
+        .cloned()
+        .collect();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0].to.as_str(), "owner@example.com");
+    assert!(told[0].text.contains("\"status\":\"active\"") && told[0].text.contains("/recover"));
+    // Events for it now create no deliveries.
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    assert!(ingested.deliveries.is_empty());
+
+    // Re-enabled: its failures count afresh, so the next one does not disable it again.
+    let patch: hookwise_core::services::SubscriptionPatch =
+        serde_json::from_value(serde_json::json!({"status": "active"})).unwrap();
+    h.services.update_subscription(&tenant, &sub.id, patch).await.unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    let again = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert_eq!(again.status, SubscriptionStatus::Active);
+}
+
+#[tokio::test]
+async fn given_a_success_within_the_auto_disable_hours_or_none_set_then_the_subscription_stays_active() {
+    // The first POST succeeds, the rest fail.
+    let h = Harness::new(ScriptedSender::new(|_, n| {
+        status_outcome(if n == 0 { 200 } else { 500 })
+    }));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let new = NewSubscription {
+        auto_disable_after_hours: Some(Some(1)),
+        ..new_sub("https://a.example.com/", &["*"], Some(vec![]))
+    };
+    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    h.clock.advance(Duration::minutes(50));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await; // a success at 50 min
+    h.clock.advance(Duration::minutes(50));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await; // a failure 50 min after it
+    let s = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert_eq!(s.status, SubscriptionStatus::Active, "the success reset the clock");
+
+    let never = NewSubscription {
+        auto_disable_after_hours: Some(None),
+        ..new_sub("https://b.example.com/", &["*"], Some(vec![]))
+    };
+    let never = h.services.create_subscription(&tenant, never).await.unwrap();
+    assert_eq!(never.auto_disable_after_hours, None);
+    let default = h
+        .services
+        .create_subscription(&tenant, new_sub("https://c.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    assert_eq!(default.auto_disable_after_hours, Some(DEFAULT_AUTO_DISABLE_HOURS));
 }

@@ -53,6 +53,8 @@ async fn main() {
         timeout_ms: DEFAULT_TIMEOUT_MS,
         status: SubscriptionStatus::Active,
         rate_limit_per_second: None,
+        auto_disable_after_hours: None,
+        active_since: None,
         disabled_reason: None,
         owner_email: None,
         description: None,

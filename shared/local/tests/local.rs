@@ -71,6 +71,8 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         timeout_ms: DEFAULT_TIMEOUT_MS,
         status: SubscriptionStatus::Active,
         rate_limit_per_second: None,
+        auto_disable_after_hours: None,
+        active_since: None,
         disabled_reason: None,
         owner_email: None,
         description: None,

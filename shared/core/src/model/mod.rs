@@ -77,6 +77,16 @@ pub const DEFAULT_TIMEOUT_MS: u32 = 10_000;
 pub const MAX_TIMEOUT_MS: u32 = 30_000;
 /// The highest per-endpoint rate limit, in POSTs a second.
 pub const MAX_RATE_LIMIT: u32 = 10_000;
+/// A subscription's `auto_disable_after_hours` unless it says otherwise: five days.
+pub const DEFAULT_AUTO_DISABLE_HOURS: u32 = 120;
+/// The longest `auto_disable_after_hours`: a year.
+pub const MAX_AUTO_DISABLE_HOURS: u32 = 8_760;
+/// The `disabled_reason` of a subscription Hookwise disabled because its endpoint kept failing.
+pub const DISABLED_FAILING: &str = "failing";
+
+fn default_auto_disable() -> Option<u32> {
+    Some(DEFAULT_AUTO_DISABLE_HOURS)
+}
 
 /// An endpoint and the events it wants.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -96,9 +106,17 @@ pub struct Subscription {
     /// over it waits for the slot the limiter reserves for it. `None`: no limit.
     #[serde(default)]
     pub rate_limit_per_second: Option<u32>,
+    /// Hookwise disables it (`disabled_reason` [`DISABLED_FAILING`]) once its endpoint has had
+    /// no successful attempt for this long, and tells its owner. `None`: never.
+    #[serde(default = "default_auto_disable")]
+    pub auto_disable_after_hours: Option<u32>,
     pub status: SubscriptionStatus,
-    /// Why it was disabled, when Hookwise disabled it (an endpoint answering 410).
+    /// Why it was disabled, when Hookwise disabled it (an endpoint answering 410, or failing).
     pub disabled_reason: Option<String>,
+    /// Since when it has been active: its creation, or its last re-enabling. `None` on one an
+    /// older build wrote (its `created_at` then).
+    #[serde(default)]
+    pub active_since: Option<DateTime<Utc>>,
     pub owner_email: Option<Email>,
     pub description: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -111,6 +129,13 @@ impl Subscription {
         self.rate_limit_per_second
             .filter(|r| *r > 0)
             .map(|r| std::time::Duration::from_secs(1) / r)
+    }
+
+    /// When its endpoint's failures started to count towards auto-disable: since it became
+    /// active, or its last success if later.
+    pub fn failing_since(&self, last_success: Option<DateTime<Utc>>) -> DateTime<Utc> {
+        let active = self.active_since.unwrap_or(self.created_at);
+        last_success.map_or(active, |s| s.max(active))
     }
 
     pub fn wants(&self, event_type: &EventType) -> bool {

@@ -33,6 +33,9 @@ pub enum DeliverOutcome {
     },
 }
 
+/// The `disabled_reason` of a subscription whose endpoint answered 410.
+const GONE: &str = "the endpoint answered 410 Gone";
+
 /// The longest a worker waits for an attempt's slot; one further ahead goes back on the queue
 /// (which delays in whole seconds) to arrive up to this much before its slot.
 pub const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
@@ -140,7 +143,7 @@ impl Services {
             (None, _) => return self.abandon(&delivery, task, "the subscription was deleted").await,
             (_, None) => return self.abandon(&delivery, task, "the event no longer exists").await,
         };
-        let retries_enabled = tenant.is_none_or(|t| t.retries_enabled);
+        let retries_enabled = tenant.as_ref().is_none_or(|t| t.retries_enabled);
         if let Some(slot) = self.wait_for_slot(&sub, task).await? {
             return Ok(DeliverOutcome::RateLimited { slot });
         }
@@ -204,7 +207,10 @@ impl Services {
         )
         .await;
         if outcome.status_code == Some(410) {
-            self.disable_gone(sub).await?;
+            self.disable_subscription(sub, GONE).await?;
+        } else if !outcome.is_success() {
+            self.disable_if_failing(sub, health.last_success_at, tenant.as_ref(), now)
+                .await;
         }
         self.hand_on(&change.next, decision).await
     }
@@ -302,7 +308,7 @@ impl Services {
                 if let Some(sub) =
                     sub.filter(|s| s.status == SubscriptionStatus::Active && s.updated_at <= delivery.updated_at)
                 {
-                    self.disable_gone(sub).await?;
+                    self.disable_subscription(sub, GONE).await?;
                 }
             }
             self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;
@@ -354,27 +360,78 @@ impl Services {
         self.hand_on(&change.next, Decision::Dead).await
     }
 
-    /// 410 Gone disables the subscription: a conditional write of the copy just read, tried
-    /// again on a fresh copy if another change came first. A deleted one stays deleted.
-    async fn disable_gone(&self, mut sub: Subscription) -> Result<()> {
+    /// Disable the subscription, with `reason`: a conditional write of the copy just read,
+    /// tried again on a fresh copy if another change came first. A deleted one stays deleted.
+    /// `true` when this call disabled it (not someone before it).
+    async fn disable_subscription(&self, mut sub: Subscription, reason: &str) -> Result<bool> {
         for _ in 0..3 {
             let read_at = sub.updated_at;
             sub.status = SubscriptionStatus::Disabled;
-            sub.disabled_reason = Some("the endpoint answered 410 Gone".into());
+            sub.disabled_reason = Some(reason.into());
             sub.updated_at = super::subscriptions::next_version(read_at, self.now());
             let result = self.ports.store.replace_subscription(&sub, read_at).await;
             self.forget_subscription(&sub.tenant_id, &sub.id);
             match result {
-                Ok(()) => return Ok(()),
+                Ok(()) => return Ok(true),
                 Err(PortError::ConditionFailed(_)) => {}
                 Err(e) => return Err(e.into()),
             }
             match self.ports.store.get_subscription(&sub.tenant_id, &sub.id).await? {
                 Some(fresh) if fresh.status == SubscriptionStatus::Active => sub = fresh,
-                _ => return Ok(()), // deleted, or disabled by someone else
+                _ => return Ok(false), // deleted, or disabled by someone else
             }
         }
-        Err(PortError::retryable("disable the subscription", "it kept changing under the 410's disabling").into())
+        Err(PortError::retryable("disable the subscription", "it kept changing under its disabling").into())
+    }
+
+    /// Auto-disable: after a failed attempt, a subscription whose endpoint has had no success
+    /// for its `auto_disable_after_hours` (since it became active) is disabled as
+    /// [`DISABLED_FAILING`], and its owner told once, by the call that disabled it. The
+    /// endpoint's stored health is read first, so a success another process had since this
+    /// one last looked keeps it. Advisory like health: an error is logged, the attempt stands.
+    async fn disable_if_failing(
+        &self,
+        sub: Subscription,
+        last_success: Option<DateTime<Utc>>,
+        tenant: Option<&Tenant>,
+        now: DateTime<Utc>,
+    ) {
+        let Some(hours) = sub.auto_disable_after_hours else {
+            return;
+        };
+        let after = chrono::Duration::hours(hours.into());
+        if now - sub.failing_since(last_success) < after {
+            return;
+        }
+        let disabled = async {
+            let stored = self.stored_health(&sub.id).await?;
+            if now - sub.failing_since(stored.last_success_at) < after {
+                return Ok(None);
+            }
+            let since = sub.failing_since(stored.last_success_at);
+            let done = self.disable_subscription(sub.clone(), DISABLED_FAILING).await?;
+            Ok::<_, crate::Error>(done.then_some(since))
+        };
+        let since = match disabled.await {
+            Ok(Some(since)) => since,
+            Ok(None) => return,
+            Err(err) => {
+                tracing::warn!(error = %err, subscription_id = %sub.id, "could not auto-disable a failing subscription");
+                return;
+            }
+        };
+        tracing::warn!(subscription_id = %sub.id, %since, "subscription disabled: its endpoint has not succeeded since");
+        let Some(to) = sub
+            .owner_email
+            .clone()
+            .or_else(|| tenant.map(|t| t.owner_email.clone()))
+        else {
+            return;
+        };
+        let email = self.disabled_email(&sub, to, since, hours);
+        if let Err(err) = self.ports.mailer.send(&email).await {
+            tracing::warn!(error = %err, subscription_id = %sub.id, "the auto-disable email failed");
+        }
     }
 }
 

@@ -119,6 +119,39 @@ impl Services {
         Ok(self.digest_email(claim, &listed, url))
     }
 
+    /// The one email a subscription's owner gets when Hookwise disables it for failing.
+    pub(super) fn disabled_email(
+        &self,
+        sub: &Subscription,
+        to: Email,
+        since: DateTime<Utc>,
+        hours: u32,
+    ) -> OutgoingEmail {
+        let api = self.api_url();
+        let since = since.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+        let text = format!(
+            "Hookwise has disabled your subscription {id} to {url}: its endpoint has not answered \
+             a webhook with success since {since} ({hours} hours, the subscription's \
+             auto_disable_after_hours). New events create no deliveries for it, and the \
+             deliveries still retrying go dead.\n\n\
+             Once the endpoint works again, re-enable it, then send what it missed:\n  \
+             curl -X PATCH -H \"Authorization: Bearer $HOOKWISE_API_KEY\" -H \"Content-Type: application/json\" \
+             -d '{{\"status\":\"active\"}}' {api}/v1/subscriptions/{id}\n  \
+             curl -X POST -H \"Authorization: Bearer $HOOKWISE_API_KEY\" -H \"Content-Type: application/json\" \
+             -d '{{\"since\":\"{since}\"}}' {api}/v1/subscriptions/{id}/recover\n",
+            id = sub.id,
+            url = sub.url,
+        );
+        OutgoingEmail {
+            to,
+            subject: format!(
+                "[Hookwise] Subscription to {} disabled: its endpoint keeps failing",
+                sub.url
+            ),
+            text,
+        }
+    }
+
     fn replay_hint(&self, id: &DeliveryId) -> String {
         format!(
             "  Replay it from the dashboard ({api}/dashboard), or:\n  curl -X POST -H \"Authorization: Bearer $HOOKWISE_API_KEY\" {api}/v1/deliveries/{id}/replay\n",

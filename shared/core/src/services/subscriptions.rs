@@ -27,6 +27,9 @@ pub struct NewSubscription {
     pub timeout_ms: Option<u32>,
     #[serde(default)]
     pub rate_limit_per_second: Option<u32>,
+    /// Absent: [`DEFAULT_AUTO_DISABLE_HOURS`]; `null`: never.
+    #[serde(default, deserialize_with = "present")]
+    pub auto_disable_after_hours: Option<Option<u32>>,
     #[serde(default)]
     pub description: Option<String>,
 }
@@ -51,6 +54,9 @@ pub struct SubscriptionPatch {
     /// Absent: unchanged; `null`: no limit; else replaced.
     #[serde(default, deserialize_with = "present")]
     pub rate_limit_per_second: Option<Option<u32>>,
+    /// Absent: unchanged; `null`: never disabled for failing; else replaced.
+    #[serde(default, deserialize_with = "present")]
+    pub auto_disable_after_hours: Option<Option<u32>>,
     /// Absent: unchanged; `null`: removed; else replaced.
     #[serde(default, deserialize_with = "present")]
     pub description: Option<Option<String>>,
@@ -122,6 +128,16 @@ fn check_rate_limit(limit: Option<u32>) -> Result<Option<u32>, ValidationError> 
     }
 }
 
+fn check_auto_disable(hours: Option<u32>) -> Result<Option<u32>, ValidationError> {
+    match hours {
+        Some(h) if h == 0 || h > MAX_AUTO_DISABLE_HOURS => Err(ValidationError::new(
+            "invalid_auto_disable",
+            format!("auto_disable_after_hours must be 1 to {MAX_AUTO_DISABLE_HOURS}, or null for never"),
+        )),
+        other => Ok(other),
+    }
+}
+
 fn check_description(d: &str) -> Result<(), ValidationError> {
     if d.chars().count() > MAX_DESCRIPTION_LEN {
         return Err(ValidationError::new(
@@ -187,6 +203,8 @@ impl Services {
         }
         let timeout_ms = check_timeout(new.timeout_ms.unwrap_or(DEFAULT_TIMEOUT_MS))?;
         let rate_limit_per_second = check_rate_limit(new.rate_limit_per_second)?;
+        let auto_disable_after_hours =
+            check_auto_disable(new.auto_disable_after_hours.unwrap_or(Some(DEFAULT_AUTO_DISABLE_HOURS)))?;
         let retry_policy = new
             .retry_policy
             .unwrap_or_else(|| self.config.default_retry_policy.clone());
@@ -207,8 +225,10 @@ impl Services {
             retry_policy,
             timeout_ms,
             rate_limit_per_second,
+            auto_disable_after_hours,
             status: SubscriptionStatus::Active,
             disabled_reason: None,
+            active_since: Some(now),
             owner_email: new.owner_email,
             description: new.description,
             created_at: now,
@@ -285,6 +305,9 @@ impl Services {
         if let Some(limit) = patch.rate_limit_per_second {
             sub.rate_limit_per_second = check_rate_limit(limit)?;
         }
+        if let Some(hours) = patch.auto_disable_after_hours {
+            sub.auto_disable_after_hours = check_auto_disable(hours)?;
+        }
         if let Some(d) = patch.description {
             if let Some(d) = &d {
                 check_description(d)?;
@@ -292,6 +315,10 @@ impl Services {
             sub.description = d;
         }
         if let Some(status) = patch.status {
+            if status == SubscriptionStatus::Active && sub.status != SubscriptionStatus::Active {
+                // Its failures count afresh from now: not disabled again at the next one.
+                sub.active_since = Some(self.now());
+            }
             if status == SubscriptionStatus::Active {
                 sub.disabled_reason = None;
             }

@@ -180,6 +180,8 @@ impl Fixture {
             timeout_ms: DEFAULT_TIMEOUT_MS,
             status: SubscriptionStatus::Active,
             rate_limit_per_second: None,
+            auto_disable_after_hours: None,
+            active_since: None,
             disabled_reason: None,
             owner_email: None,
             description: Some("orders".into()),

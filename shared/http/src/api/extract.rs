@@ -168,6 +168,7 @@ fn misfit(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         "owner_email" => "invalid_email",
         "timeout_ms" => "invalid_timeout",
         "rate_limit_per_second" => "invalid_rate_limit",
+        "auto_disable_after_hours" => "invalid_auto_disable",
         "description" => "invalid_description",
         "status" => "invalid_status",
         "payload" => "invalid_payload",

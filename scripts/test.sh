@@ -35,6 +35,9 @@ scripts/aws-test-services.sh run -- scripts/localstack.sh run -- bash -c '
   cargo test --workspace --locked -- --skip chaos_ &&
   cargo test --workspace --locked --test chaos -- --nocapture'
 
+step "sam local: the four functions in Docker (an image built offline), invoke and start-api, on moto and DynamoDB Local"
+scripts/aws-test-services.sh run -- scripts/sam-local.sh test
+
 step "Dashboard in headless Chromium, and the API against its OpenAPI document (schemathesis)"
 scripts/ui-tests.sh
 

@@ -1743,3 +1743,41 @@ async fn given_a_success_within_the_auto_disable_hours_or_none_set_then_the_subs
         .unwrap();
     assert_eq!(default.auto_disable_after_hours, Some(DEFAULT_AUTO_DISABLE_HOURS));
 }
+
+#[tokio::test]
+async fn given_the_auto_disable_email_failing_then_the_message_comes_back_and_its_return_tells_the_owner_once() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let new = NewSubscription {
+        auto_disable_after_hours: Some(Some(1)),
+        ..new_sub("https://a.example.com/", &["*"], Some(vec![]))
+    };
+    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    h.clock.advance(Duration::minutes(61));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().pop().unwrap();
+    h.mailer
+        .refusing_once
+        .lock()
+        .unwrap()
+        .insert("owner@example.com".into());
+    assert!(h.services.deliver(&task).await.is_err(), "the message must come back");
+    let pending = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert_eq!(
+        (pending.status, pending.disable_notice_pending),
+        (SubscriptionStatus::Disabled, true)
+    );
+    let told = |h: &Harness| {
+        let sent = h.mailer.sent.lock().unwrap();
+        sent.iter().filter(|m| m.subject.contains("disabled")).count()
+    };
+    assert_eq!(told(&h), 0);
+    // It comes back: its attempt is recorded (stale), and the owner is told.
+    assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
+    assert_eq!(told(&h), 1);
+    let done = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert!(!done.disable_notice_pending);
+    h.clock.advance(Duration::seconds(31)); // past the lookups' time to live
+    assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
+    assert_eq!(told(&h), 1, "once");
+}

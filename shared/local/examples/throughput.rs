@@ -55,6 +55,7 @@ async fn main() {
         rate_limit_per_second: None,
         auto_disable_after_hours: None,
         active_since: None,
+        disable_notice_pending: false,
         disabled_reason: None,
         owner_email: None,
         description: None,

@@ -73,6 +73,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         rate_limit_per_second: None,
         auto_disable_after_hours: None,
         active_since: None,
+        disable_notice_pending: false,
         disabled_reason: None,
         owner_email: None,
         description: None,

@@ -117,6 +117,10 @@ pub struct Subscription {
     /// older build wrote (its `created_at` then).
     #[serde(default)]
     pub active_since: Option<DateTime<Utc>>,
+    /// Disabled for failing, and its owner not told yet: whoever finds it so sends the email
+    /// (the disabling call, or a message of its coming back after that call failed).
+    #[serde(default)]
+    pub disable_notice_pending: bool,
     pub owner_email: Option<Email>,
     pub description: Option<String>,
     pub created_at: DateTime<Utc>,

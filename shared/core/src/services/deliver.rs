@@ -206,13 +206,16 @@ impl Services {
             },
         )
         .await;
+        let failed = !outcome.is_success() && outcome.status_code != Some(410);
         if outcome.status_code == Some(410) {
-            self.disable_subscription(sub, GONE).await?;
-        } else if !outcome.is_success() {
-            self.disable_if_failing(sub, health.last_success_at, tenant.as_ref(), now)
-                .await;
+            self.disable_subscription(sub.clone(), GONE, false).await?;
         }
-        self.hand_on(&change.next, decision).await
+        let handed = self.hand_on(&change.next, decision).await?;
+        if failed {
+            self.disable_if_failing(sub, health.last_success_at, tenant.as_ref(), now)
+                .await?;
+        }
+        Ok(handed)
     }
 
     /// Under the endpoint's rate limit, the attempt's slot: reserved now, or (on a deferred
@@ -293,6 +296,7 @@ impl Services {
     /// subscription's disabling. Do those again; both are idempotent (the owner is still told
     /// only once).
     async fn finish_stale(&self, delivery: &Delivery, task: &DeliveryTask) -> Result<DeliverOutcome> {
+        self.tell_of_disabling(delivery).await?;
         let killed_by_this = delivery.status == DeliveryStatus::Dead
             && delivery.round == task.round
             && (delivery.attempts == task.attempt || delivery.attempts + 1 == task.attempt);
@@ -308,7 +312,7 @@ impl Services {
                 if let Some(sub) =
                     sub.filter(|s| s.status == SubscriptionStatus::Active && s.updated_at <= delivery.updated_at)
                 {
-                    self.disable_subscription(sub, GONE).await?;
+                    self.disable_subscription(sub, GONE, false).await?;
                 }
             }
             self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;
@@ -362,12 +366,14 @@ impl Services {
 
     /// Disable the subscription, with `reason`: a conditional write of the copy just read,
     /// tried again on a fresh copy if another change came first. A deleted one stays deleted.
-    /// `true` when this call disabled it (not someone before it).
-    async fn disable_subscription(&self, mut sub: Subscription, reason: &str) -> Result<bool> {
+    /// `true` when this call disabled it (not someone before it). `notice_pending`: its
+    /// owner is to be told (`disable_notice_pending`).
+    async fn disable_subscription(&self, mut sub: Subscription, reason: &str, notice_pending: bool) -> Result<bool> {
         for _ in 0..3 {
             let read_at = sub.updated_at;
             sub.status = SubscriptionStatus::Disabled;
             sub.disabled_reason = Some(reason.into());
+            sub.disable_notice_pending = notice_pending;
             sub.updated_at = super::subscriptions::next_version(read_at, self.now());
             let result = self.ports.store.replace_subscription(&sub, read_at).await;
             self.forget_subscription(&sub.tenant_id, &sub.id);
@@ -386,51 +392,77 @@ impl Services {
 
     /// Auto-disable: after a failed attempt, a subscription whose endpoint has had no success
     /// for its `auto_disable_after_hours` (since it became active) is disabled as
-    /// [`DISABLED_FAILING`], and its owner told once, by the call that disabled it. The
-    /// endpoint's stored health is read first, so a success another process had since this
-    /// one last looked keeps it. Advisory like health: an error is logged, the attempt stands.
+    /// [`DISABLED_FAILING`], and its owner told once. The endpoint's stored health is read
+    /// first, so a success another process had since this one last looked keeps it. The
+    /// disabling marks the email pending; an error before it is sent redelivers the message,
+    /// whose coming back sends it (`tell_of_disabling`).
     async fn disable_if_failing(
         &self,
         sub: Subscription,
         last_success: Option<DateTime<Utc>>,
         tenant: Option<&Tenant>,
         now: DateTime<Utc>,
-    ) {
+    ) -> Result<()> {
         let Some(hours) = sub.auto_disable_after_hours else {
-            return;
+            return Ok(());
         };
         let after = chrono::Duration::hours(hours.into());
         if now - sub.failing_since(last_success) < after {
-            return;
+            return Ok(());
         }
-        let disabled = async {
-            let stored = self.stored_health(&sub.id).await?;
-            if now - sub.failing_since(stored.last_success_at) < after {
-                return Ok(None);
-            }
-            let since = sub.failing_since(stored.last_success_at);
-            let done = self.disable_subscription(sub.clone(), DISABLED_FAILING).await?;
-            Ok::<_, crate::Error>(done.then_some(since))
-        };
-        let since = match disabled.await {
-            Ok(Some(since)) => since,
-            Ok(None) => return,
-            Err(err) => {
-                tracing::warn!(error = %err, subscription_id = %sub.id, "could not auto-disable a failing subscription");
-                return;
-            }
-        };
+        let stored = self.stored_health(&sub.id).await?;
+        let since = sub.failing_since(stored.last_success_at);
+        if now - since < after {
+            return Ok(());
+        }
+        if !self.disable_subscription(sub.clone(), DISABLED_FAILING, true).await? {
+            return Ok(());
+        }
         tracing::warn!(subscription_id = %sub.id, %since, "subscription disabled: its endpoint has not succeeded since");
-        let Some(to) = sub
+        match self.ports.store.get_subscription(&sub.tenant_id, &sub.id).await? {
+            Some(disabled) => self.send_disable_notice(disabled, tenant).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A message that found its attempt recorded: if its subscription was disabled for failing
+    /// and its owner not told (the call that disabled it failed before the email), tell them.
+    async fn tell_of_disabling(&self, delivery: &Delivery) -> Result<()> {
+        let sub = self
+            .kept_subscription(&delivery.tenant_id, &delivery.subscription_id)
+            .await?;
+        let Some(sub) = sub.filter(|s| s.disable_notice_pending && s.status == SubscriptionStatus::Disabled) else {
+            return Ok(());
+        };
+        let tenant = self.kept_tenant(&sub.tenant_id).await?;
+        self.send_disable_notice(sub, tenant.as_ref()).await
+    }
+
+    /// Email the owner of a subscription disabled for failing, then mark it told. An error
+    /// leaves it pending.
+    async fn send_disable_notice(&self, mut sub: Subscription, tenant: Option<&Tenant>) -> Result<()> {
+        if let Some(to) = sub
             .owner_email
             .clone()
             .or_else(|| tenant.map(|t| t.owner_email.clone()))
-        else {
-            return;
-        };
-        let email = self.disabled_email(&sub, to, since, hours);
-        if let Err(err) = self.ports.mailer.send(&email).await {
-            tracing::warn!(error = %err, subscription_id = %sub.id, "the auto-disable email failed");
+        {
+            let stored = self.stored_health(&sub.id).await?;
+            let since = sub.failing_since(stored.last_success_at);
+            let hours = sub.auto_disable_after_hours.unwrap_or(DEFAULT_AUTO_DISABLE_HOURS);
+            self.ports
+                .mailer
+                .send(&self.disabled_email(&sub, to, since, hours))
+                .await?;
+        }
+        let read_at = sub.updated_at;
+        sub.disable_notice_pending = false;
+        sub.updated_at = super::subscriptions::next_version(read_at, self.now());
+        let result = self.ports.store.replace_subscription(&sub, read_at).await;
+        self.forget_subscription(&sub.tenant_id, &sub.id);
+        match result {
+            // Changed since (re-enabled, say): the owner was told, and that change stands.
+            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()),
+            Err(e) => Err(e.into()),
         }
     }
 }

@@ -229,6 +229,7 @@ impl Services {
             status: SubscriptionStatus::Active,
             disabled_reason: None,
             active_since: Some(now),
+            disable_notice_pending: false,
             owner_email: new.owner_email,
             description: new.description,
             created_at: now,
@@ -321,6 +322,7 @@ impl Services {
             }
             if status == SubscriptionStatus::Active {
                 sub.disabled_reason = None;
+                sub.disable_notice_pending = false;
             }
             sub.status = status;
         }

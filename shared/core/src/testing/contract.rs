@@ -182,6 +182,7 @@ impl Fixture {
             rate_limit_per_second: None,
             auto_disable_after_hours: None,
             active_since: None,
+            disable_notice_pending: false,
             disabled_reason: None,
             owner_email: None,
             description: Some("orders".into()),

@@ -11,6 +11,9 @@
 //! (LocalStack's free edition has none). It skips without LocalStack, unless
 //! HOOKWISE_TEST_REQUIRE_LOCALSTACK=1 (that script sets it), when it fails:
 //! `scripts/aws-test-services.sh run -- scripts/localstack.sh run -- cargo test ...`.
+//!
+//! Each scenario step is one helper, run on either mix: a [`Backend`] says where the step
+//! reads the queues, the tables and the emails (moto's SES v2, or `--log-email`'s stderr).
 
 mod aws_support;
 
@@ -162,9 +165,8 @@ impl DevAws {
         }
     }
 
-    /// The emails `--log-email` printed so far: each `---- email to {to} ----` block as
-    /// (to, subject, body).
-    fn logged_emails(&self) -> Vec<(String, String, String)> {
+    /// The emails `--log-email` printed so far: each `---- email to {to} ----` block.
+    fn logged_emails(&self) -> Vec<Email> {
         let lines = self.stderr.lock().unwrap().clone();
         let mut emails = Vec::new();
         let mut open: Option<(String, Vec<String>)> = None;
@@ -183,7 +185,12 @@ impl DevAws {
                         .to_owned();
                     // After the subject line comes one blank line, then the text.
                     let text = body.iter().skip(2).cloned().collect::<Vec<_>>().join("\n");
-                    emails.push((to, subject, text));
+                    emails.push(Email {
+                        to,
+                        from: None,
+                        subject,
+                        body: text,
+                    });
                 }
             } else if let Some((_, body)) = open.as_mut() {
                 body.push(line);
@@ -343,7 +350,7 @@ async fn wait_queue_empty(clients: &AwsClients, url: &str, within: Duration) {
     }
 }
 
-/// The scheduler table on moto: the sum of its cursors' versions (`#CURSOR#{shard}`, bumped
+/// The scheduler table: the sum of its cursors' versions (`#CURSOR#{shard}`, bumped
 /// by every `schedule`; `None` if nothing was ever scheduled) and the tasks still waiting.
 async fn scheduler_table(clients: &AwsClients, table: &str) -> (Option<u64>, usize) {
     let out = clients
@@ -382,36 +389,144 @@ fn started_at(attempt: &Value) -> chrono::DateTime<chrono::Utc> {
         .unwrap_or_else(|| panic!("a started_at: {attempt}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attempt_three_delivers_and_all_are_recorded_in_dynamodb(
-) {
-    let Some(moto_url) = moto() else { return };
-    let mut dev = DevAws::start(&Endpoints::all(&moto_url), "devflaky", &[]);
-    let api = dev.api();
+/// The gaps between a delivery's attempts, in ms.
+fn gaps_ms(attempts: &[Value]) -> Vec<i64> {
+    attempts
+        .windows(2)
+        .map(|w| (started_at(&w[1]) - started_at(&w[0])).num_milliseconds())
+        .collect()
+}
 
-    // The resources it printed were made from template.yaml, on moto, under our prefix.
+/// A queue's name: the last segment of its URL (a table's name is itself).
+fn last_segment(url: &str) -> &str {
+    url.rsplit('/').next().unwrap()
+}
+
+/// What the scenario steps read a running `dev --aws` through: the services it was pointed
+/// at, and where its emails land.
+struct Backend {
+    /// Where the queues are, for messages ("moto", "LocalStack").
+    queues: &'static str,
+    /// Where the tables are, for messages ("moto", "DynamoDB Local").
+    tables: &'static str,
+    clients: AwsClients,
+    outbox: Outbox,
+}
+
+impl Backend {
+    /// Everything on moto, emails through its SES v2.
+    async fn moto(moto_url: &str) -> Self {
+        Self {
+            queues: "moto",
+            tables: "moto",
+            clients: AwsClients::for_endpoint(moto_url, None).await,
+            outbox: Outbox::MotoSes(moto_url.to_owned()),
+        }
+    }
+
+    /// Queues on LocalStack, tables on DynamoDB Local, emails from `--log-email`.
+    async fn localstack(localstack_url: &str, dynamodb_url: &str) -> Self {
+        Self {
+            queues: "LocalStack",
+            tables: "DynamoDB Local",
+            clients: AwsClients {
+                dynamodb: AwsClients::for_endpoint(dynamodb_url, None).await.dynamodb,
+                ..AwsClients::for_endpoint(localstack_url, None).await
+            },
+            outbox: Outbox::Stderr,
+        }
+    }
+}
+
+/// Where the dead-letter handler's emails land.
+enum Outbox {
+    /// SES v2 on this moto server, read from its `/moto-api/data.json`.
+    MotoSes(String),
+    /// `--log-email`: the `---- email to` blocks on the process's stderr.
+    Stderr,
+}
+
+/// One email the dead-letter handler sent.
+#[derive(Debug)]
+struct Email {
+    to: String,
+    /// The sender, where the outbox records one (`--log-email` prints none).
+    from: Option<String>,
+    subject: String,
+    body: String,
+}
+
+impl Outbox {
+    /// Every email `dev` sent so far, as far as this outbox can tell: all of `--log-email`'s;
+    /// in moto's SES (shared by every test) the ones to `owner`, an address only one test uses.
+    async fn sent(&self, dev: &DevAws, owner: &str) -> Vec<Email> {
+        match self {
+            Outbox::MotoSes(moto_url) => aws_support::moto_mail_to(moto_url, owner)
+                .await
+                .iter()
+                .map(|mail| {
+                    let text = |field: &str| mail[field].as_str().unwrap_or_default().to_owned();
+                    Email {
+                        to: owner.to_owned(),
+                        from: Some(text("source")),
+                        subject: text("subject"),
+                        body: text("body"),
+                    }
+                })
+                .collect(),
+            Outbox::Stderr => dev.logged_emails(),
+        }
+    }
+
+    /// Where the emails to `owner` are looked for, for messages.
+    fn place(&self, owner: &str) -> String {
+        match self {
+            Outbox::MotoSes(moto_url) => format!("SES email to {owner} in {moto_url}/moto-api/data.json"),
+            Outbox::Stderr => format!("`---- email to {owner} ----` on stderr"),
+        }
+    }
+}
+
+/// The resources it printed were made from template.yaml under our prefix: the tables on
+/// the backend (the main one with the template's indexes), the queues with their settings.
+async fn check_the_template_resources(dev: &DevAws, backend: &Backend) {
+    check_the_resource_names(dev);
+    check_the_template_tables(dev, backend).await;
+    check_the_template_queues(dev, backend).await;
+}
+
+/// Each printed table and queue is named `{prefix}-...{its template suffix}`.
+fn check_the_resource_names(dev: &DevAws) {
     for (name, suffix) in [
         (&dev.table, "-main"),
         (&dev.scheduler_table, "-scheduler"),
         (&dev.delivery_queue_url, "-delivery"),
         (&dev.dead_letter_queue_url, "-dead-letter"),
     ] {
-        let last = name.rsplit('/').next().unwrap();
+        let last = last_segment(name);
         assert!(
             last.starts_with(&format!("{}-", dev.prefix)) && last.ends_with(suffix),
             "{name}: not {}-...{suffix}",
             dev.prefix
         );
     }
-    let clients = AwsClients::for_endpoint(&moto_url, None).await;
-    let described = clients
-        .dynamodb
-        .describe_table()
-        .table_name(&dev.table)
-        .send()
-        .await
-        .expect("the main table is on moto");
-    let mut indexes: Vec<&str> = described
+}
+
+/// Both tables are on the backend's DynamoDB, the main one with the template's indexes.
+async fn check_the_template_tables(dev: &DevAws, backend: &Backend) {
+    let mut described = Vec::new();
+    for table in [&dev.table, &dev.scheduler_table] {
+        let out = backend
+            .clients
+            .dynamodb
+            .describe_table()
+            .table_name(table)
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{table} is on {}: {e}", backend.tables));
+        described.push(out);
+    }
+    let mut indexes: Vec<&str> = described[0]
         .table()
         .map(|t| {
             t.global_secondary_indexes()
@@ -426,14 +541,38 @@ async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attem
         ["by-subscription", "by-tenant", "by-tenant-status", "overdue"],
         "the template's indexes"
     );
-    let attrs = clients
+}
+
+/// The backend lists the three queues provisioned from template.yaml under our prefix
+/// (delivery, dead-letter, parked); the delivery queue has the template's visibility
+/// timeout (360 s) and redrives to the dead-letter queue.
+async fn check_the_template_queues(dev: &DevAws, backend: &Backend) {
+    let queues = backend.queues;
+    let listed = backend
+        .clients
+        .sqs
+        .list_queues()
+        .queue_name_prefix(&dev.prefix)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("{queues} lists its queues: {e}"));
+    let mut names: Vec<&str> = listed.queue_urls().iter().map(|u| last_segment(u)).collect();
+    names.sort_unstable();
+    let dead_letter_name = last_segment(&dev.dead_letter_queue_url);
+    let parked_name = dead_letter_name.replace("-dead-letter", "-parked");
+    let mut want = vec![dead_letter_name, last_segment(&dev.delivery_queue_url), &parked_name];
+    want.sort_unstable();
+    assert_eq!(names, want, "{queues}'s queues under {}", dev.prefix);
+
+    let attrs = backend
+        .clients
         .sqs
         .get_queue_attributes()
         .queue_url(&dev.delivery_queue_url)
         .attribute_names(QueueAttributeName::All)
         .send()
         .await
-        .expect("the delivery queue is on moto")
+        .unwrap_or_else(|e| panic!("the delivery queue is on {queues}: {e}"))
         .attributes
         .unwrap_or_default();
     assert_eq!(
@@ -442,48 +581,96 @@ async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attem
         "{attrs:?}"
     );
     let redrive = attrs.get(&QueueAttributeName::RedrivePolicy).expect("a redrive policy");
-    let dead_letter_name = dev.dead_letter_queue_url.rsplit('/').next().unwrap();
     assert!(
         redrive.contains(dead_letter_name),
         "redrives to the dead-letter queue: {redrive}"
     );
+}
 
-    let receiver = Receiver::start(2).await;
-    api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 1, 1]}}))
+/// Subscribe `url` to `event_type`, retrying on `schedule` (s), send one such event, and
+/// wait for its delivery to be `status`: returns the subscription, the event's id and the
+/// delivery.
+async fn one_event(
+    dev: &DevAws,
+    url: String,
+    schedule: &[u64],
+    event_type: &str,
+    payload: Value,
+    status: &str,
+) -> (Value, String, Value) {
+    let api = dev.api();
+    let sub = api
+        .subscribe(json!({
+            "url": url,
+            "event_types": [event_type],
+            "retry_policy": {"schedule_seconds": schedule},
+        }))
         .await;
-    let event = api.send_event("invoice.paid", json!({"amount": 100})).await;
-    let event_id = event["id"].as_str().unwrap();
+    let event = api.send_event(event_type, payload).await;
     let id = event["deliveries"][0]["id"].as_str().unwrap();
+    let delivery = api.wait_status(id, status, WAIT).await;
+    (sub, event["id"].as_str().unwrap().to_owned(), delivery)
+}
 
-    let delivery = api.wait_status(id, "delivered", WAIT).await;
-    let attempts = delivery["attempts"].as_array().unwrap();
+/// A flaky endpoint (two 500s, then 200) on 1 s retries: delivered on attempt 3, each
+/// attempt recorded and each request signed; every retry waited on the queue's
+/// DelaySeconds, none in the scheduler table, and nothing is left in the queue.
+/// Returns the event's and the delivery's ids.
+async fn a_flaky_endpoint_is_delivered_on_attempt_3(dev: &DevAws, backend: &Backend) -> (String, String) {
+    let flaky = Receiver::start(2).await;
+    let paid = json!({"amount": 100});
+    let (_, event_id, delivered) =
+        one_event(dev, flaky.url("/flaky"), &[1, 1, 1], "invoice.paid", paid, "delivered").await;
+    let attempts = delivered["attempts"].as_array().unwrap();
     let codes: Vec<_> = attempts
         .iter()
         .map(|a| (a["attempt"].as_u64().unwrap(), a["status_code"].as_u64().unwrap()))
         .collect();
-    assert_eq!(codes, [(1, 500), (2, 500), (3, 200)], "{delivery}");
+    assert_eq!(codes, [(1, 500), (2, 500), (3, 200)], "{delivered}");
     assert_eq!(attempts[0]["response_excerpt"], "down for maintenance");
-    assert_eq!(delivery["attempt_count"], 3, "{delivery}");
-    assert_eq!(delivery["last_status_code"], 200, "{delivery}");
-    assert_eq!(receiver.count(), 3);
-    for got in receiver.requests() {
-        assert_eq!(got.header("webhook-id"), Some(event_id));
+    assert_eq!(delivered["attempt_count"], 3, "{delivered}");
+    assert_eq!(delivered["last_status_code"], 200, "{delivered}");
+    let gaps = gaps_ms(attempts);
+    eprintln!(
+        "{}: the flaky delivery's retries came after {gaps:?} ms (1 s asked)",
+        backend.queues
+    );
+    for gap in &gaps {
+        assert!(
+            *gap >= 900,
+            "a 1 s retry came after {gap} ms: the queue's delay was not kept: {delivered}"
+        );
+    }
+    assert_eq!(flaky.count(), 3);
+    for got in flaky.requests() {
+        assert_eq!(got.header("webhook-id"), Some(event_id.as_str()));
         assert!(
             got.header("webhook-signature").is_some_and(|s| s.starts_with("v1,")),
             "{got:?}"
         );
     }
 
-    // The data lives in the DynamoDB table on moto (not SQLite), and the delivery list
-    // (an index query) shows the delivery too.
-    let scanned = clients
+    // 1 s retries fit the queue's delay: nothing went through the scheduler table, and
+    // nothing is left behind in the queue.
+    let clients = &backend.clients;
+    assert_eq!(scheduler_table(clients, &dev.scheduler_table).await, (None, 0));
+    wait_queue_empty(clients, &dev.delivery_queue_url, WAIT).await;
+    (event_id, delivered["id"].as_str().unwrap().to_owned())
+}
+
+/// The data lives in the main table (not SQLite): it holds items, the delivery list (an
+/// index query) shows the one delivery as delivered, and the event keeps its payload.
+async fn the_delivery_is_stored_in_the_main_table(dev: &DevAws, backend: &Backend, event_id: &str, id: &str) {
+    let scanned = backend
+        .clients
         .dynamodb
         .scan()
         .table_name(&dev.table)
         .send()
         .await
         .expect("scan the main table");
-    assert!(scanned.count() > 0, "the main table on moto is empty");
+    assert!(scanned.count() > 0, "the main table on {} is empty", backend.tables);
+    let api = dev.api();
     let (status, page) = api.get("/v1/deliveries").await;
     assert_eq!(status, 200, "{page}");
     let listed: Vec<_> = page["data"]
@@ -495,11 +682,176 @@ async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attem
     assert_eq!(listed, [(json!(id), json!("delivered"))]);
     let (status, ev) = api.get(&format!("/v1/events/{event_id}")).await;
     assert_eq!((status, ev["payload"].clone()), (200, json!({"amount": 100})), "{ev}");
+}
 
-    // 1 s retries fit the queue's delay (900 s by default): nothing went through the
-    // scheduler table, and nothing is left behind in the queue.
-    assert_eq!(scheduler_table(&clients, &dev.scheduler_table).await, (None, 0));
-    wait_queue_empty(&clients, &dev.delivery_queue_url, WAIT).await;
+/// A delivery that went dead, and the endpoint that kept failing it.
+struct DeadDelivery {
+    failing: Receiver,
+    /// The subscription's URL.
+    url: String,
+    event_id: String,
+    id: String,
+}
+
+impl DeadDelivery {
+    fn replay_route(&self) -> String {
+        format!("/v1/deliveries/{}/replay", self.id)
+    }
+}
+
+/// The whole dead-delivery scenario: it goes dead, the dead-letter handler sends one email,
+/// and replay delivers it. `dev` must run with `--max-queue-delay 2` and `--owner-email owner`.
+async fn an_always_failing_endpoint_goes_dead_then_replay_delivers_it(dev: &DevAws, backend: &Backend, owner: &str) {
+    let dead = an_always_failing_endpoint_goes_dead(dev, backend).await;
+    the_dead_letter_sends_one_email(dev, backend, owner, &dead).await;
+    replay_delivers_it_without_a_second_email(dev, backend, owner, &dead).await;
+}
+
+/// An endpoint that always fails, on [1 s, 4 s] with the queue's delay capped at 2 s: three
+/// 500s in round 0, then dead; retry 1 waited on the queue's delay, retry 2 (above the cap)
+/// in the scheduler table, which the scheduler moved on to the queue, on time.
+async fn an_always_failing_endpoint_goes_dead(dev: &DevAws, backend: &Backend) -> DeadDelivery {
+    let failing = Receiver::start(u32::MAX).await;
+    let failed = json!({"invoice": 9});
+    let (sub, event_id, dead) =
+        one_event(dev, failing.url("/failing"), &[1, 4], "invoice.failed", failed, "dead").await;
+    let attempts = dead["attempts"].as_array().unwrap();
+    let codes: Vec<_> = attempts
+        .iter()
+        .map(|a| {
+            (
+                a["round"].as_u64().unwrap(),
+                a["attempt"].as_u64().unwrap(),
+                a["status_code"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(codes, [(0, 1, 500), (0, 2, 500), (0, 3, 500)], "{dead}");
+    assert_eq!(failing.count(), 3);
+    let gaps = gaps_ms(attempts);
+    eprintln!(
+        "{}: the dead delivery's retries came after {gaps:?} ms (1 s, 4 s asked)",
+        backend.queues
+    );
+    assert!(gaps[0] >= 900, "retry 1 came after {} ms, not ~1 s: {dead}", gaps[0]);
+    // The scheduler moves it no earlier than the queue can hold it until due: on time.
+    assert!(gaps[1] >= 3_500, "retry 2 came after {} ms, not ~4 s: {dead}", gaps[1]);
+    let (cursor, waiting) = scheduler_table(&backend.clients, &dev.scheduler_table).await;
+    assert!(
+        cursor.is_some_and(|v| v >= 1),
+        "nothing was ever scheduled in {}",
+        dev.scheduler_table
+    );
+    assert_eq!(waiting, 0, "the scheduler moved the retry out of its table");
+    DeadDelivery {
+        failing,
+        url: sub["url"].as_str().unwrap().to_owned(),
+        event_id,
+        id: dead["id"].as_str().unwrap().to_owned(),
+    }
+}
+
+/// The dead-letter handler runs after the delivery is marked dead: exactly one email to
+/// `owner` (from the sender, where the outbox records it), naming the event, the delivery,
+/// the endpoint, its last answer and the replay URL; handled and deleted, so the
+/// dead-letter message does not come back for a second one.
+async fn the_dead_letter_sends_one_email(dev: &DevAws, backend: &Backend, owner: &str, dead: &DeadDelivery) {
+    let outbox = &backend.outbox;
+    let start = Instant::now();
+    let emails = loop {
+        let emails: Vec<_> = outbox
+            .sent(dev, owner)
+            .await
+            .into_iter()
+            .filter(|email| email.to == owner)
+            .collect();
+        if !emails.is_empty() {
+            break emails;
+        }
+        assert!(start.elapsed() < WAIT, "no {} after {WAIT:?}", outbox.place(owner));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    wait_queue_empty(&backend.clients, &dev.dead_letter_queue_url, WAIT).await;
+    assert_eq!(emails.len(), 1, "exactly one email: {emails:?}");
+    let all = outbox.sent(dev, owner).await;
+    assert_eq!(
+        all.len(),
+        1,
+        "still one email in all once the dead letter is handled: {all:?}"
+    );
+
+    let email = &emails[0];
+    if let Some(from) = &email.from {
+        assert_eq!(from, SENDER, "{email:?}");
+    }
+    let url = dead.url.as_str();
+    assert_eq!(
+        email.subject,
+        format!("[Hookwise] Delivery of invoice.failed to {url} failed")
+    );
+    let replay_url = format!("{}{}", dev.base, dead.replay_route());
+    for needle in [
+        dead.event_id.as_str(),
+        "invoice.failed",
+        &format!("Delivery:     {}", dead.id),
+        url,
+        "HTTP 500",
+        replay_url.as_str(),
+    ] {
+        assert!(email.body.contains(needle), "the email lacks {needle}:\n{}", email.body);
+    }
+}
+
+/// Replay, once the endpoint is back: a fresh attempt 1 of round 1 through the delivery
+/// queue, delivered (the dead round's three attempts and the replay's one, the fourth
+/// request for the same event); both queues drain, and no second email is sent.
+async fn replay_delivers_it_without_a_second_email(dev: &DevAws, backend: &Backend, owner: &str, dead: &DeadDelivery) {
+    let api = dev.api();
+    dead.failing.recover();
+    let (status, replayed) = api.post(&dead.replay_route(), json!({})).await;
+    assert_eq!(status, 202, "{replayed}");
+    let delivered = api.wait_status(&dead.id, "delivered", WAIT).await;
+    let attempts = delivered["attempts"].as_array().unwrap();
+    let last = attempts.last().unwrap();
+    assert_eq!(
+        (
+            last["round"].as_u64(),
+            last["attempt"].as_u64(),
+            last["status_code"].as_u64()
+        ),
+        (Some(1), Some(1), Some(200)),
+        "{delivered}"
+    );
+    assert_eq!(
+        attempts.len(),
+        4,
+        "the dead round's three and the replay's one: {delivered}"
+    );
+    assert_eq!(dead.failing.count(), 4);
+    assert_eq!(
+        dead.failing.requests()[3].header("webhook-id"),
+        Some(dead.event_id.as_str())
+    );
+    wait_queue_empty(&backend.clients, &dev.delivery_queue_url, WAIT).await;
+    wait_queue_empty(&backend.clients, &dev.dead_letter_queue_url, WAIT).await;
+    assert_eq!(
+        backend.outbox.sent(dev, owner).await.len(),
+        1,
+        "no second email after the replay"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn given_dev_aws_and_an_endpoint_failing_its_first_two_requests_then_attempt_three_delivers_and_all_are_recorded_in_dynamodb(
+) {
+    let Some(moto_url) = moto() else { return };
+    let mut dev = DevAws::start(&Endpoints::all(&moto_url), "devflaky", &[]);
+    let backend = Backend::moto(&moto_url).await;
+
+    check_the_template_resources(&dev, &backend).await;
+    // The queue's delay is 900 s by default: the 1 s retries fit it.
+    let (event_id, id) = a_flaky_endpoint_is_delivered_on_attempt_3(&dev, &backend).await;
+    the_delivery_is_stored_in_the_main_table(&dev, &backend, &event_id, &id).await;
 
     dev.assert_clean_shutdown();
 }
@@ -523,135 +875,12 @@ async fn given_dev_aws_and_an_always_failing_endpoint_then_it_goes_dead_with_one
         "devdead",
         &["--owner-email", &owner, "--max-queue-delay", "2"],
     );
-    let api = dev.api();
-    let clients = AwsClients::for_endpoint(&moto_url, None).await;
+    let backend = Backend::moto(&moto_url).await;
 
-    let receiver = Receiver::start(u32::MAX).await;
-    let sub = api
-        .subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 4]}}))
-        .await;
-    let event = api.send_event("invoice.failed", json!({"invoice": 9})).await;
-    let event_id = event["id"].as_str().unwrap();
-    let id = event["deliveries"][0]["id"].as_str().unwrap();
-
-    let dead = api.wait_status(id, "dead", WAIT).await;
-    let attempts = dead["attempts"].as_array().unwrap();
-    let codes: Vec<_> = attempts
-        .iter()
-        .map(|a| {
-            (
-                a["round"].as_u64().unwrap(),
-                a["attempt"].as_u64().unwrap(),
-                a["status_code"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(codes, [(0, 1, 500), (0, 2, 500), (0, 3, 500)], "{dead}");
-    assert_eq!(receiver.count(), 3);
-    // Retry 1 waited on the queue (1 s); retry 2 (4 s, above the 2 s limit) was written to
-    // the scheduler table, and the scheduler moved it on to the queue.
-    let gap = |a: usize, b: usize| (started_at(&attempts[b]) - started_at(&attempts[a])).num_milliseconds();
-    assert!(
-        gap(0, 1) >= 900,
-        "retry 1 came after {} ms, not ~1 s: {dead}",
-        gap(0, 1)
-    );
-    // The scheduler moves it no earlier than the queue can hold it until due: on time.
-    assert!(
-        gap(1, 2) >= 3_500,
-        "retry 2 came after {} ms, not ~4 s: {dead}",
-        gap(1, 2)
-    );
-    let (cursor, waiting) = scheduler_table(&clients, &dev.scheduler_table).await;
-    assert!(
-        cursor.is_some_and(|v| v >= 1),
-        "nothing was ever scheduled in {}",
-        dev.scheduler_table
-    );
-    assert_eq!(waiting, 0, "the scheduler moved the retry out of its table");
-
-    // The dead-letter handler runs after the delivery is marked dead: one email, in moto's SES.
-    let start = Instant::now();
-    let mails = loop {
-        let mails = aws_support::moto_mail_to(&moto_url, &owner).await;
-        if !mails.is_empty() {
-            break mails;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "no SES email to {owner} in {moto_url}/moto-api/data.json after {WAIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    // Handled and deleted: the dead-letter message will not come back for a second email.
-    wait_queue_empty(&clients, &dev.dead_letter_queue_url, WAIT).await;
-    assert_eq!(mails.len(), 1, "exactly one email: {mails:?}");
-    let mails = aws_support::moto_mail_to(&moto_url, &owner).await;
-    assert_eq!(
-        mails.len(),
-        1,
-        "still one email once the dead letter is handled: {mails:?}"
-    );
-    let mail = &mails[0];
-    assert_eq!(mail["source"], SENDER, "{mail}");
-    let subject = mail["subject"].as_str().unwrap_or_default();
-    let url = sub["url"].as_str().unwrap();
-    assert_eq!(
-        subject,
-        format!("[Hookwise] Delivery of invoice.failed to {url} failed")
-    );
-    let body = mail["body"].as_str().unwrap_or_default();
-    let replay_route = format!("/v1/deliveries/{id}/replay");
-    let replay_url = format!("{}{replay_route}", dev.base);
-    for needle in [
-        event_id,
-        "invoice.failed",
-        &format!("Delivery:     {id}"),
-        url,
-        "HTTP 500",
-        replay_url.as_str(),
-    ] {
-        assert!(body.contains(needle), "the email lacks {needle}:\n{body}");
-    }
-
-    // Replay: a fresh attempt #1 of round 1, delivered once the endpoint is back.
-    receiver.recover();
-    let (status, replayed) = api.post(&replay_route, json!({})).await;
-    assert_eq!(status, 202, "{replayed}");
-    let delivered = api.wait_status(id, "delivered", WAIT).await;
-    let last = delivered["attempts"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!(
-        (
-            last["round"].as_u64(),
-            last["attempt"].as_u64(),
-            last["status_code"].as_u64()
-        ),
-        (Some(1), Some(1), Some(200)),
-        "{delivered}"
-    );
-    assert_eq!(
-        delivered["attempts"].as_array().unwrap().len(),
-        4,
-        "the dead round's three and the replay's one: {delivered}"
-    );
-    assert_eq!(receiver.count(), 4);
-    assert_eq!(receiver.requests()[3].header("webhook-id"), Some(event_id));
-    wait_queue_empty(&clients, &dev.delivery_queue_url, WAIT).await;
-    assert_eq!(
-        aws_support::moto_mail_to(&moto_url, &owner).await.len(),
-        1,
-        "no second email after the replay"
-    );
+    // The email goes through SES v2, into moto's data.
+    an_always_failing_endpoint_goes_dead_then_replay_delivers_it(&dev, &backend, &owner).await;
 
     dev.assert_clean_shutdown();
-}
-
-/// The gaps between a delivery's attempts, in ms.
-fn gaps_ms(attempts: &[Value]) -> Vec<i64> {
-    attempts
-        .windows(2)
-        .map(|w| (started_at(&w[1]) - started_at(&w[0])).num_milliseconds())
-        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -674,196 +903,14 @@ async fn given_dev_aws_with_sqs_on_localstack_tables_on_dynamodb_local_and_log_e
         "devls",
         &["--log-email", "--owner-email", &owner, "--max-queue-delay", "2"],
     );
-    let api = dev.api();
-    let clients = AwsClients {
-        dynamodb: AwsClients::for_endpoint(&dynamodb_url, None).await.dynamodb,
-        ..AwsClients::for_endpoint(&localstack_url, None).await
-    };
+    let backend = Backend::localstack(&localstack_url, &dynamodb_url).await;
 
-    // The queues are LocalStack's: it lists the three provisioned from template.yaml, with
-    // the template's visibility timeout and redrive; the tables are DynamoDB Local's.
-    let listed = clients
-        .sqs
-        .list_queues()
-        .queue_name_prefix(&dev.prefix)
-        .send()
-        .await
-        .expect("LocalStack lists its queues");
-    let mut names: Vec<String> = listed
-        .queue_urls()
-        .iter()
-        .map(|u| u.rsplit('/').next().unwrap().to_owned())
-        .collect();
-    names.sort_unstable();
-    let last = |url: &str| url.rsplit('/').next().unwrap().to_owned();
-    let delivery_name = last(&dev.delivery_queue_url);
-    let dead_letter_name = last(&dev.dead_letter_queue_url);
-    let parked_name = dead_letter_name.replace("-dead-letter", "-parked");
-    let mut want = vec![dead_letter_name.clone(), delivery_name.clone(), parked_name];
-    want.sort_unstable();
-    assert_eq!(names, want, "LocalStack's queues under {}", dev.prefix);
-    let attrs = clients
-        .sqs
-        .get_queue_attributes()
-        .queue_url(&dev.delivery_queue_url)
-        .attribute_names(QueueAttributeName::All)
-        .send()
-        .await
-        .expect("the delivery queue is on LocalStack")
-        .attributes
-        .unwrap_or_default();
-    assert_eq!(
-        attrs.get(&QueueAttributeName::VisibilityTimeout).map(String::as_str),
-        Some("360"),
-        "{attrs:?}"
-    );
-    let redrive = attrs.get(&QueueAttributeName::RedrivePolicy).expect("a redrive policy");
-    assert!(
-        redrive.contains(&dead_letter_name),
-        "redrives to the dead-letter queue: {redrive}"
-    );
-    for table in [&dev.table, &dev.scheduler_table] {
-        clients
-            .dynamodb
-            .describe_table()
-            .table_name(table)
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("{table} is on DynamoDB Local: {e}"));
-    }
-
-    // A flaky endpoint: two 500s, then delivered; each 1 s retry waited on the queue's
-    // DelaySeconds (LocalStack's), none in the scheduler table.
-    let flaky = Receiver::start(2).await;
-    api.subscribe(json!({
-        "url": flaky.url("/flaky"),
-        "event_types": ["invoice.paid"],
-        "retry_policy": {"schedule_seconds": [1, 1, 1]},
-    }))
-    .await;
-    let event = api.send_event("invoice.paid", json!({"amount": 100})).await;
-    let paid_id = event["id"].as_str().unwrap().to_owned();
-    let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
-    let delivered = api.wait_status(&id, "delivered", WAIT).await;
-    let attempts = delivered["attempts"].as_array().unwrap();
-    let codes: Vec<_> = attempts
-        .iter()
-        .map(|a| (a["attempt"].as_u64().unwrap(), a["status_code"].as_u64().unwrap()))
-        .collect();
-    assert_eq!(codes, [(1, 500), (2, 500), (3, 200)], "{delivered}");
-    let gaps = gaps_ms(attempts);
-    eprintln!("LocalStack: the flaky delivery's retries came after {gaps:?} ms (1 s asked)");
-    for gap in &gaps {
-        assert!(
-            *gap >= 900,
-            "a 1 s retry came after {gap} ms: the queue's delay was not kept: {delivered}"
-        );
-    }
-    assert_eq!(flaky.count(), 3);
-    for got in flaky.requests() {
-        assert_eq!(got.header("webhook-id"), Some(paid_id.as_str()));
-    }
-    assert_eq!(scheduler_table(&clients, &dev.scheduler_table).await, (None, 0));
-    wait_queue_empty(&clients, &dev.delivery_queue_url, WAIT).await;
-
-    // An endpoint that always fails, on [1 s, 4 s]: retry 1 on the queue's delay, retry 2
-    // (above the 2 s limit) through the scheduler table, then dead.
-    let failing = Receiver::start(u32::MAX).await;
-    let sub = api
-        .subscribe(json!({
-            "url": failing.url("/failing"),
-            "event_types": ["invoice.failed"],
-            "retry_policy": {"schedule_seconds": [1, 4]},
-        }))
-        .await;
-    let event = api.send_event("invoice.failed", json!({"invoice": 9})).await;
-    let event_id = event["id"].as_str().unwrap().to_owned();
-    let id = event["deliveries"][0]["id"].as_str().unwrap().to_owned();
-    let dead = api.wait_status(&id, "dead", WAIT).await;
-    let attempts = dead["attempts"].as_array().unwrap();
-    let codes: Vec<_> = attempts
-        .iter()
-        .map(|a| {
-            (
-                a["round"].as_u64().unwrap(),
-                a["attempt"].as_u64().unwrap(),
-                a["status_code"].as_u64().unwrap(),
-            )
-        })
-        .collect();
-    assert_eq!(codes, [(0, 1, 500), (0, 2, 500), (0, 3, 500)], "{dead}");
-    let gaps = gaps_ms(attempts);
-    eprintln!("LocalStack: the dead delivery's retries came after {gaps:?} ms (1 s, 4 s asked)");
-    assert!(gaps[0] >= 900, "retry 1 came after {} ms, not ~1 s: {dead}", gaps[0]);
-    assert!(gaps[1] >= 3_500, "retry 2 came after {} ms, not ~4 s: {dead}", gaps[1]);
-    let (cursor, waiting) = scheduler_table(&clients, &dev.scheduler_table).await;
-    assert!(
-        cursor.is_some_and(|v| v >= 1),
-        "nothing was ever scheduled in {}",
-        dev.scheduler_table
-    );
-    assert_eq!(waiting, 0, "the scheduler moved the retry out of its table");
-
-    // The dead-letter handler (its queue on LocalStack too) prints one email on stderr.
-    let start = Instant::now();
-    let emails = loop {
-        let emails: Vec<_> = dev
-            .logged_emails()
-            .into_iter()
-            .filter(|(to, _, _)| *to == owner)
-            .collect();
-        if !emails.is_empty() {
-            break emails;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "no `---- email to {owner} ----` on stderr after {WAIT:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    // Handled and deleted: the dead-letter message does not come back for a second email.
-    wait_queue_empty(&clients, &dev.dead_letter_queue_url, WAIT).await;
-    let all = dev.logged_emails();
-    assert_eq!(emails.len(), 1, "exactly one email: {emails:?}");
-    assert_eq!(all.len(), 1, "one email in all: {all:?}");
-    let (_, subject, body) = &emails[0];
-    let url = sub["url"].as_str().unwrap();
-    assert_eq!(
-        *subject,
-        format!("[Hookwise] Delivery of invoice.failed to {url} failed")
-    );
-    let replay_route = format!("/v1/deliveries/{id}/replay");
-    let replay_url = format!("{}{replay_route}", dev.base);
-    for needle in [
-        event_id.as_str(),
-        "invoice.failed",
-        &format!("Delivery:     {id}"),
-        url,
-        "HTTP 500",
-        replay_url.as_str(),
-    ] {
-        assert!(body.contains(needle), "the email lacks {needle}:\n{body}");
-    }
-
-    // Replay: attempt #1 of round 1 through LocalStack's queue, delivered.
-    failing.recover();
-    let (status, replayed) = api.post(&replay_route, json!({})).await;
-    assert_eq!(status, 202, "{replayed}");
-    let delivered = api.wait_status(&id, "delivered", WAIT).await;
-    let last_attempt = delivered["attempts"].as_array().unwrap().last().unwrap().clone();
-    assert_eq!(
-        (
-            last_attempt["round"].as_u64(),
-            last_attempt["attempt"].as_u64(),
-            last_attempt["status_code"].as_u64()
-        ),
-        (Some(1), Some(1), Some(200)),
-        "{delivered}"
-    );
-    assert_eq!(failing.count(), 4);
-    wait_queue_empty(&clients, &dev.delivery_queue_url, WAIT).await;
-    wait_queue_empty(&clients, &dev.dead_letter_queue_url, WAIT).await;
-    assert_eq!(dev.logged_emails().len(), 1, "no second email after the replay");
+    // The queues are LocalStack's, the tables DynamoDB Local's; each retry that fits waits
+    // on LocalStack's DelaySeconds; the dead-letter handler (its queue on LocalStack too)
+    // prints the email on stderr.
+    check_the_template_resources(&dev, &backend).await;
+    a_flaky_endpoint_is_delivered_on_attempt_3(&dev, &backend).await;
+    an_always_failing_endpoint_goes_dead_then_replay_delivers_it(&dev, &backend, &owner).await;
 
     assert_eq!(ses.count(), 0, "--log-email, yet something connected to SES v2");
     dev.assert_clean_shutdown();

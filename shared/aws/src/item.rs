@@ -210,7 +210,7 @@ pub(crate) fn health_from_attr(item: &Item, name: &str) -> Result<EndpointHealth
         .map(|c| sample(c).ok_or_else(|| corrupt(name, "a sample's time is out of range")))
         .collect::<Result<_, _>>()?;
     let last_success_at = match item.get("last_success") {
-        Some(AttributeValue::N(micros)) => micros.parse().ok().and_then(DateTime::from_timestamp_micros),
+        Some(AttributeValue::N(nanos)) => nanos.parse().ok().map(DateTime::from_timestamp_nanos),
         _ => None,
     };
     // A save before `last_success` was kept: the window's latest success is the best known.

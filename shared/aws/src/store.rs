@@ -1558,8 +1558,8 @@ impl Store for DynamoStore {
 
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
         let mut item = HashMap::from([("samples".to_owned(), health_to_attr(health))]);
-        if let Some(at) = health.last_success_at {
-            item.insert("last_success".to_owned(), n(at.timestamp_micros()));
+        if let Some(nanos) = health.last_success_at.and_then(|at| at.timestamp_nanos_opt()) {
+            item.insert("last_success".to_owned(), n(nanos));
         }
         self.put_item(
             with_key(item, &health_key(sub), "endpoint_health"),

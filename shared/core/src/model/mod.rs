@@ -88,6 +88,19 @@ fn default_auto_disable() -> Option<u32> {
     Some(DEFAULT_AUTO_DISABLE_HOURS)
 }
 
+/// `None` as 0, and 0 (or null) as `None`.
+mod never_is_zero {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<u32>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u32(v.unwrap_or(0))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+        Ok(Option::<u32>::deserialize(d)?.filter(|h| *h > 0))
+    }
+}
+
 /// An endpoint and the events it wants.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Subscription {
@@ -108,7 +121,9 @@ pub struct Subscription {
     pub rate_limit_per_second: Option<u32>,
     /// Hookwise disables it (`disabled_reason` [`DISABLED_FAILING`]) once its endpoint has had
     /// no successful attempt for this long, and tells its owner. `None`: never.
-    #[serde(default = "default_auto_disable")]
+    /// Stored as a number, 0 for never (a store may drop a null, which would then read back
+    /// as the default); absent (written before it existed) is the default.
+    #[serde(default = "default_auto_disable", with = "never_is_zero")]
     pub auto_disable_after_hours: Option<u32>,
     pub status: SubscriptionStatus,
     /// Why it was disabled, when Hookwise disabled it (an endpoint answering 410, or failing).

@@ -11,34 +11,16 @@ mod aws_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aws_support::{AwsEnv, EventSources, Gateway, LambdaHost, SENDER};
-use hookwise_aws::{decode_task, AwsAdapters, AwsConfig};
+use aws_support::{AwsEnv, EventSources, Gateway, LambdaHost};
+use hookwise_aws::decode_task;
 use hookwise_core::model::Email;
-use hookwise_core::ports::{DeliveryTask, SystemClock};
-use hookwise_core::services::{Config, Services};
-use hookwise_http::{HttpSender, SenderConfig};
+use hookwise_core::ports::DeliveryTask;
 use hookwise_tests::Receiver;
-use rand::SeedableRng;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(90);
 /// The queue's delay limit in this test: a 5 s retry must go through the scheduler table.
 const MAX_DELAY: u32 = 2;
-
-/// Services in the test process on the same tables and queues (operator work: the tenant).
-fn services(env: &AwsEnv, max_delay: u32) -> Services {
-    let config = AwsConfig {
-        queue_max_delay_seconds: max_delay,
-        ..env.provisioned.config(SENDER)
-    };
-    let adapters = AwsAdapters::new(&env.clients, &config);
-    let loopback = SenderConfig {
-        allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
-        ..SenderConfig::default()
-    };
-    let ports = adapters.ports(Arc::new(HttpSender::new(loopback).unwrap()), Arc::new(SystemClock));
-    Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng())
-}
 
 async fn moto_mail(moto_url: &str) -> String {
     reqwest::get(format!("{moto_url}/moto-api/data.json"))
@@ -58,7 +40,7 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
         return;
     };
     let owner = format!("{}@owner.example", aws_support::unique_prefix("o"));
-    let local = services(&env, MAX_DELAY);
+    let local = env.services(Some(MAX_DELAY));
     let (_, key) = local
         .create_tenant("e2e", Email::parse(&owner).unwrap())
         .await

@@ -15,14 +15,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aws_support::{AwsEnv, SENDER};
+use aws_support::AwsEnv;
 use axum::http::{HeaderMap, StatusCode};
-use hookwise_aws::{decode_task, AwsAdapters, RequestCounter, RequestCounts};
+use hookwise_aws::{decode_task, RequestCounter, RequestCounts};
 use hookwise_core::model::{Email, EventType};
-use hookwise_core::ports::{DeliveryTask, SystemClock};
-use hookwise_core::services::{Config, NewEvent, Services};
-use hookwise_http::{HttpSender, SenderConfig};
-use rand::SeedableRng;
+use hookwise_core::ports::DeliveryTask;
+use hookwise_core::services::NewEvent;
 use serde_json::{json, Value};
 
 /// Prices (us-east-1, on-demand; docs/aws.md lists them).
@@ -191,16 +189,6 @@ async fn endpoint(fail_first: bool) -> (String, Arc<Mutex<HashSet<String>>>, Arc
     (url, seen, ok)
 }
 
-fn services(env: &AwsEnv) -> Services {
-    let adapters = AwsAdapters::new(&env.clients, &env.provisioned.config(SENDER));
-    let loopback = SenderConfig {
-        allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
-        ..SenderConfig::default()
-    };
-    let ports = adapters.ports(Arc::new(HttpSender::new(loopback).unwrap()), Arc::new(SystemClock));
-    Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng())
-}
-
 /// A payload of about 1.5 KB, as the README's example might send: an order whose lines each
 /// carry an id that no other line shares (hex of a hash, as incompressible as real ids), so
 /// that what compression saves is what it would save on real JSON, not on repetition.
@@ -226,7 +214,7 @@ fn payload(i: usize) -> Value {
 async fn run(profile: &Profile, logs: &LogBytes) -> Option<Figures> {
     let counter = RequestCounter::new();
     let env = AwsEnv::new("cost", Some(&counter)).await?;
-    let services = services(&env);
+    let services = env.services(None);
     let (tenant, key) = services
         .create_tenant("cost", Email::parse("owner@example.com").unwrap())
         .await

@@ -23,20 +23,17 @@ mod aws_support;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_support::{workspace_root, AwsEnv, DYNAMODB_LOCAL_URL, MOTO_URL, SENDER};
-use hookwise_aws::{decode_task, env, AwsAdapters};
+use hookwise_aws::{decode_task, env};
 use hookwise_core::auth::hash_api_key;
 use hookwise_core::model::{
     ApiKey, DeliveryId, DeliveryStatus, Email, EventId, Subscription, SubscriptionId, Tenant, TenantId,
 };
-use hookwise_core::ports::{DeliveryTask, ScheduledTask, SystemClock};
-use hookwise_core::services::{Config, Services};
-use hookwise_http::{HttpSender, SenderConfig};
+use hookwise_core::ports::{DeliveryTask, ScheduledTask};
+use hookwise_core::services::Services;
 use hookwise_tests::{Api, Receiver, TempDir};
-use rand::SeedableRng;
 use serde_json::{json, Value};
 
 /// Set to 1 by scripts/sam-local.sh once Docker, the image and the local build are ready.
@@ -210,18 +207,6 @@ fn write_env_file(env: &AwsEnv, api_base: &str, dir: &Path) -> PathBuf {
     path
 }
 
-/// Services in the test process on the same tables and queues (the operator's seeding).
-fn services(env: &AwsEnv) -> Services {
-    let config = env.provisioned.config(SENDER);
-    let adapters = AwsAdapters::new(&env.clients, &config);
-    let loopback = SenderConfig {
-        allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
-        ..SenderConfig::default()
-    };
-    let ports = adapters.ports(Arc::new(HttpSender::new(loopback).unwrap()), Arc::new(SystemClock));
-    Services::new(ports, Config::default(), rand::rngs::StdRng::from_os_rng())
-}
-
 /// The tenant under `TENANT`, holding `api_key`: made as a stand-in (every field the service
 /// fills), then written again under the sample's id and key.
 async fn seed_tenant(services: &Services, owner: &str, api_key: &str) -> Tenant {
@@ -343,7 +328,7 @@ async fn given_sam_local_and_the_sample_events_then_each_function_does_its_part_
         .to_owned();
     let idempotency_key = ingest_sample["headers"]["idempotency-key"].as_str().unwrap();
     let owner = format!("{}@owner.example", aws_support::unique_prefix("sam"));
-    let local = services(&env);
+    let local = env.services(None);
     let accepts = Receiver::start(0).await;
     let down = Receiver::start(u32::MAX).await;
     let tenant = seed_tenant(&local, &owner, &api_key).await;

@@ -5,9 +5,7 @@ use chrono::Duration;
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, SendOutcome, Store};
-use hookwise_core::services::{
-    Config, DeliverOutcome, KeyRef, NewEvent, NewSubscription, Ports, Services, TenantPatch,
-};
+use hookwise_core::services::{Config, DeliverOutcome, KeyRef, NewEvent, NewSubscription, Services, TenantPatch};
 use hookwise_core::signing;
 use hookwise_core::testing::memory::{status_outcome, Harness, ScriptedSender};
 use hookwise_core::Error;
@@ -1455,15 +1453,11 @@ async fn given_a_recorder_then_deliveries_by_outcome_their_latency_queue_lag_and
 
 /// Services of another process on the same ports: the operator's `hookwise tenant`.
 fn operator(h: &Harness) -> Services {
-    let ports = Ports {
-        store: h.store.clone(),
-        queue: h.queue.clone(),
-        scheduler: h.scheduler.clone(),
-        mailer: h.mailer.clone(),
-        sender: h.sender.clone(),
-        clock: h.clock.clone(),
-    };
-    Services::new(ports, Config::default(), rand::SeedableRng::seed_from_u64(7))
+    Services::new(
+        h.services.ports().clone(),
+        Config::default(),
+        rand::SeedableRng::seed_from_u64(7),
+    )
 }
 
 #[tokio::test]
@@ -1661,11 +1655,7 @@ async fn given_an_endpoint_without_a_success_for_its_auto_disable_hours_then_the
 ) {
     let h = Harness::new(ScriptedSender::always(500));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let new = NewSubscription {
-        auto_disable_after_hours: Some(Some(1)),
-        ..new_sub("https://a.example.com/", &["*"], Some(vec![]))
-    };
-    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    let sub = disabled_after_an_hour(&h, &tenant).await;
     // Failing, but not for an hour yet: still active.
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
@@ -1716,11 +1706,7 @@ async fn given_a_success_within_the_auto_disable_hours_or_none_set_then_the_subs
         status_outcome(if n == 0 { 200 } else { 500 })
     }));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let new = NewSubscription {
-        auto_disable_after_hours: Some(Some(1)),
-        ..new_sub("https://a.example.com/", &["*"], Some(vec![]))
-    };
-    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    let sub = disabled_after_an_hour(&h, &tenant).await;
     h.clock.advance(Duration::minutes(50));
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await; // a success at 50 min
@@ -1748,11 +1734,7 @@ async fn given_a_success_within_the_auto_disable_hours_or_none_set_then_the_subs
 async fn given_the_auto_disable_email_failing_then_the_message_comes_back_and_its_return_tells_the_owner_once() {
     let h = Harness::new(ScriptedSender::always(500));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let new = NewSubscription {
-        auto_disable_after_hours: Some(Some(1)),
-        ..new_sub("https://a.example.com/", &["*"], Some(vec![]))
-    };
-    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    let sub = disabled_after_an_hour(&h, &tenant).await;
     h.clock.advance(Duration::minutes(61));
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let task = h.queue.take_visible().pop().unwrap();
@@ -1780,4 +1762,13 @@ async fn given_the_auto_disable_email_failing_then_the_message_comes_back_and_it
     h.clock.advance(Duration::seconds(31)); // past the lookups' time to live
     assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
     assert_eq!(told(&h), 1, "once");
+}
+
+/// A subscription of `tenant` with no retries, disabled after an hour without a success.
+async fn disabled_after_an_hour(h: &Harness, tenant: &Tenant) -> Subscription {
+    let new = NewSubscription {
+        auto_disable_after_hours: Some(Some(1)),
+        ..new_sub("https://a.example.com/", &["*"], Some(vec![]))
+    };
+    h.services.create_subscription(tenant, new).await.unwrap()
 }

@@ -138,6 +138,28 @@ impl AwsEnv {
         }
     }
 
+    /// Services in the test process on these tables and queues, delivering to loopback;
+    /// `max_delay`, the queue's delay limit, if not the provisioned one.
+    pub fn services(&self, max_delay: Option<u32>) -> hookwise_core::services::Services {
+        use hookwise_http::{HttpSender, SenderConfig};
+        let provisioned = self.provisioned.config(SENDER);
+        let config = hookwise_aws::AwsConfig {
+            queue_max_delay_seconds: max_delay.unwrap_or(provisioned.queue_max_delay_seconds),
+            ..provisioned
+        };
+        let adapters = hookwise_aws::AwsAdapters::new(&self.clients, &config);
+        let loopback = SenderConfig {
+            allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
+            ..SenderConfig::default()
+        };
+        let ports = adapters.ports(
+            Arc::new(HttpSender::new(loopback).unwrap()),
+            Arc::new(hookwise_core::ports::SystemClock),
+        );
+        let rng = <rand::rngs::StdRng as rand::SeedableRng>::from_os_rng();
+        hookwise_core::services::Services::new(ports, hookwise_core::services::Config::default(), rng)
+    }
+
     /// What template.yaml's Globals give every function, pointed at these resources.
     pub fn function_env(&self, max_delay: u32) -> Vec<(String, String)> {
         let p = &self.provisioned;

@@ -366,9 +366,14 @@ impl Services {
 
     /// Disable the subscription, with `reason`: a conditional write of the copy just read,
     /// tried again on a fresh copy if another change came first. A deleted one stays deleted.
-    /// `true` when this call disabled it (not someone before it). `notice_pending`: its
-    /// owner is to be told (`disable_notice_pending`).
-    async fn disable_subscription(&self, mut sub: Subscription, reason: &str, notice_pending: bool) -> Result<bool> {
+    /// The copy written, when this call disabled it (not someone before it).
+    /// `notice_pending`: its owner is to be told (`disable_notice_pending`).
+    async fn disable_subscription(
+        &self,
+        mut sub: Subscription,
+        reason: &str,
+        notice_pending: bool,
+    ) -> Result<Option<Subscription>> {
         for _ in 0..3 {
             let read_at = sub.updated_at;
             sub.status = SubscriptionStatus::Disabled;
@@ -378,13 +383,13 @@ impl Services {
             let result = self.ports.store.replace_subscription(&sub, read_at).await;
             self.forget_subscription(&sub.tenant_id, &sub.id);
             match result {
-                Ok(()) => return Ok(true),
+                Ok(()) => return Ok(Some(sub)),
                 Err(PortError::ConditionFailed(_)) => {}
                 Err(e) => return Err(e.into()),
             }
             match self.ports.store.get_subscription(&sub.tenant_id, &sub.id).await? {
                 Some(fresh) if fresh.status == SubscriptionStatus::Active => sub = fresh,
-                _ => return Ok(false), // deleted, or disabled by someone else
+                _ => return Ok(None), // deleted, or disabled by someone else
             }
         }
         Err(PortError::retryable("disable the subscription", "it kept changing under its disabling").into())
@@ -415,14 +420,11 @@ impl Services {
         if now - since < after {
             return Ok(());
         }
-        if !self.disable_subscription(sub.clone(), DISABLED_FAILING, true).await? {
+        let Some(disabled) = self.disable_subscription(sub, DISABLED_FAILING, true).await? else {
             return Ok(());
-        }
-        tracing::warn!(subscription_id = %sub.id, %since, "subscription disabled: its endpoint has not succeeded since");
-        match self.ports.store.get_subscription(&sub.tenant_id, &sub.id).await? {
-            Some(disabled) => self.send_disable_notice(disabled, tenant).await,
-            None => Ok(()),
-        }
+        };
+        tracing::warn!(subscription_id = %disabled.id, %since, "subscription disabled: its endpoint has not succeeded since");
+        self.send_disable_notice(disabled, tenant, since).await
     }
 
     /// A message that found its attempt recorded: if its subscription was disabled for failing
@@ -435,19 +437,23 @@ impl Services {
             return Ok(());
         };
         let tenant = self.kept_tenant(&sub.tenant_id).await?;
-        self.send_disable_notice(sub, tenant.as_ref()).await
+        let since = sub.failing_since(self.stored_health(&sub.id).await?.last_success_at);
+        self.send_disable_notice(sub, tenant.as_ref(), since).await
     }
 
-    /// Email the owner of a subscription disabled for failing, then mark it told. An error
-    /// leaves it pending.
-    async fn send_disable_notice(&self, mut sub: Subscription, tenant: Option<&Tenant>) -> Result<()> {
+    /// Email the owner of a subscription disabled for failing (its endpoint failing `since`),
+    /// then mark it told. An error leaves it pending.
+    async fn send_disable_notice(
+        &self,
+        mut sub: Subscription,
+        tenant: Option<&Tenant>,
+        since: DateTime<Utc>,
+    ) -> Result<()> {
         if let Some(to) = sub
             .owner_email
             .clone()
             .or_else(|| tenant.map(|t| t.owner_email.clone()))
         {
-            let stored = self.stored_health(&sub.id).await?;
-            let since = sub.failing_since(stored.last_success_at);
             let hours = sub.auto_disable_after_hours.unwrap_or(DEFAULT_AUTO_DISABLE_HOURS);
             self.ports
                 .mailer

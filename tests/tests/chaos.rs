@@ -285,6 +285,8 @@ impl Backend for Local {
 
 struct Aws {
     env: aws_support::AwsEnv,
+    /// For the test's own messages, past the faults.
+    sqs: aws_sdk_sqs::Client,
     dynamodb: FaultProxy,
     moto: FaultProxy,
     plan: FaultPlan,
@@ -325,6 +327,7 @@ impl Aws {
         let dynamodb = FaultProxy::start(&env.dynamodb_url, FaultPlan::none()).await;
         let moto = FaultProxy::start(&env.moto_url, FaultPlan::none()).await;
         Some(Self {
+            sqs: aws_support::patient_sqs(&env.clients),
             env,
             dynamodb,
             moto,
@@ -378,10 +381,9 @@ impl Backend for Aws {
                     queued_at: None,
                     slot: None,
                     tenant_id: None,
+                    held_until: None,
                 };
-                self.env
-                    .clients
-                    .sqs
+                self.sqs
                     .send_message()
                     .queue_url(&self.env.provisioned.delivery_queue_url)
                     .message_body(hookwise_aws::encode_task(&task))

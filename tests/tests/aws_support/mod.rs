@@ -96,6 +96,17 @@ pub fn unique_prefix(label: &str) -> String {
     )
 }
 
+/// An SQS client for the test's own calls (injecting, reading back) that waits out an
+/// emulator's stall the system under test rides out with its retries: moto on a loaded
+/// machine has gone more than the SDK's 5 s without answering.
+pub fn patient_sqs(clients: &AwsClients) -> aws_sdk_sqs::Client {
+    let timeouts = aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+        .operation_attempt_timeout(Duration::from_secs(20))
+        .operation_timeout(Duration::from_secs(60))
+        .build();
+    aws_sdk_sqs::Client::from_conf(clients.sqs.config().to_builder().timeout_config(timeouts).build())
+}
+
 /// Tables on DynamoDB Local, queues and SES on moto, all made from template.yaml.
 pub struct AwsEnv {
     pub moto_url: String,

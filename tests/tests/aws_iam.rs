@@ -356,6 +356,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         queued_at: None,
         slot: None,
         tenant_id: None,
+        held_until: None,
     });
     admin
         .sqs

@@ -41,6 +41,7 @@ async fn one_queued_delivery(h: &Harness) -> DeliveryTask {
         timeout_ms: None,
         rate_limit_per_second: None,
         auto_disable_after_hours: None,
+        circuit_breaker: None,
         description: None,
     };
     h.services.create_subscription(&tenant, sub).await.unwrap();

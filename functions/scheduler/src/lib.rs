@@ -48,6 +48,7 @@ mod tests {
             timeout_ms: None,
             rate_limit_per_second: None,
             auto_disable_after_hours: None,
+            circuit_breaker: None,
             description: None,
         };
         h.services.create_subscription(&tenant, sub).await.unwrap();

@@ -309,6 +309,7 @@ mod tests {
             queued_at: None,
             slot: None,
             tenant_id: None,
+            held_until: None,
         };
         let body = encode_task(&task);
         assert!(body.contains("\"attempt\":3"));

@@ -5,6 +5,7 @@
 //! |--------|---------------------------------------|--------------------------------------|
 //! | task   | due minute and shard `2026-11-30T05:07#3` | `{due}#{delivery}#{round}#{attempt}` |
 //! | cursor | `#CURSOR#3`                           | `#CURSOR`: `pending` (string set of the minutes that may hold tasks), `version` |
+//! | held   | `HELD#{subscription}`                 | `{due}#{delivery}#{round}#{attempt}` |
 //!
 //! A delivery's tasks go to one of [`SHARDS`] shards (by its id), each with its own cursor
 //! and its own partition per minute, so a burst of long retries spreads over eight keys
@@ -14,6 +15,9 @@
 //! cursor and queries exactly the pending minutes up to `until`, oldest first; a minute found
 //! empty leaves its cursor's set, by a write conditional on the cursor's `version` so a task
 //! scheduled meanwhile keeps its minute in it.
+//!
+//! A held attempt (its endpoint's circuit breaker is open) is a `HELD#` item, which its
+//! release queries by the endpoint, and a task due when it gives up.
 //!
 //! A table written before the shards has one cursor, `#CURSOR`, and partitions named by the
 //! minute alone: `due` reads it as one more shard, so its tasks come due as before and it
@@ -27,7 +31,7 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
-use hookwise_core::model::{DeliveryId, TenantId};
+use hookwise_core::model::{DeliveryId, SubscriptionId, TenantId};
 use hookwise_core::ports::{DeliveryTask, PortResult, ScheduledTask, SchedulerTable};
 use hookwise_core::PortError;
 
@@ -104,14 +108,8 @@ fn decode(item: &Item) -> PortResult<ScheduledTask> {
         .with_timezone(&Utc);
     let delivery_id =
         DeliveryId::parse(get_s(item, "delivery_id")?).map_err(|e| corrupt("delivery_id", e.to_string()))?;
-    let slot = item
-        .get("slot")
-        .map(|_| {
-            DateTime::parse_from_rfc3339(get_s(item, "slot")?)
-                .map(|t| t.with_timezone(&Utc))
-                .map_err(|e| corrupt("slot", e.to_string()))
-        })
-        .transpose()?;
+    let slot = item.get("slot").map(|_| time_attr(item, "slot")).transpose()?;
+    let held_until = item.get("held_until").map(|_| time_attr(item, "held_until")).transpose()?;
     let tenant_id = item
         .get("tenant_id")
         .map(|_| TenantId::parse(get_s(item, "tenant_id")?).map_err(|e| corrupt("tenant_id", e.to_string())))
@@ -124,9 +122,47 @@ fn decode(item: &Item) -> PortResult<ScheduledTask> {
             queued_at: None,
             slot,
             tenant_id,
+            held_until,
         },
         due,
     })
+}
+
+fn time_attr(item: &Item, name: &str) -> PortResult<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(get_s(item, name)?)
+        .map(|t| t.with_timezone(&Utc))
+        .map_err(|e| corrupt(name, e.to_string()))
+}
+
+fn time(t: DateTime<Utc>) -> AttributeValue {
+    s(t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true))
+}
+
+/// The attributes of a task, beside its keys.
+fn task_attributes(mut record: Item, item: &ScheduledTask) -> Item {
+    let task = &item.task;
+    record.insert("due".into(), time(item.due));
+    record.insert("delivery_id".into(), s(task.delivery_id.as_str()));
+    record.insert("round".into(), n(task.round));
+    record.insert("attempt".into(), n(task.attempt));
+    if let Some(slot) = task.slot {
+        record.insert("slot".into(), time(slot));
+    }
+    if let Some(tenant) = &task.tenant_id {
+        record.insert("tenant_id".into(), s(tenant.as_str()));
+    }
+    if let Some(until) = task.held_until {
+        record.insert("held_until".into(), time(until));
+    }
+    record
+}
+
+/// A held attempt's key: the one due to give up soonest sorts first.
+fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
+    HashMap::from([
+        (PARTITION_KEY.to_owned(), s(format!("HELD#{sub}"))),
+        (SORT_KEY.to_owned(), s(due_key(item))),
+    ])
 }
 
 #[derive(Clone, Debug)]
@@ -212,6 +248,35 @@ impl DynamoScheduler {
         }
     }
 
+    /// Every page of a query of `HELD#{sub}`, up to `limit` items.
+    async fn query_held(&self, sub: &SubscriptionId, limit: usize) -> PortResult<Vec<ScheduledTask>> {
+        let mut tasks = Vec::new();
+        let mut start = None;
+        while tasks.len() < limit {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .key_condition_expression("#b = :b")
+                .expression_attribute_names("#b", PARTITION_KEY)
+                .expression_attribute_values(":b", s(format!("HELD#{sub}")))
+                .limit((limit - tasks.len()) as i32)
+                .set_exclusive_start_key(start)
+                .send()
+                .await
+                .map_err(|e| classify("held attempts", e))?;
+            for item in out.items() {
+                tasks.push(decode(item)?);
+            }
+            start = out.last_evaluated_key.filter(|k| !k.is_empty());
+            if start.is_none() {
+                break;
+            }
+        }
+        Ok(tasks)
+    }
+
     async fn forget_minutes(&self, shard: Shard, empty: Vec<String>, version: u64) -> PortResult<()> {
         let result = self
             .client
@@ -232,6 +297,16 @@ impl DynamoScheduler {
             Ok(_) | Err(PortError::ConditionFailed(_)) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    async fn delete_all(&self, keys: Vec<Item>) -> PortResult<()> {
+        let chunks: Vec<Vec<Item>> = keys.chunks(MAX_BATCH_WRITE).map(<[Item]>::to_vec).collect();
+        futures::stream::iter(chunks)
+            .map(|c| self.delete_chunk(c))
+            .buffer_unordered(CONCURRENCY)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(())
     }
 
     async fn delete_chunk(&self, keys: Vec<Item>) -> PortResult<()> {
@@ -279,23 +354,7 @@ impl DynamoScheduler {
 impl SchedulerTable for DynamoScheduler {
     async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
         let shard = Shard::of(&item.task);
-        let mut record = key(shard, item);
-        record.insert(
-            "due".into(),
-            s(item.due.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
-        );
-        record.insert("delivery_id".into(), s(item.task.delivery_id.as_str()));
-        record.insert("round".into(), n(item.task.round));
-        record.insert("attempt".into(), n(item.task.attempt));
-        if let Some(slot) = item.task.slot {
-            record.insert(
-                "slot".into(),
-                s(slot.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
-            );
-        }
-        if let Some(tenant) = &item.task.tenant_id {
-            record.insert("tenant_id".into(), s(tenant.as_str()));
-        }
+        let record = task_attributes(key(shard, item), item);
         self.client
             .put_item()
             .table_name(&self.table)
@@ -392,13 +451,29 @@ impl SchedulerTable for DynamoScheduler {
                 .collect()
         };
         keys.dedup();
-        let chunks: Vec<Vec<Item>> = keys.chunks(MAX_BATCH_WRITE).map(<[Item]>::to_vec).collect();
-        futures::stream::iter(chunks)
-            .map(|c| self.delete_chunk(c))
-            .buffer_unordered(CONCURRENCY)
-            .try_collect::<Vec<()>>()
-            .await?;
-        Ok(())
+        self.delete_all(keys).await
+    }
+
+    async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
+        let record = task_attributes(held_key(sub, item), item);
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(record))
+            .send()
+            .await
+            .map_err(|e| classify("hold an attempt", e))?;
+        self.schedule(item).await
+    }
+
+    async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>> {
+        self.query_held(sub, limit as usize).await
+    }
+
+    async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
+        let mut keys: Vec<Item> = items.iter().map(|i| held_key(sub, i)).collect();
+        keys.dedup();
+        self.delete_all(keys).await
     }
 }
 
@@ -419,6 +494,7 @@ mod tests {
                 queued_at: None,
                 slot: None,
                 tenant_id: None,
+                held_until: None,
             },
             due,
         };

@@ -15,6 +15,7 @@
 //! | waiting notice     | `OWNER#{email}`          | `NOTICE#{delivery}#{round:010}`          |
 //! | endpoint health    | `HEALTH#{subscription}`  | `#HEALTH`                     |
 //! | rate limiter       | `RATE#{subscription}`    | `#RATE` (`next_slot`, µs)     |
+//! | circuit breaker    | `CIRCUIT#{subscription}` | `#CIRCUIT` (its state, `version`) |
 //!
 //! Deliveries are read by id alone (queue messages carry only the id) and strongly
 //! consistently, so they have their own partition. A delivery's attempts are in its item,
@@ -67,6 +68,7 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
+use hookwise_core::circuit::Circuit;
 use hookwise_core::health::EndpointHealth;
 use hookwise_core::model::*;
 use hookwise_core::ports::*;
@@ -175,6 +177,9 @@ fn waiting_notice_key(owner: &Email, id: &DeliveryId, round: u32) -> Key {
 const DIGEST_SHARD: &str = "DIGEST";
 fn rate_key(sub: &SubscriptionId) -> Key {
     (format!("RATE#{sub}"), "#RATE".into())
+}
+fn circuit_key(sub: &SubscriptionId) -> Key {
+    (format!("CIRCUIT#{sub}"), "#CIRCUIT".into())
 }
 fn health_key(sub: &SubscriptionId) -> Key {
     (format!("HEALTH#{sub}"), "#HEALTH".into())
@@ -1542,6 +1547,33 @@ impl Store for DynamoStore {
         }
         // Contended while going idle, four times over: send now rather than hold the attempt.
         Ok(now)
+    }
+
+    async fn circuit(&self, sub: &SubscriptionId) -> PortResult<Option<Circuit>> {
+        self.get(&circuit_key(sub), "circuit breaker")
+            .await?
+            .map(|item| from_item(&item))
+            .transpose()
+    }
+
+    async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()> {
+        const WHAT: &str = "write a circuit breaker";
+        let item = with_key(to_item(circuit), &circuit_key(sub), "circuit");
+        let put = self.client.put_item().table_name(&self.table).set_item(Some(item));
+        let put = match read {
+            None => put.condition_expression("attribute_not_exists(pk)"),
+            Some(r) => put
+                .condition_expression("#version = :read")
+                .expression_attribute_names("#version", "version")
+                .expression_attribute_values(":read", n(r.version)),
+        };
+        let out = put
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify(WHAT, e))?;
+        self.charge(WHAT, true, out.consumed_capacity());
+        Ok(())
     }
 
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {

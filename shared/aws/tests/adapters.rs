@@ -22,6 +22,7 @@ fn task(at: chrono::DateTime<Utc>) -> ScheduledTask {
             queued_at: None,
             slot: None,
             tenant_id: None,
+            held_until: None,
         },
         due: at,
     }

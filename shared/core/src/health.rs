@@ -53,6 +53,11 @@ impl EndpointHealth {
         }
     }
 
+    /// How many of the latest attempts failed, one after another.
+    pub fn consecutive_failures(&self) -> u32 {
+        self.samples.iter().rev().take_while(|s| !s.success).count() as u32
+    }
+
     /// `health(e) = Σ 1[success] · e^(−λ·age) / |D_e|`; `None` with no history.
     pub fn score(&self, now: DateTime<Utc>) -> Option<f64> {
         if self.samples.is_empty() {

@@ -9,6 +9,7 @@
 //! [`services::Services::handle_dead_letters`], which emails the owner once.
 
 pub mod auth;
+pub mod circuit;
 pub mod error;
 pub mod health;
 pub mod metrics;

@@ -24,6 +24,10 @@ pub const STALE: &str = "Stale";
 pub const NOT_STORED_YET: &str = "NotStoredYet";
 /// Attempts the endpoint's rate limit deferred to their slot, not attempted.
 pub const RATE_LIMITED: &str = "RateLimited";
+/// Attempts an open circuit breaker held, breakers opened, and held attempts released.
+pub const HELD: &str = "Held";
+pub const BREAKER_OPENED: &str = "BreakerOpened";
+pub const RELEASED: &str = "Released";
 /// Messages given back to the queue on an infrastructure failure.
 pub const REDELIVERED: &str = "Redelivered";
 /// How long a POST took, from its start to its answer (or timeout).

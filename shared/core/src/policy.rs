@@ -332,6 +332,12 @@ impl RetryPolicy {
         total
     }
 
+    /// The nominal time (no jitter) from the attempt that follows `failures` failed ones to the
+    /// schedule's last: how long that attempt has left before its delivery would die.
+    pub fn remaining_span(&self, failures: u32) -> Seconds {
+        (failures + 1..self.max_attempts()).filter_map(|f| self.base_delay(f)).sum()
+    }
+
     /// The schedule with jitter off: (attempt, delay before it, time since the first attempt).
     pub fn nominal_schedule(&self) -> Vec<(u32, Seconds, Seconds)> {
         let mut rows = vec![(1, 0.0, 0.0)];

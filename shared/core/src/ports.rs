@@ -8,6 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::circuit::Circuit;
 use crate::error::PortError;
 use crate::health::EndpointHealth;
 use crate::model::*;
@@ -143,6 +144,12 @@ pub trait Store: Send + Sync {
         now: DateTime<Utc>,
     ) -> PortResult<DateTime<Utc>>;
 
+    /// The endpoint's circuit breaker; `None` if none was ever stored (closed).
+    async fn circuit(&self, sub: &SubscriptionId) -> PortResult<Option<Circuit>>;
+    /// Store `circuit` if the stored one is still `read` (by its version; `None`: none stored).
+    /// `ConditionFailed` if another write came first.
+    async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()>;
+
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth>;
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()>;
 
@@ -231,6 +238,10 @@ pub struct DeliveryTask {
     /// hold up another's). A message an older build queued has none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_id: Option<TenantId>,
+    /// Set on an attempt its endpoint's open circuit breaker held: when it gives up if still
+    /// held (where its retry schedule would have ended). Kept through a release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_until: Option<DateTime<Utc>>,
 }
 
 /// The delivery queue and its dead-letter queue.
@@ -299,6 +310,15 @@ pub trait SchedulerTable: Send + Sync {
     /// Items due at or before `until`, earliest first.
     async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>>;
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()>;
+
+    /// Park an attempt held by `sub`'s open circuit breaker until it is released, and
+    /// schedule it at `item.due` (when it gives up if still held). The same attempt held
+    /// twice is held once.
+    async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()>;
+    /// Up to `limit` of `sub`'s held attempts, the one due to give up soonest first.
+    async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>>;
+    /// No longer held (their scheduled copies stay, and find them moved on when due).
+    async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()>;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -196,5 +196,6 @@ pub fn next_task(delivery: &Delivery) -> DeliveryTask {
         queued_at: None,
         slot: None,
         tenant_id: Some(delivery.tenant_id.clone()),
+        held_until: None,
     }
 }

@@ -2,6 +2,7 @@
 //! letter, replay.
 
 use chrono::Duration;
+use hookwise_core::circuit::CircuitBreaker;
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, SendOutcome, Store};
@@ -19,7 +20,20 @@ fn new_sub(url: &str, types: &[&str], schedule: Option<Vec<u64>>) -> NewSubscrip
         timeout_ms: None,
         rate_limit_per_second: None,
         auto_disable_after_hours: None,
+        circuit_breaker: None,
         description: None,
+    }
+}
+
+/// `new` with its circuit breaker off: for tests of what many failing attempts to one
+/// endpoint do without it.
+fn without_breaker(new: NewSubscription) -> NewSubscription {
+    NewSubscription {
+        circuit_breaker: Some(CircuitBreaker {
+            enabled: false,
+            ..Default::default()
+        }),
+        ..new
     }
 }
 
@@ -167,6 +181,7 @@ async fn given_an_always_failing_endpoint_then_it_dies_after_the_schedule_and_th
         queued_at: None,
         slot: None,
         tenant_id: None,
+        held_until: None,
     };
     h.services.handle_dead_letters(&[again]).await.unwrap();
     assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);
@@ -1137,7 +1152,7 @@ async fn given_more_stranded_retries_than_a_page_then_one_tick_requeues_them_all
         h.services
             .create_subscription(
                 &tenant,
-                new_sub(&format!("https://a{i}.example.com/"), &["*"], Some(vec![60])),
+                without_breaker(new_sub(&format!("https://a{i}.example.com/"), &["*"], Some(vec![60]))),
             )
             .await
             .unwrap();
@@ -1718,6 +1733,7 @@ async fn given_a_success_within_the_auto_disable_hours_or_none_set_then_the_subs
 
     let never = NewSubscription {
         auto_disable_after_hours: Some(None),
+        circuit_breaker: None,
         ..new_sub("https://b.example.com/", &["*"], Some(vec![]))
     };
     let never = h.services.create_subscription(&tenant, never).await.unwrap();
@@ -1768,6 +1784,7 @@ async fn given_the_auto_disable_email_failing_then_the_message_comes_back_and_it
 async fn disabled_after_an_hour(h: &Harness, tenant: &Tenant) -> Subscription {
     let new = NewSubscription {
         auto_disable_after_hours: Some(Some(1)),
+        circuit_breaker: None,
         ..new_sub("https://a.example.com/", &["*"], Some(vec![]))
     };
     h.services.create_subscription(tenant, new).await.unwrap()

@@ -54,6 +54,7 @@ async fn main() {
         status: SubscriptionStatus::Active,
         rate_limit_per_second: None,
         auto_disable_after_hours: None,
+        circuit_breaker: Default::default(),
         active_since: None,
         disable_notice_pending: false,
         disabled_reason: None,
@@ -184,6 +185,7 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                         queued_at: None,
                         slot: None,
                         tenant_id: None,
+                        held_until: None,
                     },
                     0,
                 )])

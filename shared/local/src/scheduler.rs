@@ -2,6 +2,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use hookwise_core::model::SubscriptionId;
 use hookwise_core::ports::{PortResult, ScheduledTask, SchedulerTable};
 use rusqlite::params;
 
@@ -66,6 +67,69 @@ impl SchedulerTable for LocalBackend {
                 for (due, id, round, attempt) in keys {
                     stmt.execute(params![due, id, round, attempt]).map_err(err)?;
                 }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
+        let sub = sub.to_string();
+        let due = nanos(item.due);
+        let id = item.task.delivery_id.to_string();
+        let (round, attempt) = (item.task.round, item.task.attempt);
+        let doc = to_json("held attempt", item)?;
+        self.with_conn("hold an attempt", move |conn| {
+            let err = |e| db_err("hold an attempt", e);
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO held (subscription_id, delivery_id, round, attempt, due, doc)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .and_then(|mut s| s.execute(params![sub, id, round, attempt, due, doc]))
+            .map_err(err)?;
+            conn.prepare_cached(
+                "INSERT OR REPLACE INTO scheduled (due, delivery_id, round, attempt, doc) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )
+            .and_then(|mut s| s.execute(params![due, id, round, attempt, doc]))
+            .map_err(err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>> {
+        let sub = sub.to_string();
+        self.with_conn("read held attempts", move |conn| {
+            let err = |e| db_err("read held attempts", e);
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT doc FROM held WHERE subscription_id = ?1 ORDER BY due, delivery_id, round, attempt LIMIT ?2",
+                )
+                .map_err(err)?;
+            let docs = stmt
+                .query_map(params![sub, limit], |row| row.get::<_, String>(0))
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(err)?;
+            docs.iter().map(|d| from_json("held attempt", d)).collect()
+        })
+        .await
+    }
+
+    async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
+        let sub = sub.to_string();
+        let keys: Vec<(String, u32, u32)> = items
+            .iter()
+            .map(|i| (i.task.delivery_id.to_string(), i.task.round, i.task.attempt))
+            .collect();
+        self.with_conn("release held attempts", move |conn| {
+            let err = |e| db_err("release held attempts", e);
+            let mut stmt = conn
+                .prepare_cached(
+                    "DELETE FROM held WHERE subscription_id = ?1 AND delivery_id = ?2 AND round = ?3 AND attempt = ?4",
+                )
+                .map_err(err)?;
+            for (id, round, attempt) in keys {
+                stmt.execute(params![sub, id, round, attempt]).map_err(err)?;
             }
             Ok(())
         })

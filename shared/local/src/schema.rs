@@ -9,8 +9,9 @@ use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 
 /// 2: `dead_notices.sent_at`. 3: `notices` (who is told, and when) and `digests` replace
 /// `dead_notices`. 4: `api_keys`, so a tenant can hold two (`tenants.api_key_hash` goes), and
-/// `rate_slots`, and `queue.grp` (the tenant a receive takes turns by).
-const VERSION: i64 = 4;
+/// `rate_slots`, and `queue.grp` (the tenant a receive takes turns by). 5: `circuits` and
+/// `held` (the circuit breaker's state and the attempts it holds).
+const VERSION: i64 = 5;
 
 const SCHEMA: &str = r#"
 CREATE TABLE IF NOT EXISTS tenants (
@@ -23,6 +24,26 @@ CREATE TABLE IF NOT EXISTS rate_slots (
     subscription_id  TEXT PRIMARY KEY,
     next_slot        INTEGER NOT NULL
 );
+
+-- Each endpoint's circuit breaker, once it first opened.
+CREATE TABLE IF NOT EXISTS circuits (
+    subscription_id  TEXT PRIMARY KEY,
+    version          INTEGER NOT NULL,
+    doc              TEXT NOT NULL
+);
+
+-- Attempts an open circuit breaker holds, by endpoint (each is in `scheduled` too, due when
+-- it gives up).
+CREATE TABLE IF NOT EXISTS held (
+    subscription_id  TEXT NOT NULL,
+    delivery_id      TEXT NOT NULL,
+    round            INTEGER NOT NULL,
+    attempt          INTEGER NOT NULL,
+    due              INTEGER NOT NULL,
+    doc              TEXT NOT NULL,
+    PRIMARY KEY (subscription_id, delivery_id, round, attempt)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS held_by_due ON held (subscription_id, due);
 
 CREATE TABLE IF NOT EXISTS api_keys (
     hash       TEXT PRIMARY KEY,

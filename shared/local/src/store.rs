@@ -2,6 +2,7 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use hookwise_core::circuit::Circuit;
 use hookwise_core::health::EndpointHealth;
 use hookwise_core::model::*;
 use hookwise_core::ports::{
@@ -564,6 +565,46 @@ impl Store for LocalBackend {
             .and_then(|mut s| s.execute(params![sub, nanos(after)]))
             .map_err(|e| db_err("reserve a rate-limit slot", e))?;
             Ok(slot)
+        })
+        .await
+    }
+
+    async fn circuit(&self, sub: &SubscriptionId) -> PortResult<Option<Circuit>> {
+        let id = sub.to_string();
+        self.with_conn("read a circuit breaker", move |conn| {
+            query_doc(
+                conn,
+                "circuit breaker",
+                "SELECT doc FROM circuits WHERE subscription_id = ?1",
+                [id],
+            )
+        })
+        .await
+    }
+
+    async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()> {
+        const WHAT: &str = "write a circuit breaker";
+        let id = sub.to_string();
+        let doc = to_json("circuit breaker", circuit)?;
+        let version = circuit.version as i64;
+        let read = read.map(|r| r.version as i64);
+        self.with_conn(WHAT, move |conn| {
+            let written = match read {
+                None => conn
+                    .prepare_cached(
+                        "INSERT INTO circuits (subscription_id, version, doc) VALUES (?1, ?2, ?3)
+                         ON CONFLICT (subscription_id) DO NOTHING",
+                    )
+                    .and_then(|mut s| s.execute(params![id, version, doc])),
+                Some(read) => conn
+                    .prepare_cached("UPDATE circuits SET version = ?2, doc = ?3 WHERE subscription_id = ?1 AND version = ?4")
+                    .and_then(|mut s| s.execute(params![id, version, doc, read])),
+            }
+            .map_err(|e| db_err(WHAT, e))?;
+            if written == 0 {
+                return Err(PortError::ConditionFailed("the circuit breaker changed since it was read".into()));
+            }
+            Ok(())
         })
         .await
     }

@@ -40,6 +40,7 @@ fn task(rng: &mut StdRng) -> DeliveryTask {
         queued_at: None,
         slot: None,
         tenant_id: None,
+        held_until: None,
     }
 }
 
@@ -72,6 +73,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         status: SubscriptionStatus::Active,
         rate_limit_per_second: None,
         auto_disable_after_hours: None,
+        circuit_breaker: Default::default(),
         active_since: None,
         disable_notice_pending: false,
         disabled_reason: None,

@@ -153,5 +153,6 @@ fn outcome_metric(outcome: &DeliverOutcome) -> &'static str {
         DeliverOutcome::Stale => metrics::STALE,
         DeliverOutcome::NotStoredYet => metrics::NOT_STORED_YET,
         DeliverOutcome::RateLimited { .. } => metrics::RATE_LIMITED,
+        DeliverOutcome::Held { .. } => metrics::HELD,
     }
 }

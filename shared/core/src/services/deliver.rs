@@ -5,6 +5,7 @@
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
+use super::breaker::Gate;
 use super::Services;
 use crate::error::{PortError, Result};
 use crate::health::HealthSample;
@@ -30,6 +31,11 @@ pub enum DeliverOutcome {
     /// attempted (and not counted as an attempt).
     RateLimited {
         slot: DateTime<Utc>,
+    },
+    /// Held by the endpoint's open circuit breaker, not attempted (and not counted): parked
+    /// until the breaker closes, or queued to be its next probe; it gives up at `until`.
+    Held {
+        until: DateTime<Utc>,
     },
 }
 
@@ -144,6 +150,11 @@ impl Services {
             (_, None) => return self.abandon(&delivery, task, "the event no longer exists").await,
         };
         let retries_enabled = tenant.as_ref().is_none_or(|t| t.retries_enabled);
+        let (circuit, probe) = match self.gate(&sub, task, health.consecutive_failures()).await? {
+            Gate::Attempt { circuit, probe } => (circuit, probe),
+            Gate::Hold => return self.held(&sub, &delivery, task, retries_enabled, None).await,
+            Gate::ProbeAt { at } => return self.held(&sub, &delivery, task, retries_enabled, Some(at)).await,
+        };
         if let Some(slot) = self.wait_for_slot(&sub, task).await? {
             return Ok(DeliverOutcome::RateLimited { slot });
         }
@@ -206,16 +217,33 @@ impl Services {
             },
         )
         .await;
+        self.after_attempt_breaker(&sub, circuit, probe, outcome.is_success())
+            .await;
         let failed = !outcome.is_success() && outcome.status_code != Some(410);
         if outcome.status_code == Some(410) {
             self.disable_subscription(sub.clone(), GONE, false).await?;
         }
-        let handed = self.hand_on(&change.next, decision).await?;
+        let handed = self.hand_on(&change.next, decision, task.held_until).await?;
         if failed {
             self.disable_if_failing(sub, health.last_success_at, tenant.as_ref(), now)
                 .await?;
         }
         Ok(handed)
+    }
+
+    /// Held by the open breaker (see `breaker`); dead if held past its retry schedule.
+    async fn held(
+        &self,
+        sub: &Subscription,
+        delivery: &Delivery,
+        task: &DeliveryTask,
+        retries_enabled: bool,
+        probe_at: Option<DateTime<Utc>>,
+    ) -> Result<DeliverOutcome> {
+        match self.hold(sub, delivery, task, retries_enabled, probe_at).await? {
+            Some(until) => Ok(DeliverOutcome::Held { until }),
+            None => self.abandon(delivery, task, super::HELD_TOO_LONG).await,
+        }
     }
 
     /// Under the endpoint's rate limit, the attempt's slot: reserved now, or (on a deferred
@@ -243,14 +271,24 @@ impl Services {
         Ok(Some(slot))
     }
 
-    /// After the change is stored: queue the next attempt, or hand a dead one on.
-    async fn hand_on(&self, delivery: &Delivery, decision: Decision) -> Result<DeliverOutcome> {
+    /// After the change is stored: queue the next attempt, or hand a dead one on. A delivery
+    /// the breaker held keeps the time it gives up if held again (`held_until`).
+    async fn hand_on(
+        &self,
+        delivery: &Delivery,
+        decision: Decision,
+        held_until: Option<DateTime<Utc>>,
+    ) -> Result<DeliverOutcome> {
         match decision {
             Decision::Delivered => Ok(DeliverOutcome::Delivered),
             Decision::Retry { at, .. } => {
                 // An error here redelivers the message, and `resume_retry` queues the retry
                 // then (the sweep would, but only once it is overdue).
-                self.schedule_attempt(state::next_task(delivery), at).await?;
+                let next = DeliveryTask {
+                    held_until,
+                    ..state::next_task(delivery)
+                };
+                self.schedule_attempt(next, at).await?;
                 Ok(DeliverOutcome::Retrying { at })
             }
             Decision::Dead => {
@@ -297,6 +335,9 @@ impl Services {
     /// only once).
     async fn finish_stale(&self, delivery: &Delivery, task: &DeliveryTask) -> Result<DeliverOutcome> {
         self.tell_of_disabling(delivery).await?;
+        if task.held_until.is_some() {
+            self.probe_moved_on(delivery).await?;
+        }
         let killed_by_this = delivery.status == DeliveryStatus::Dead
             && delivery.round == task.round
             && (delivery.attempts == task.attempt || delivery.attempts + 1 == task.attempt);
@@ -361,7 +402,7 @@ impl Services {
             Err(e) => return Err(e.into()),
         }
         tracing::info!(reason, attempt = task.attempt, "delivery abandoned");
-        self.hand_on(&change.next, Decision::Dead).await
+        self.hand_on(&change.next, Decision::Dead, None).await
     }
 
     /// Disable the subscription, with `reason`: a conditional write of the copy just read,
@@ -481,5 +522,6 @@ fn dead_task(delivery: &Delivery) -> DeliveryTask {
         queued_at: None,
         slot: None,
         tenant_id: Some(delivery.tenant_id.clone()),
+        held_until: None,
     }
 }

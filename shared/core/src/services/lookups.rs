@@ -58,7 +58,7 @@ impl KeptHealth {
 }
 
 /// Values found at a time, each good until `ttl` after it.
-struct Kept<K, V> {
+pub(super) struct Kept<K, V> {
     entries: Mutex<HashMap<K, (DateTime<Utc>, V)>>,
 }
 
@@ -73,7 +73,7 @@ impl<K: Eq + Hash, V: Clone> Kept<K, V> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn get(&self, key: &K, fresh_after: DateTime<Utc>) -> Option<V> {
+    pub(super) fn get(&self, key: &K, fresh_after: DateTime<Utc>) -> Option<V> {
         self.lock()
             .get(key)
             .filter(|(at, _)| *at > fresh_after)
@@ -82,7 +82,7 @@ impl<K: Eq + Hash, V: Clone> Kept<K, V> {
 
     /// Keep `value`, read since `generation` was `read_in`, unless a forget came meanwhile:
     /// then it may be older than what was written.
-    fn put(&self, key: K, value: V, now: DateTime<Utc>, generation: &AtomicU64, read_in: u64) {
+    pub(super) fn put(&self, key: K, value: V, now: DateTime<Utc>, generation: &AtomicU64, read_in: u64) {
         let mut entries = self.lock();
         if generation.load(Ordering::SeqCst) != read_in {
             return;
@@ -93,19 +93,21 @@ impl<K: Eq + Hash, V: Clone> Kept<K, V> {
         entries.insert(key, (now, value));
     }
 
-    fn forget(&self, key: &K) {
+    pub(super) fn forget(&self, key: &K) {
         self.lock().remove(key);
     }
 }
 
 pub(crate) struct Lookups {
     /// Bumped by every forget, before it forgets: a read that started before it keeps nothing.
-    generation: AtomicU64,
+    pub(super) generation: AtomicU64,
     tenants_by_key: Kept<String, Tenant>,
     tenants: Kept<TenantId, Tenant>,
     subscriptions: Kept<(TenantId, SubscriptionId), Subscription>,
     tenant_subscriptions: Kept<TenantId, Arc<Vec<Subscription>>>,
     health: Mutex<HashMap<SubscriptionId, KeptHealth>>,
+    /// Endpoints' circuit breakers (`None`: none stored), for `breaker::CIRCUIT_TTL`.
+    pub(super) circuits: Kept<SubscriptionId, Option<crate::circuit::Circuit>>,
 }
 
 impl Lookups {
@@ -117,7 +119,13 @@ impl Lookups {
             subscriptions: Kept::new(),
             tenant_subscriptions: Kept::new(),
             health: Mutex::new(HashMap::new()),
+            circuits: Kept::new(),
         }
+    }
+
+    /// Where forgetting has got to: a value read from here on may be kept.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
     }
 }
 
@@ -235,6 +243,14 @@ impl Services {
         entry.health = health.clone();
         entry.read_at = now;
         Ok(health)
+    }
+
+    /// How many of the endpoint's latest attempts failed in a row, as this process knows (no
+    /// read).
+    pub(crate) fn kept_failures(&self, sub: &SubscriptionId) -> u32 {
+        self.kept_healths()
+            .get(sub)
+            .map_or(0, |k| k.health.consecutive_failures())
     }
 
     /// The endpoint's health as stored, with this process's unsaved samples: for the API's

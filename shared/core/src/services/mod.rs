@@ -1,6 +1,7 @@
 //! The services: what Hookwise does, written once against the ports and run by every host
 //! (the Lambda functions, `hookwise dev`, the tests).
 
+mod breaker;
 mod consume;
 mod dead_letter;
 mod deliver;
@@ -22,6 +23,7 @@ use crate::policy::RetryPolicy;
 
 use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store};
 
+pub use breaker::{CIRCUIT_TTL, HELD_TOO_LONG};
 pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
 pub use deliver::{DeliverOutcome, INGEST_WINDOW};

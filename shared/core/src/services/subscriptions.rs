@@ -6,6 +6,7 @@ use serde::Deserialize;
 use super::Services;
 use crate::error::{Error, PortError, Result, ValidationError};
 use crate::model::*;
+use crate::circuit::{Circuit, CircuitBreaker};
 use crate::policy::RetryPolicy;
 use crate::ports::DeliveryQuery;
 
@@ -30,6 +31,9 @@ pub struct NewSubscription {
     /// Absent: [`DEFAULT_AUTO_DISABLE_HOURS`]; `null`: never.
     #[serde(default, deserialize_with = "present")]
     pub auto_disable_after_hours: Option<Option<u32>>,
+    /// Absent: on, with the default threshold and probe interval.
+    #[serde(default)]
+    pub circuit_breaker: Option<CircuitBreaker>,
     #[serde(default)]
     pub description: Option<String>,
 }
@@ -57,6 +61,8 @@ pub struct SubscriptionPatch {
     /// Absent: unchanged; `null`: never disabled for failing; else replaced.
     #[serde(default, deserialize_with = "present")]
     pub auto_disable_after_hours: Option<Option<u32>>,
+    /// Absent: unchanged; else replaced (what it leaves out takes the default).
+    pub circuit_breaker: Option<CircuitBreaker>,
     /// Absent: unchanged; `null`: removed; else replaced.
     #[serde(default, deserialize_with = "present")]
     pub description: Option<Option<String>>,
@@ -128,6 +134,13 @@ fn check_rate_limit(limit: Option<u32>) -> Result<Option<u32>, ValidationError> 
     }
 }
 
+fn check_breaker(breaker: CircuitBreaker) -> Result<CircuitBreaker, ValidationError> {
+    match breaker.problem() {
+        Some(problem) => Err(ValidationError::new("invalid_circuit_breaker", problem)),
+        None => Ok(breaker),
+    }
+}
+
 fn check_auto_disable(hours: Option<u32>) -> Result<Option<u32>, ValidationError> {
     match hours {
         Some(h) if h == 0 || h > MAX_AUTO_DISABLE_HOURS => Err(ValidationError::new(
@@ -159,6 +172,8 @@ pub struct SubscriptionOverview {
     pub counts: [u64; 4],
     /// `false` when it has older deliveries than those counted.
     pub counts_complete: bool,
+    /// Its endpoint's circuit breaker (closed since its creation if it never opened).
+    pub circuit: Circuit,
 }
 
 /// A page of a tenant's subscriptions, oldest first.
@@ -177,6 +192,12 @@ impl Services {
     pub async fn subscription_overview(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<SubscriptionOverview> {
         let subscription = self.get_subscription(tenant, id).await?;
         let health = self.stored_health(id).await?.score(self.now());
+        let circuit = self
+            .ports
+            .store
+            .circuit(id)
+            .await?
+            .unwrap_or_else(|| Circuit::closed(subscription.created_at));
         let latest = DeliveryQuery {
             subscription_id: Some(id.clone()),
             limit: Self::COUNTED_DELIVERIES,
@@ -192,6 +213,7 @@ impl Services {
             health,
             counts,
             counts_complete: page.next_cursor.is_none(),
+            circuit,
         })
     }
 
@@ -205,6 +227,7 @@ impl Services {
         let rate_limit_per_second = check_rate_limit(new.rate_limit_per_second)?;
         let auto_disable_after_hours =
             check_auto_disable(new.auto_disable_after_hours.unwrap_or(Some(DEFAULT_AUTO_DISABLE_HOURS)))?;
+        let circuit_breaker = check_breaker(new.circuit_breaker.unwrap_or_default())?;
         let retry_policy = new
             .retry_policy
             .unwrap_or_else(|| self.config.default_retry_policy.clone());
@@ -226,6 +249,7 @@ impl Services {
             timeout_ms,
             rate_limit_per_second,
             auto_disable_after_hours,
+            circuit_breaker,
             status: SubscriptionStatus::Active,
             disabled_reason: None,
             active_since: Some(now),
@@ -308,6 +332,9 @@ impl Services {
         }
         if let Some(hours) = patch.auto_disable_after_hours {
             sub.auto_disable_after_hours = check_auto_disable(hours)?;
+        }
+        if let Some(breaker) = patch.circuit_breaker {
+            sub.circuit_breaker = check_breaker(breaker)?;
         }
         if let Some(d) = patch.description {
             if let Some(d) = &d {

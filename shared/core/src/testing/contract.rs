@@ -100,6 +100,8 @@ macro_rules! store_contract_tests {
             dead_lettered_tasks_reach_only_the_dead_letter_queue,
             scheduled_items_come_due_earliest_first,
             removed_scheduled_items_are_no_longer_due,
+            a_circuit_is_written_only_over_the_version_read,
+            held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_are_also_scheduled,
         }
     };
 }
@@ -181,6 +183,11 @@ impl Fixture {
             status: SubscriptionStatus::Active,
             rate_limit_per_second: None,
             auto_disable_after_hours: None,
+            circuit_breaker: crate::circuit::CircuitBreaker {
+                enabled: true,
+                failure_threshold: 3,
+                probe_interval_seconds: 7,
+            },
             active_since: None,
             disable_notice_pending: false,
             disabled_reason: None,
@@ -241,6 +248,7 @@ impl Fixture {
             queued_at: None,
             slot: None,
             tenant_id: None,
+            held_until: None,
         }
     }
 }
@@ -1701,4 +1709,92 @@ pub async fn removed_scheduled_items_are_no_longer_due(b: &dyn ContractBackend) 
         .expect("removing twice is fine");
     b.scheduler().remove(&[two]).await.expect("remove the other");
     assert!(b.scheduler().due(until, 10).await.expect("due").is_empty());
+}
+
+pub async fn a_circuit_is_written_only_over_the_version_read(b: &dyn ContractBackend) {
+    use crate::circuit::{Circuit, CircuitState};
+    let mut fx = Fixture::new();
+    let sub = fx.sub_ids(1).remove(0);
+    let store = b.store();
+    assert_eq!(store.circuit(&sub).await.expect("none yet"), None);
+    let open = Circuit {
+        state: CircuitState::Open,
+        since: t0() + chrono::Duration::nanoseconds(123_456_789),
+        next_probe_at: Some(t0() + minutes(1)),
+        probe: None,
+        released: 0,
+        releasing: false,
+        version: 1,
+    };
+    store.put_circuit(&sub, &open, None).await.expect("the first");
+    assert_eq!(store.circuit(&sub).await.expect("read").as_ref(), Some(&open));
+    assert!(matches!(
+        store.put_circuit(&sub, &open, None).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    let probing = Circuit {
+        state: CircuitState::HalfOpen,
+        probe: Some(fx.task().delivery_id),
+        version: 2,
+        ..open.clone()
+    };
+    store.put_circuit(&sub, &probing, Some(&open)).await.expect("over the one read");
+    let stale = Circuit {
+        version: 2,
+        probe: Some(fx.task().delivery_id),
+        ..open.clone()
+    };
+    assert!(
+        matches!(
+            store.put_circuit(&sub, &stale, Some(&open)).await,
+            Err(PortError::ConditionFailed(_))
+        ),
+        "a second writer from the same read loses"
+    );
+    let closed = Circuit {
+        state: CircuitState::Closed,
+        next_probe_at: None,
+        probe: None,
+        released: 500,
+        releasing: true,
+        version: 3,
+        ..probing.clone()
+    };
+    store.put_circuit(&sub, &closed, Some(&probing)).await.expect("closed");
+    assert_eq!(store.circuit(&sub).await.expect("read"), Some(closed));
+}
+
+pub async fn held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_are_also_scheduled(
+    b: &dyn ContractBackend,
+) {
+    let mut fx = Fixture::new();
+    let subs = fx.sub_ids(2);
+    let mut item = |due| {
+        let mut i = scheduled(&mut fx, due);
+        i.task.held_until = Some(due);
+        i
+    };
+    let late = item(t0() + minutes(50));
+    let soon = item(t0() + minutes(20) + chrono::Duration::milliseconds(7));
+    let other = item(t0() + minutes(10));
+    let scheduler = b.scheduler();
+    scheduler.hold(&subs[0], &late).await.expect("hold");
+    scheduler.hold(&subs[0], &soon).await.expect("hold");
+    scheduler.hold(&subs[0], &soon).await.expect("holding twice is once");
+    scheduler.hold(&subs[1], &other).await.expect("hold");
+    assert_eq!(
+        scheduler.held(&subs[0], 10).await.expect("held"),
+        vec![soon.clone(), late.clone()]
+    );
+    assert_eq!(scheduler.held(&subs[0], 1).await.expect("held"), vec![soon.clone()]);
+    // Each is due, with its give-up time, when it gives up.
+    assert_eq!(
+        scheduler.due(t0() + minutes(30), 10).await.expect("due"),
+        vec![other.clone(), soon.clone()]
+    );
+    scheduler.release(&subs[0], std::slice::from_ref(&soon)).await.expect("release");
+    assert_eq!(scheduler.held(&subs[0], 10).await.expect("held"), vec![late.clone()]);
+    assert_eq!(scheduler.held(&subs[1], 10).await.expect("held"), vec![other.clone()]);
+    scheduler.release(&subs[0], &[soon, late]).await.expect("releasing twice is fine");
+    assert!(scheduler.held(&subs[0], 10).await.expect("held").is_empty());
 }

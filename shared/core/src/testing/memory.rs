@@ -9,6 +9,7 @@ use chrono::{DateTime, Duration, Utc};
 use rand::SeedableRng;
 
 use crate::error::PortError;
+use crate::circuit::Circuit;
 use crate::health::EndpointHealth;
 use crate::model::*;
 use crate::ports::*;
@@ -29,6 +30,7 @@ struct StoreData {
     health: HashMap<SubscriptionId, EndpointHealth>,
     /// Each rate-limited endpoint's next free slot.
     slots: HashMap<SubscriptionId, DateTime<Utc>>,
+    circuits: HashMap<SubscriptionId, Circuit>,
     /// Dead rounds' notices: to whom, and whether sent.
     notices: HashMap<(DeliveryId, u32), (Email, DeadNotice, bool)>,
     digests: HashMap<Email, MemoryDigest>,
@@ -296,6 +298,17 @@ impl Store for MemoryStore {
         d.slots.insert(sub.clone(), next);
         Ok(slot)
     }
+    async fn circuit(&self, sub: &SubscriptionId) -> PortResult<Option<Circuit>> {
+        Ok(lock(&self.data).circuits.get(sub).cloned())
+    }
+    async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()> {
+        let mut d = lock(&self.data);
+        if d.circuits.get(sub).map(|c| c.version) != read.map(|r| r.version) {
+            return Err(PortError::ConditionFailed("the circuit breaker changed since it was read".into()));
+        }
+        d.circuits.insert(sub.clone(), circuit.clone());
+        Ok(())
+    }
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {
         Ok(lock(&self.data).health.get(sub).cloned().unwrap_or_default())
     }
@@ -476,12 +489,17 @@ impl DeliveryQueue for MemoryQueue {
 #[derive(Default)]
 pub struct MemoryScheduler {
     pub items: Mutex<Vec<ScheduledTask>>,
+    pub held: Mutex<Vec<(SubscriptionId, ScheduledTask)>>,
 }
 
 #[async_trait]
 impl SchedulerTable for MemoryScheduler {
     async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
-        lock(&self.items).push(item.clone());
+        // The same item scheduled twice is one item (as on the other backends).
+        let mut items = lock(&self.items);
+        if !items.contains(item) {
+            items.push(item.clone());
+        }
         Ok(())
     }
     async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>> {
@@ -492,6 +510,30 @@ impl SchedulerTable for MemoryScheduler {
     }
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
         lock(&self.items).retain(|i| !items.contains(i));
+        Ok(())
+    }
+    async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
+        let same = |(s, i): &(SubscriptionId, ScheduledTask)| {
+            s == sub && (&i.task.delivery_id, i.task.round, i.task.attempt) == (&item.task.delivery_id, item.task.round, item.task.attempt)
+        };
+        {
+            let mut held = lock(&self.held);
+            held.retain(|h| !same(h));
+            held.push((sub.clone(), item.clone()));
+            held.sort_by_key(|(_, i)| i.due);
+        }
+        self.schedule(item).await
+    }
+    async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>> {
+        Ok(lock(&self.held)
+            .iter()
+            .filter(|(s, _)| s == sub)
+            .map(|(_, i)| i.clone())
+            .take(limit as usize)
+            .collect())
+    }
+    async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
+        lock(&self.held).retain(|(s, i)| !(s == sub && items.contains(i)));
         Ok(())
     }
 }

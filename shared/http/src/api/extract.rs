@@ -169,6 +169,7 @@ fn misfit(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         "timeout_ms" => "invalid_timeout",
         "rate_limit_per_second" => "invalid_rate_limit",
         "auto_disable_after_hours" => "invalid_auto_disable",
+        "circuit_breaker" => "invalid_circuit_breaker",
         "description" => "invalid_description",
         "status" => "invalid_status",
         "payload" => "invalid_payload",

@@ -1,6 +1,7 @@
 //! What the API shows: the model without its internals, and secrets only where asked for.
 
 use chrono::{DateTime, Utc};
+use hookwise_core::circuit::CircuitBreaker;
 use hookwise_core::model::*;
 use hookwise_core::policy::RetryPolicy;
 use hookwise_core::services::Ingested;
@@ -17,6 +18,7 @@ pub struct SubscriptionView {
     pub timeout_ms: u32,
     pub rate_limit_per_second: Option<u32>,
     pub auto_disable_after_hours: Option<u32>,
+    pub circuit_breaker: CircuitBreaker,
     pub status: SubscriptionStatus,
     pub disabled_reason: Option<String>,
     pub owner_email: Option<Email>,
@@ -51,6 +53,7 @@ impl SubscriptionView {
             timeout_ms: s.timeout_ms,
             rate_limit_per_second: s.rate_limit_per_second,
             auto_disable_after_hours: s.auto_disable_after_hours,
+            circuit_breaker: s.circuit_breaker,
             status: s.status,
             disabled_reason: s.disabled_reason,
             owner_email: s.owner_email,
@@ -83,6 +86,18 @@ pub struct SubscriptionSummary {
     pub counts: DeliveryCounts,
     /// `false` when it has older deliveries than those `counts` covers.
     pub counts_complete: bool,
+    pub circuit: CircuitView,
+}
+
+/// An endpoint's circuit breaker as the API shows it.
+#[derive(Debug, Serialize)]
+pub struct CircuitView {
+    /// `closed`, `open` (attempts held but for a probe per interval) or `half_open` (a probe
+    /// in flight).
+    pub state: &'static str,
+    pub since: DateTime<Utc>,
+    /// Open or half open: when the next probe may go.
+    pub next_probe_at: Option<DateTime<Utc>>,
 }
 
 impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary {
@@ -100,6 +115,11 @@ impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary
                 dead,
             },
             counts_complete: o.counts_complete,
+            circuit: CircuitView {
+                state: o.circuit.state.as_str(),
+                since: o.circuit.since,
+                next_probe_at: o.circuit.next_probe_at,
+            },
         }
     }
 }

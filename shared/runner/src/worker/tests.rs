@@ -53,6 +53,7 @@ fn message(id: &str) -> QueueMessage {
         queued_at: None,
         slot: None,
         tenant_id: None,
+        held_until: None,
     };
     QueueMessage {
         message_id: id.into(),

@@ -109,7 +109,10 @@ fn decode(item: &Item) -> PortResult<ScheduledTask> {
     let delivery_id =
         DeliveryId::parse(get_s(item, "delivery_id")?).map_err(|e| corrupt("delivery_id", e.to_string()))?;
     let slot = item.get("slot").map(|_| time_attr(item, "slot")).transpose()?;
-    let held_until = item.get("held_until").map(|_| time_attr(item, "held_until")).transpose()?;
+    let held_until = item
+        .get("held_until")
+        .map(|_| time_attr(item, "held_until"))
+        .transpose()?;
     let tenant_id = item
         .get("tenant_id")
         .map(|_| TenantId::parse(get_s(item, "tenant_id")?).map_err(|e| corrupt("tenant_id", e.to_string())))

@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::DeliveryId;
 
-/// A subscription's breaker settings; on by default.
+/// A subscription's breaker settings: off unless a subscription gives them (for now: held
+/// deliveries of a policy shorter than the probe interval can give up before a probe comes;
+/// see the note), on when given unless `enabled: false`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CircuitBreaker {
@@ -49,7 +51,7 @@ fn default_probe_interval() -> u32 {
 impl Default for CircuitBreaker {
     fn default() -> Self {
         Self {
-            enabled: true,
+            enabled: false,
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             probe_interval_seconds: DEFAULT_PROBE_INTERVAL_SECONDS,
         }
@@ -57,6 +59,15 @@ impl Default for CircuitBreaker {
 }
 
 impl CircuitBreaker {
+    /// On, with the default threshold and probe interval.
+    pub fn on() -> Self {
+        Self {
+            enabled: true,
+            failure_threshold: DEFAULT_FAILURE_THRESHOLD,
+            probe_interval_seconds: DEFAULT_PROBE_INTERVAL_SECONDS,
+        }
+    }
+
     pub fn probe_interval(&self) -> Duration {
         Duration::seconds(self.probe_interval_seconds.into())
     }
@@ -160,7 +171,12 @@ pub enum Admission {
     Hold,
 }
 
-pub fn admit(circuit: Option<&Circuit>, breaker: &CircuitBreaker, delivery: &DeliveryId, now: DateTime<Utc>) -> Admission {
+pub fn admit(
+    circuit: Option<&Circuit>,
+    breaker: &CircuitBreaker,
+    delivery: &DeliveryId,
+    now: DateTime<Utc>,
+) -> Admission {
     let Some(c) = circuit.filter(|c| breaker.enabled && c.state != CircuitState::Closed) else {
         return Admission::Send;
     };
@@ -248,7 +264,7 @@ mod tests {
 
     #[test]
     fn it_opens_at_the_threshold_probes_once_per_interval_and_a_success_closes_it() {
-        let b = CircuitBreaker::default();
+        let b = CircuitBreaker::on();
         let d = DeliveryId::parse("dlv_01J0000000000000000000000A").unwrap();
         let other = DeliveryId::parse("dlv_01J0000000000000000000000B").unwrap();
         assert_eq!(after_attempt(None, &b, false, 4, at(0)), None, "under the threshold");
@@ -271,7 +287,10 @@ mod tests {
         // A probe lost for an interval is replaced.
         assert!(matches!(admit(Some(&probing), &b, &other, at(60)), Admission::Probe(_)));
         let again = after_attempt(Some(&probing), &b, false, 6, at(31)).expect("reopens");
-        assert_eq!((again.state, again.since, again.next_probe_at), (CircuitState::Open, at(0), Some(at(61))));
+        assert_eq!(
+            (again.state, again.since, again.next_probe_at),
+            (CircuitState::Open, at(0), Some(at(61)))
+        );
         let closed = after_attempt(Some(&probing), &b, true, 0, at(32)).expect("closes");
         assert_eq!((closed.state, closed.releasing), (CircuitState::Closed, true));
         assert_eq!(admit(Some(&closed), &b, &d, at(32)), Admission::Send);
@@ -279,13 +298,10 @@ mod tests {
 
     #[test]
     fn a_disabled_breaker_neither_opens_nor_holds() {
-        let off = CircuitBreaker {
-            enabled: false,
-            ..Default::default()
-        };
+        let off = CircuitBreaker::default();
         let d = DeliveryId::parse("dlv_01J0000000000000000000000A").unwrap();
         assert_eq!(after_attempt(None, &off, false, 50, at(0)), None);
-        let open = after_attempt(None, &CircuitBreaker::default(), false, 5, at(0)).unwrap();
+        let open = after_attempt(None, &CircuitBreaker::on(), false, 5, at(0)).unwrap();
         assert_eq!(admit(Some(&open), &off, &d, at(1)), Admission::Send);
     }
 

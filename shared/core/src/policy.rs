@@ -335,7 +335,9 @@ impl RetryPolicy {
     /// The nominal time (no jitter) from the attempt that follows `failures` failed ones to the
     /// schedule's last: how long that attempt has left before its delivery would die.
     pub fn remaining_span(&self, failures: u32) -> Seconds {
-        (failures + 1..self.max_attempts()).filter_map(|f| self.base_delay(f)).sum()
+        (failures + 1..self.max_attempts())
+            .filter_map(|f| self.base_delay(f))
+            .sum()
     }
 
     /// The schedule with jitter off: (attempt, delay before it, time since the first attempt).

@@ -16,9 +16,24 @@ pub const TOLERANCE: Duration = Duration::from_millis(50);
 /// The slot for an attempt when the next free one is `next` (`None`: never reserved), and the
 /// next free one after it.
 pub fn reserve(next: Option<DateTime<Utc>>, interval: Duration, now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
+    reserve_many(next, interval, now, 1)
+}
+
+/// [`reserve`] for `n` attempts at once (the storm calculator's cohorts): the first one's
+/// slot, the rest each `interval` after the one before, and the next free after the last.
+pub fn reserve_many(
+    next: Option<DateTime<Utc>>,
+    interval: Duration,
+    now: DateTime<Utc>,
+    n: u64,
+) -> (DateTime<Utc>, DateTime<Utc>) {
     let behind = now - chrono::Duration::from_std(TOLERANCE).unwrap_or_default();
     let slot = next.filter(|n| *n >= behind).unwrap_or(now);
-    (slot, slot + chrono::Duration::from_std(interval).unwrap_or_default())
+    let span = interval.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
+    (
+        slot,
+        slot + chrono::Duration::from_std(span).unwrap_or(chrono::TimeDelta::MAX),
+    )
 }
 
 #[cfg(test)]

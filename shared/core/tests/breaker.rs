@@ -55,7 +55,7 @@ async fn given_a_failing_endpoint_then_the_breaker_holds_its_attempts_probes_onc
     let (tenant, _) = h.tenant("owner@example.com").await;
     let sub = h
         .services
-        .create_subscription(&tenant, subscription(vec![10; 20], None, CircuitBreaker::default()))
+        .create_subscription(&tenant, subscription(vec![10; 20], None, CircuitBreaker::on()))
         .await
         .unwrap();
     for _ in 0..40 {
@@ -69,7 +69,11 @@ async fn given_a_failing_endpoint_then_the_breaker_holds_its_attempts_probes_onc
     let opened = overview.circuit.since;
     assert_eq!(overview.circuit.next_probe_at, Some(opened + Duration::seconds(30)));
     let all = deliveries(&h, &tenant).await;
-    assert_eq!(all.iter().map(|d| d.attempts).sum::<u32>(), 5, "held attempts are not counted");
+    assert_eq!(
+        all.iter().map(|d| d.attempts).sum::<u32>(),
+        5,
+        "held attempts are not counted"
+    );
 
     // Two minutes down: one probe per 30 s, nothing else.
     h.run_for(Duration::seconds(120), Duration::seconds(1)).await;
@@ -87,7 +91,10 @@ async fn given_a_failing_endpoint_then_the_breaker_holds_its_attempts_probes_onc
     );
     let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
     assert_eq!(overview.circuit.state, CircuitState::Closed);
-    assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty(), "nothing left parked");
+    assert!(
+        h.scheduler.held(&sub.id, 100).await.unwrap().is_empty(),
+        "nothing left parked"
+    );
     // Every delivery POSTed once when up (the 40, not one twice).
     let after: usize = h.sender.requests.lock().unwrap().len() - made;
     assert_eq!(after, 40);
@@ -100,7 +107,7 @@ async fn given_an_open_breaker_then_what_it_released_goes_out_on_a_ramp_without_
     let (tenant, _) = h.tenant("owner@example.com").await;
     let breaker = CircuitBreaker {
         failure_threshold: 1,
-        ..Default::default()
+        ..CircuitBreaker::on()
     };
     h.services
         .create_subscription(&tenant, subscription(vec![600; 5], None, breaker))
@@ -114,7 +121,11 @@ async fn given_an_open_breaker_then_what_it_released_goes_out_on_a_ramp_without_
     h.queue.log.lock().unwrap().clear();
     h.run_for(Duration::seconds(31), Duration::seconds(1)).await;
     let log = h.queue.log.lock().unwrap().clone();
-    let released: Vec<u32> = log.iter().filter(|(t, _)| t.held_until.is_some()).map(|(_, d)| *d).collect();
+    let released: Vec<u32> = log
+        .iter()
+        .filter(|(t, _)| t.held_until.is_some())
+        .map(|(_, d)| *d)
+        .collect();
     assert!(released.len() >= 98, "{} released", released.len());
     let in_second = |s: u32| released.iter().filter(|d| **d == s).count();
     assert_eq!((in_second(0), in_second(1), in_second(2)), (10, 20, 40));
@@ -127,7 +138,7 @@ async fn given_a_breaker_open_past_the_retry_schedule_then_its_held_deliveries_d
     let breaker = CircuitBreaker {
         failure_threshold: 2,
         probe_interval_seconds: 60,
-        ..Default::default()
+        ..CircuitBreaker::on()
     };
     h.services
         .create_subscription(&tenant, subscription(vec![30, 60, 120], None, breaker))
@@ -144,7 +155,10 @@ async fn given_a_breaker_open_past_the_retry_schedule_then_its_held_deliveries_d
     assert!(all.iter().all(|d| d.status == DeliveryStatus::Dead), "{all:?}");
     let last = all.iter().map(|d| d.updated_at).max().unwrap();
     assert!(last <= start + Duration::seconds(210 + 120), "the last died at {last}");
-    let held_to_death = all.iter().filter(|d| d.last_error.as_deref() == Some(HELD_TOO_LONG)).count();
+    let held_to_death = all
+        .iter()
+        .filter(|d| d.last_error.as_deref() == Some(HELD_TOO_LONG))
+        .count();
     assert!(held_to_death >= 5, "{held_to_death} held until their schedule ran out");
     assert!(all.iter().all(|d| d.attempts <= 4));
     h.run_for(Duration::minutes(20), Duration::minutes(1)).await;
@@ -158,7 +172,7 @@ async fn given_the_breaker_off_then_every_attempt_is_made() {
     let (tenant, _) = h.tenant("owner@example.com").await;
     let off = CircuitBreaker {
         enabled: false,
-        ..Default::default()
+        ..CircuitBreaker::on()
     };
     let sub = h
         .services
@@ -181,11 +195,11 @@ async fn given_a_bad_breaker_setting_then_the_subscription_is_refused_with_its_c
     for breaker in [
         CircuitBreaker {
             failure_threshold: 0,
-            ..Default::default()
+            ..CircuitBreaker::on()
         },
         CircuitBreaker {
             probe_interval_seconds: 0,
-            ..Default::default()
+            ..CircuitBreaker::on()
         },
     ] {
         let err = h

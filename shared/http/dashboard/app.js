@@ -159,6 +159,16 @@
     return h === null || h === undefined ? "no attempts yet" : `${Math.round(h * 100)} %`;
   }
 
+  // "closed", or "open" / "half open" with when the next probe may go.
+  function circuitLabel(sub) {
+    const c = sub.circuit;
+    if (sub.circuit_breaker && sub.circuit_breaker.enabled === false) return "off";
+    if (!c || c.state === "closed") return "closed";
+    const state = c.state === "half_open" ? "half open" : "open";
+    const probe = c.next_probe_at ? el("div", { class: "hint" }, `next probe ${new Date(c.next_probe_at).toLocaleTimeString()}`) : null;
+    return [el("span", { class: "badge dead" }, state), probe];
+  }
+
   const subById = (id) => state.subs.find((s) => s.id === id);
   const subName = (id) => (subById(id) ? subById(id).url : id);
 
@@ -208,6 +218,7 @@
           cell("Rate limit", s.rate_limit_per_second ? `${s.rate_limit_per_second}/s` : "none", "num"),
           cell("Status", [badge(s.status), s.disabled_reason ? el("div", { class: "hint" }, s.disabled_reason) : null]),
           cell("Health", healthLabel(s.health)),
+          cell("Circuit breaker", circuitLabel(s)),
           cell("Pending", String(c.pending ?? 0), "num"),
           cell("Retrying", String(c.retrying ?? 0), "num"),
           cell("Delivered", String(c.delivered ?? 0), "num"),

@@ -597,12 +597,16 @@ impl Store for LocalBackend {
                     )
                     .and_then(|mut s| s.execute(params![id, version, doc])),
                 Some(read) => conn
-                    .prepare_cached("UPDATE circuits SET version = ?2, doc = ?3 WHERE subscription_id = ?1 AND version = ?4")
+                    .prepare_cached(
+                        "UPDATE circuits SET version = ?2, doc = ?3 WHERE subscription_id = ?1 AND version = ?4",
+                    )
                     .and_then(|mut s| s.execute(params![id, version, doc, read])),
             }
             .map_err(|e| db_err(WHAT, e))?;
             if written == 0 {
-                return Err(PortError::ConditionFailed("the circuit breaker changed since it was read".into()));
+                return Err(PortError::ConditionFailed(
+                    "the circuit breaker changed since it was read".into(),
+                ));
             }
             Ok(())
         })

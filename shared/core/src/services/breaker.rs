@@ -62,7 +62,8 @@ impl Services {
 
     fn keep_circuit(&self, sub: &Subscription, circuit: Option<Circuit>, read_in: u64) {
         let l = &self.lookups;
-        l.circuits.put(sub.id.clone(), circuit, self.now(), &l.generation, read_in);
+        l.circuits
+            .put(sub.id.clone(), circuit, self.now(), &l.generation, read_in);
     }
 
     /// Whether the attempt `task` is made. `failures`: how many of the endpoint's latest
@@ -126,7 +127,13 @@ impl Services {
     /// After an attempt (recorded): open the breaker at the threshold, open it again after a
     /// failed probe, or close it on a success and release what it held. Best effort: an
     /// error is logged (the breaker protects the endpoint; the delivery is recorded).
-    pub(super) async fn after_attempt_breaker(&self, sub: &Subscription, circuit: Option<Circuit>, probe: bool, success: bool) {
+    pub(super) async fn after_attempt_breaker(
+        &self,
+        sub: &Subscription,
+        circuit: Option<Circuit>,
+        probe: bool,
+        success: bool,
+    ) {
         if let Err(err) = self.move_breaker(sub, circuit, probe, success).await {
             tracing::warn!(error = %err, subscription_id = %sub.id, "could not update the circuit breaker");
         }

@@ -4,9 +4,9 @@ use chrono::{DateTime, Duration, Utc};
 use serde::Deserialize;
 
 use super::Services;
+use crate::circuit::{Circuit, CircuitBreaker};
 use crate::error::{Error, PortError, Result, ValidationError};
 use crate::model::*;
-use crate::circuit::{Circuit, CircuitBreaker};
 use crate::policy::RetryPolicy;
 use crate::ports::DeliveryQuery;
 
@@ -31,7 +31,8 @@ pub struct NewSubscription {
     /// Absent: [`DEFAULT_AUTO_DISABLE_HOURS`]; `null`: never.
     #[serde(default, deserialize_with = "present")]
     pub auto_disable_after_hours: Option<Option<u32>>,
-    /// Absent: on, with the default threshold and probe interval.
+    /// Absent: off. Given: on unless `enabled: false`, the default threshold and probe
+    /// interval for what it leaves out.
     #[serde(default)]
     pub circuit_breaker: Option<CircuitBreaker>,
     #[serde(default)]

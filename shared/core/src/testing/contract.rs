@@ -1738,7 +1738,10 @@ pub async fn a_circuit_is_written_only_over_the_version_read(b: &dyn ContractBac
         version: 2,
         ..open.clone()
     };
-    store.put_circuit(&sub, &probing, Some(&open)).await.expect("over the one read");
+    store
+        .put_circuit(&sub, &probing, Some(&open))
+        .await
+        .expect("over the one read");
     let stale = Circuit {
         version: 2,
         probe: Some(fx.task().delivery_id),
@@ -1792,9 +1795,15 @@ pub async fn held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_ar
         scheduler.due(t0() + minutes(30), 10).await.expect("due"),
         vec![other.clone(), soon.clone()]
     );
-    scheduler.release(&subs[0], std::slice::from_ref(&soon)).await.expect("release");
+    scheduler
+        .release(&subs[0], std::slice::from_ref(&soon))
+        .await
+        .expect("release");
     assert_eq!(scheduler.held(&subs[0], 10).await.expect("held"), vec![late.clone()]);
     assert_eq!(scheduler.held(&subs[1], 10).await.expect("held"), vec![other.clone()]);
-    scheduler.release(&subs[0], &[soon, late]).await.expect("releasing twice is fine");
+    scheduler
+        .release(&subs[0], &[soon, late])
+        .await
+        .expect("releasing twice is fine");
     assert!(scheduler.held(&subs[0], 10).await.expect("held").is_empty());
 }

@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
 use rand::SeedableRng;
 
-use crate::error::PortError;
 use crate::circuit::Circuit;
+use crate::error::PortError;
 use crate::health::EndpointHealth;
 use crate::model::*;
 use crate::ports::*;
@@ -304,7 +304,9 @@ impl Store for MemoryStore {
     async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()> {
         let mut d = lock(&self.data);
         if d.circuits.get(sub).map(|c| c.version) != read.map(|r| r.version) {
-            return Err(PortError::ConditionFailed("the circuit breaker changed since it was read".into()));
+            return Err(PortError::ConditionFailed(
+                "the circuit breaker changed since it was read".into(),
+            ));
         }
         d.circuits.insert(sub.clone(), circuit.clone());
         Ok(())
@@ -514,7 +516,9 @@ impl SchedulerTable for MemoryScheduler {
     }
     async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
         let same = |(s, i): &(SubscriptionId, ScheduledTask)| {
-            s == sub && (&i.task.delivery_id, i.task.round, i.task.attempt) == (&item.task.delivery_id, item.task.round, item.task.attempt)
+            s == sub
+                && (&i.task.delivery_id, i.task.round, i.task.attempt)
+                    == (&item.task.delivery_id, item.task.round, item.task.attempt)
         };
         {
             let mut held = lock(&self.held);

@@ -18,7 +18,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::Services;
+use super::{DeliverOutcome, Services};
 use crate::circuit::{self, Admission, Circuit, CircuitState};
 use crate::error::{PortError, Result};
 use crate::metrics;
@@ -181,7 +181,7 @@ impl Services {
 
     /// Hold an attempt the open breaker keeps from its endpoint: park it until the release
     /// (`probe_at`: or queue it to be the probe then), due when its retry schedule would have
-    /// ended. `None` if that time has come: it gives up (dead).
+    /// ended (`Held`). Dead if that time has come.
     pub(super) async fn hold(
         &self,
         sub: &Subscription,
@@ -189,7 +189,7 @@ impl Services {
         task: &DeliveryTask,
         retries_enabled: bool,
         probe_at: Option<DateTime<Utc>>,
-    ) -> Result<Option<DateTime<Utc>>> {
+    ) -> Result<DeliverOutcome> {
         let now = self.now();
         let until = task.held_until.unwrap_or_else(|| {
             let left = if retries_enabled {
@@ -200,7 +200,7 @@ impl Services {
             now + seconds(left)
         });
         if now >= until {
-            return Ok(None);
+            return self.abandon(delivery, task, HELD_TOO_LONG).await;
         }
         if delivery.is_swept() && delivery.next_attempt_at.is_none_or(|at| at < until) {
             // The sweep would queue it again at its next attempt's time: not before the end.
@@ -224,7 +224,7 @@ impl Services {
                     .await?
             }
         }
-        Ok(Some(until))
+        Ok(DeliverOutcome::Held { until })
     }
 
     /// The breaker is open with no probe on its way (it has just opened, or its probe failed,

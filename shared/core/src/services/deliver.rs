@@ -152,8 +152,8 @@ impl Services {
         let retries_enabled = tenant.as_ref().is_none_or(|t| t.retries_enabled);
         let (circuit, probe) = match self.gate(&sub, task, health.consecutive_failures()).await? {
             Gate::Attempt { circuit, probe } => (circuit, probe),
-            Gate::Hold => return self.held(&sub, &delivery, task, retries_enabled, None).await,
-            Gate::ProbeAt { at } => return self.held(&sub, &delivery, task, retries_enabled, Some(at)).await,
+            Gate::Hold => return self.hold(&sub, &delivery, task, retries_enabled, None).await,
+            Gate::ProbeAt { at } => return self.hold(&sub, &delivery, task, retries_enabled, Some(at)).await,
         };
         if let Some(slot) = self.wait_for_slot(&sub, task).await? {
             return Ok(DeliverOutcome::RateLimited { slot });
@@ -229,21 +229,6 @@ impl Services {
                 .await?;
         }
         Ok(handed)
-    }
-
-    /// Held by the open breaker (see `breaker`); dead if held past its retry schedule.
-    async fn held(
-        &self,
-        sub: &Subscription,
-        delivery: &Delivery,
-        task: &DeliveryTask,
-        retries_enabled: bool,
-        probe_at: Option<DateTime<Utc>>,
-    ) -> Result<DeliverOutcome> {
-        match self.hold(sub, delivery, task, retries_enabled, probe_at).await? {
-            Some(until) => Ok(DeliverOutcome::Held { until }),
-            None => self.abandon(delivery, task, super::HELD_TOO_LONG).await,
-        }
     }
 
     /// Under the endpoint's rate limit, the attempt's slot: reserved now, or (on a deferred
@@ -392,7 +377,12 @@ impl Services {
     }
 
     /// Dead without an attempt.
-    async fn abandon(&self, delivery: &Delivery, task: &DeliveryTask, reason: &str) -> Result<DeliverOutcome> {
+    pub(super) async fn abandon(
+        &self,
+        delivery: &Delivery,
+        task: &DeliveryTask,
+        reason: &str,
+    ) -> Result<DeliverOutcome> {
         let Some(change) = give_up(delivery, reason, self.now()) else {
             return Ok(DeliverOutcome::Stale);
         };

@@ -30,10 +30,11 @@ scripts/lint-template.sh
 step "sam build of the four functions for arm64 with cargo-lambda (dev profile)"
 scripts/sam-build.sh --debug
 
-step "Rust tests, then the chaos suite with its figures, with moto, DynamoDB Local and LocalStack's SQS running"
+step "Rust tests, then the chaos suite and seed 003's storm end to end with their figures, with moto, DynamoDB Local and LocalStack's SQS running"
 scripts/aws-test-services.sh run -- scripts/localstack.sh run -- bash -c '
-  cargo test --workspace --locked -- --skip chaos_ &&
-  cargo test --workspace --locked --test chaos -- --nocapture'
+  cargo test --workspace --locked -- --skip chaos_ --skip storm_e2e_ &&
+  cargo test --workspace --locked --test chaos -- --nocapture &&
+  cargo test --workspace --locked --test storm_e2e -- --nocapture'
 
 step "sam local: the four functions in Docker (an image built offline), invoke and start-api, on moto and DynamoDB Local"
 scripts/aws-test-services.sh run -- scripts/sam-local.sh test

@@ -238,10 +238,14 @@ async fn given_dev_is_killed_mid_run_then_after_a_restart_every_event_is_deliver
     let dir = TempDir::new("kill9");
     let mut dev = Dev::start(&dir.0, &[]);
     let api = dev.api();
-    // Fails for a while, so deliveries are mid-retry when the process dies.
+    // Fails its first 15 requests, so deliveries are mid-retry when the process dies. Its
+    // breaker is off: held, most would make one attempt, and the 15 would kill 10 of them.
     let receiver = Receiver::start(15).await;
-    api.subscribe(json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 1, 2, 2, 2, 2]}}))
-        .await;
+    api.subscribe(
+        json!({"url": receiver.url("/hook"), "retry_policy": {"schedule_seconds": [1, 1, 2, 2, 2, 2]},
+        "circuit_breaker": {"enabled": false}}),
+    )
+    .await;
     let mut ids = Vec::new();
     for i in 0..20 {
         let ev = api.send_event("order.created", json!({"i": i})).await;

@@ -22,8 +22,13 @@ pub fn single(report: &StormReport, threshold: Option<u64>) -> String {
     let (w, h) = (900.0, 440.0);
     let mut svg = header(w, h + 26.0);
     let title = format!(
-        "Retry storm: policy {}, {} jitter, N = {}, peak {} /s at t = {} s",
-        report.policy, report.jitter, report.population, report.peak_offered_rps, report.peak_second
+        "Retry storm: policy {}, {} jitter, N = {}{}, peak {} /s at t = {} s",
+        report.policy,
+        report.jitter,
+        report.population,
+        protection(report),
+        report.peak_offered_rps,
+        report.peak_second
     );
     text(&mut svg, w / 2.0, 22.0, 15.0, "middle", &title);
     let ymax = y_max(std::slice::from_ref(report), threshold);
@@ -54,10 +59,11 @@ pub fn compare(reports: &[StormReport], threshold: Option<u64>) -> String {
     let mut svg = header(w, h);
     let first = &reports[0];
     let title = format!(
-        "Retry storm by jitter strategy: policy {}, N = {}, capacity {} /s (same seed)",
+        "Retry storm by jitter strategy: policy {}, N = {}, capacity {} /s{} (same seed)",
         first.policy,
         first.population,
-        first.series.capacity.first().copied().unwrap_or(0)
+        first.series.capacity.first().copied().unwrap_or(0),
+        protection(first)
     );
     text(&mut svg, w / 2.0, 24.0, 16.0, "middle", &title);
     let ymax = y_max(reports, threshold);
@@ -120,6 +126,15 @@ pub fn compare(reports: &[StormReport], threshold: Option<u64>) -> String {
     }
     svg.push_str("</svg>\n");
     svg
+}
+
+/// ", rate limit 100/s, breaker on": what met the retries before the consumer, if anything.
+pub fn protection(r: &StormReport) -> String {
+    if r.protection.is_empty() {
+        String::new()
+    } else {
+        format!(", {}", r.protection)
+    }
 }
 
 fn header(w: f64, h: f64) -> String {

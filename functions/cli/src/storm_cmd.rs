@@ -2,7 +2,8 @@
 //!
 //! Reads seed 003's YAML (`retry_policy: {backoff_base_seconds, max_tier, jitter,
 //! consumer_capacity_rps, simulation: {...}}`), extended with a named or custom policy, new
-//! traffic, a capacity schedule, a seed and shards; flags override the file. Exit 0: the
+//! traffic, a capacity schedule, a seed and shards, and the endpoint's rate limit and circuit
+//! breaker as a subscription sets them; flags override the file. Exit 0: the
 //! peak is within `fail_deploy_if_peak_exceeds_rps`; 1: it is not; 2: the config is bad.
 
 use std::path::PathBuf;
@@ -10,6 +11,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use hookwise_core::circuit::CircuitBreaker;
 use hookwise_core::policy::{Jitter, PolicySpec, RetryPolicy};
 use hookwise_core::storm::{
     comparison_jitters, simulate_with_progress, Capacity, CapacityStep, HealthModel, ShardSeeds, StormConfig,
@@ -54,6 +56,14 @@ pub struct StormArgs {
     /// shared or independent jitter streams across shards.
     #[arg(long)]
     shard_seeds: Option<String>,
+    /// The endpoint's rate limit in attempts per second (rate_limit_per_second), as the
+    /// delivery path enforces it.
+    #[arg(long, value_name = "N")]
+    rate_limit: Option<u32>,
+    /// The endpoint's circuit breaker with a subscription's defaults (circuit_breaker): on or
+    /// off (the default here: the policy alone, as seed 003 models it).
+    #[arg(long, value_name = "on|off")]
+    breaker: Option<String>,
     /// One JSON object on stdout instead of a table.
     #[arg(long)]
     json: bool,
@@ -98,6 +108,9 @@ struct PolicySection {
     #[serde(default)]
     capacity_schedule: Vec<StepField>,
     first_attempt_rps: Option<u64>,
+    /// The endpoint's protections, as the API takes them.
+    rate_limit_per_second: Option<u32>,
+    circuit_breaker: Option<CircuitBreaker>,
     #[serde(default)]
     simulation: SimulationSection,
 }
@@ -291,6 +304,25 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
         }
     };
 
+    let rate_limit_per_second = args.rate_limit.or(rp.rate_limit_per_second);
+    if rate_limit_per_second.is_some_and(|r| !(1..=10_000).contains(&r)) {
+        let field = if args.rate_limit.is_some() {
+            "--rate-limit".to_string()
+        } else {
+            format!("{P}.rate_limit_per_second")
+        };
+        return Err(bad(&field, "must be 1 to 10000 attempts per second"));
+    }
+    let circuit_breaker = match args.breaker.as_deref() {
+        Some("on") => CircuitBreaker::on(),
+        Some("off") => CircuitBreaker::off(),
+        Some(other) => return Err(bad("--breaker", format!("`{other}`: use on or off"))),
+        None => rp.circuit_breaker.unwrap_or_else(CircuitBreaker::off),
+    };
+    if let Some(problem) = circuit_breaker.problem() {
+        return Err(bad(&format!("{P}.circuit_breaker"), problem));
+    }
+
     let config = StormConfig {
         policy,
         policy_label: label,
@@ -302,6 +334,8 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
         shards,
         shard_seeds,
         health,
+        rate_limit_per_second,
+        circuit_breaker,
     };
     config.validate().map_err(|e| bad(P, e.message))?;
     Ok(Plan {
@@ -415,7 +449,7 @@ fn opt_secs(v: Option<f64>) -> String {
 fn print_report(plan: &Plan, r: &StormReport) {
     let c = &plan.config;
     println!(
-        "retry storm: policy {}, jitter {}, population {}, capacity {} rps{}, seed {}{}",
+        "retry storm: policy {}, jitter {}, population {}, capacity {} rps{}, seed {}{}{}",
         r.policy,
         r.jitter,
         r.population,
@@ -431,6 +465,7 @@ fn print_report(plan: &Plan, r: &StormReport) {
         } else {
             String::new()
         },
+        storm_chart::protection(r),
     );
     let retries = r.total_attempts - r.population;
     println!(
@@ -441,6 +476,12 @@ fn print_report(plan: &Plan, r: &StormReport) {
         "  total attempts    {} ({} failed first attempts at t = 0 + {} more)",
         r.total_attempts, r.population, retries
     );
+    if !r.protection.is_empty() {
+        println!(
+            "  protection        breaker opened {} times; at most {} held or waiting for the limiter",
+            r.breaker_openings, r.peak_waiting
+        );
+    }
     println!("  delivered         {}", r.delivered);
     println!("  dead              {}", r.dead);
     println!("  drain             {} s (last attempt)", r.drain_seconds);
@@ -509,8 +550,12 @@ fn print_series(r: &StormReport) {
 fn print_compare(plan: &Plan, reports: &[StormReport]) {
     let c = &plan.config;
     println!(
-        "retry storm, every jitter strategy: policy {}, population {}, capacity {} rps, seed {}",
-        c.policy_label, c.population, c.capacity.base_rps, c.seed
+        "retry storm, every jitter strategy: policy {}, population {}, capacity {} rps, seed {}{}",
+        c.policy_label,
+        c.population,
+        c.capacity.base_rps,
+        c.seed,
+        reports.first().map(storm_chart::protection).unwrap_or_default()
     );
     println!(
         "  {:<16} {:>10} {:>6} {:>12} {:>12} {:>12} {:>10} {:>10} {:>6}",

@@ -311,3 +311,59 @@ fn given_compare_when_run_then_every_strategy_is_summarised_and_charted() {
     assert!(full["total_attempts"].as_u64().unwrap() < 69_500);
     assert_eq!(json["gate"]["passed"], false);
 }
+
+#[test]
+fn given_a_rate_limit_and_the_breaker_then_seed003s_storm_passes_its_own_gate() {
+    // The same storm that fails at 10 000 /s: the limit holds every second to 100, and the
+    // breaker, opened by the 10 000 failures at t = 0, lets one probe through at t = 30.
+    let config = write_config("protected", SEED003_NO_JITTER);
+    let out = hookwise(&[
+        "storm",
+        "--config",
+        &config,
+        "--json",
+        "--rate-limit",
+        "100",
+        "--breaker",
+        "on",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json_of(&out);
+    assert_eq!(v["protection"], "rate limit 100/s, breaker on");
+    assert!(
+        v["peak_offered_rps"].as_u64().unwrap() <= 111,
+        "{}",
+        v["peak_offered_rps"]
+    );
+    assert_eq!((v["delivered"].as_u64(), v["dead"].as_u64()), (Some(10_000), Some(0)));
+    assert_eq!(v["breaker_openings"], 1);
+    assert!(v["peak_waiting"].as_u64().unwrap() >= 9_000);
+    let offered = v["series"]["offered"].as_array().unwrap();
+    assert_eq!(
+        offered[..30].iter().filter_map(Value::as_u64).sum::<u64>(),
+        0,
+        "all held until the probe"
+    );
+
+    // The same fields in the file; a bad one is named.
+    let yaml = SEED003_NO_JITTER.replace(
+        "  consumer_capacity_rps: 500\n",
+        "  consumer_capacity_rps: 500\n  rate_limit_per_second: 100\n  circuit_breaker: {probe_interval_seconds: 10}\n",
+    );
+    let out = hookwise(&["storm", "--config", &write_config("protected-file", &yaml), "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = json_of(&out);
+    assert_eq!(v["protection"], "rate limit 100/s, breaker on");
+    let offered = v["series"]["offered"].as_array().unwrap();
+    assert_eq!(offered[10], 1, "the probe, at the file's interval");
+    for (args, field) in [
+        (vec!["--breaker", "maybe"], "--breaker"),
+        (vec!["--rate-limit", "0"], "--rate-limit"),
+    ] {
+        let mut all = vec!["storm", "--config", &config];
+        all.extend(args);
+        let out = hookwise(&all);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&out.stderr).contains(field), "{field}");
+    }
+}

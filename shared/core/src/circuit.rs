@@ -17,9 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::DeliveryId;
 
-/// A subscription's breaker settings: off unless a subscription gives them (for now: held
-/// deliveries of a policy shorter than the probe interval can give up before a probe comes;
-/// see the note), on when given unless `enabled: false`.
+/// A subscription's breaker settings: on by default (threshold 5, a probe each 30 s), each
+/// field defaulting so when others are given; `enabled: false` turns it off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CircuitBreaker {
@@ -50,11 +49,7 @@ fn default_probe_interval() -> u32 {
 
 impl Default for CircuitBreaker {
     fn default() -> Self {
-        Self {
-            enabled: false,
-            failure_threshold: DEFAULT_FAILURE_THRESHOLD,
-            probe_interval_seconds: DEFAULT_PROBE_INTERVAL_SECONDS,
-        }
+        Self::on()
     }
 }
 
@@ -65,6 +60,13 @@ impl CircuitBreaker {
             enabled: true,
             failure_threshold: DEFAULT_FAILURE_THRESHOLD,
             probe_interval_seconds: DEFAULT_PROBE_INTERVAL_SECONDS,
+        }
+    }
+
+    pub fn off() -> Self {
+        Self {
+            enabled: false,
+            ..Self::on()
         }
     }
 
@@ -113,7 +115,8 @@ pub struct Circuit {
     /// Since when it has been in this state (open and half open: since it opened).
     pub since: DateTime<Utc>,
     /// Open: when a delivery may next be tried as the probe. Half open: when the probe in
-    /// flight counts as lost, and another may be tried.
+    /// flight counts as lost, and another may be tried. Closed and releasing: when the next
+    /// page of what it held is released.
     pub next_probe_at: Option<DateTime<Utc>>,
     /// Open: the delivery queued to arrive at `next_probe_at` and be the probe (so that one
     /// comes, though every other is parked). Half open: the probe in flight (its own message
@@ -298,7 +301,7 @@ mod tests {
 
     #[test]
     fn a_disabled_breaker_neither_opens_nor_holds() {
-        let off = CircuitBreaker::default();
+        let off = CircuitBreaker::off();
         let d = DeliveryId::parse("dlv_01J0000000000000000000000A").unwrap();
         assert_eq!(after_attempt(None, &off, false, 50, at(0)), None);
         let open = after_attempt(None, &CircuitBreaker::on(), false, 5, at(0)).unwrap();

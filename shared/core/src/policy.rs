@@ -332,12 +332,22 @@ impl RetryPolicy {
         total
     }
 
-    /// The nominal time (no jitter) from the attempt that follows `failures` failed ones to the
-    /// schedule's last: how long that attempt has left before its delivery would die.
-    pub fn remaining_span(&self, failures: u32) -> Seconds {
-        (failures + 1..self.max_attempts())
-            .filter_map(|f| self.base_delay(f))
-            .sum()
+    /// The longest time from the attempt that follows `failures` failed ones (the last of
+    /// them `previous_delay` after the one before) to the schedule's last attempt: each delay
+    /// at the top of its jitter range, doubled if adaptive (as an unhealthy endpoint's are),
+    /// `Retry-After` aside. A delivery the circuit breaker holds makes its last attempt then.
+    pub fn remaining_span(&self, failures: u32, previous_delay: Option<Seconds>) -> Seconds {
+        let adaptive = if self.adaptive { 2.0 } else { 1.0 };
+        let mut previous = previous_delay;
+        let mut total = 0.0;
+        for f in failures + 1..self.max_attempts() {
+            let Some(range) = self.delay_range(f, previous) else {
+                break;
+            };
+            total += range.hi * adaptive;
+            previous = Some(range.hi);
+        }
+        total
     }
 
     /// The schedule with jitter off: (attempt, delay before it, time since the first attempt).

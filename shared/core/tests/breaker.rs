@@ -1,6 +1,6 @@
 //! The circuit breaker on in-memory ports: it opens after the threshold, holds what comes
 //! (not attempted, not counted), probes once per interval, closes on a success and releases
-//! what it held; held past its retry schedule, a delivery dies as it would have without it.
+//! what it held; held to its retry schedule's end, a delivery makes its last attempt then.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -10,7 +10,7 @@ use hookwise_core::circuit::{CircuitBreaker, CircuitState};
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, SchedulerTable, Store};
-use hookwise_core::services::{NewEvent, NewSubscription, HELD_TOO_LONG};
+use hookwise_core::services::{NewEvent, NewSubscription};
 use hookwise_core::testing::memory::{status_outcome, Harness, ScriptedSender};
 
 /// An endpoint that answers 503 until `up` is set, then 200.
@@ -132,7 +132,8 @@ async fn given_an_open_breaker_then_what_it_released_goes_out_on_a_ramp_without_
 }
 
 #[tokio::test]
-async fn given_a_breaker_open_past_the_retry_schedule_then_its_held_deliveries_die_then_with_one_notice() {
+async fn given_a_breaker_open_past_the_retry_schedule_then_its_held_deliveries_make_a_last_attempt_then_and_die_with_one_notice(
+) {
     let h = Harness::new(ScriptedSender::always(503));
     let (tenant, _) = h.tenant("owner@example.com").await;
     let breaker = CircuitBreaker {
@@ -147,20 +148,25 @@ async fn given_a_breaker_open_past_the_retry_schedule_then_its_held_deliveries_d
     for _ in 0..10 {
         h.services.ingest(&tenant, event(), None).await.unwrap();
     }
-    // The schedule spans 210 s; without the breaker they would all be dead by then. Held,
-    // each dies at its schedule's end, or (a probe) at its next retry after it.
+    // The schedule spans 210 s; without the breaker they would all be dead by then, after 40
+    // POSTs. Held, each makes its last attempt at its schedule's end (or, a probe, at its
+    // next retry after it), and dies then: no sooner.
     let start = h.clock.now();
     h.run_for(Duration::seconds(400), Duration::seconds(1)).await;
     let all = deliveries(&h, &tenant).await;
     assert!(all.iter().all(|d| d.status == DeliveryStatus::Dead), "{all:?}");
-    let last = all.iter().map(|d| d.updated_at).max().unwrap();
-    assert!(last <= start + Duration::seconds(210 + 120), "the last died at {last}");
-    let held_to_death = all
-        .iter()
-        .filter(|d| d.last_error.as_deref() == Some(HELD_TOO_LONG))
-        .count();
-    assert!(held_to_death >= 5, "{held_to_death} held until their schedule ran out");
-    assert!(all.iter().all(|d| d.attempts <= 4));
+    for d in &all {
+        assert!(d.updated_at >= start + Duration::seconds(210), "died early: {d:?}");
+        assert!(d.updated_at <= start + Duration::seconds(210 + 120), "died late: {d:?}");
+        assert!((1..=4).contains(&d.attempts), "{d:?}");
+    }
+    let held_to_the_end = all.iter().filter(|d| d.attempts < 4).count();
+    assert!(
+        held_to_the_end >= 5,
+        "{held_to_the_end} held until their schedule's end"
+    );
+    let posts = h.sender.requests.lock().unwrap().len();
+    assert!(posts < 30, "{posts} POSTs");
     h.run_for(Duration::minutes(20), Duration::minutes(1)).await;
     let mails = h.mailer.sent.lock().unwrap().clone();
     assert_eq!(mails.len(), 1, "one digest for the owner: {mails:?}");
@@ -170,10 +176,7 @@ async fn given_a_breaker_open_past_the_retry_schedule_then_its_held_deliveries_d
 async fn given_the_breaker_off_then_every_attempt_is_made() {
     let h = Harness::new(ScriptedSender::always(503));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let off = CircuitBreaker {
-        enabled: false,
-        ..CircuitBreaker::on()
-    };
+    let off = CircuitBreaker::off();
     let sub = h
         .services
         .create_subscription(&tenant, subscription(vec![10], None, off))
@@ -209,4 +212,23 @@ async fn given_a_bad_breaker_setting_then_the_subscription_is_refused_with_its_c
             .unwrap_err();
         assert!(err.to_string().contains("circuit_breaker"), "{err}");
     }
+}
+
+#[tokio::test]
+async fn given_an_endpoint_answering_429_then_its_breaker_stays_closed() {
+    let h = Harness::new(ScriptedSender::always(429));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![10], None, CircuitBreaker::on()))
+        .await
+        .unwrap();
+    for _ in 0..20 {
+        h.services.ingest(&tenant, event(), None).await.unwrap();
+    }
+    h.run_for(Duration::seconds(15), Duration::seconds(1)).await;
+    // Up and pacing its callers: every attempt of the schedule is made, none held.
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 40);
+    let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
+    assert_eq!(overview.circuit.state, CircuitState::Closed);
 }

@@ -29,10 +29,7 @@ fn new_sub(url: &str, types: &[&str], schedule: Option<Vec<u64>>) -> NewSubscrip
 /// endpoint do without it.
 fn without_breaker(new: NewSubscription) -> NewSubscription {
     NewSubscription {
-        circuit_breaker: Some(CircuitBreaker {
-            enabled: false,
-            ..Default::default()
-        }),
+        circuit_breaker: Some(CircuitBreaker::off()),
         ..new
     }
 }
@@ -1634,6 +1631,50 @@ async fn given_a_rate_limit_then_an_attempt_past_the_next_second_is_deferred_onc
     let (d, attempts) = h.services.get_delivery(&tenant, &ids[2]).await.unwrap();
     assert_eq!((d.status, attempts.len()), (DeliveryStatus::Delivered, 1));
     assert_eq!(sub.rate_limit_per_second, Some(1));
+}
+
+#[tokio::test]
+async fn given_a_deferred_attempt_arriving_after_its_slot_went_by_then_it_reserves_another_rather_than_burst() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let new = NewSubscription {
+        rate_limit_per_second: Some(1),
+        ..new_sub("https://a.example.com/", &["*"], None)
+    };
+    h.services.create_subscription(&tenant, new).await.unwrap();
+    let t0 = h.clock.now();
+    for _ in 0..4 {
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    let tasks = h.queue.take_visible();
+    // Slots t0 and t0 + 1 s are taken; the third's, t0 + 2 s, is deferred to.
+    for task in &tasks[..2] {
+        h.clock.set(t0);
+        assert_eq!(h.services.deliver(task).await.unwrap(), DeliverOutcome::Delivered);
+    }
+    h.clock.set(t0);
+    let DeliverOutcome::RateLimited { slot } = h.services.deliver(&tasks[2]).await.unwrap() else {
+        panic!("the third is deferred");
+    };
+    assert_eq!(slot, t0 + Duration::seconds(2));
+    let (deferred, _) = h.queue.log.lock().unwrap().last().cloned().unwrap();
+    // Its workers were busy: it comes back 10 s after its slot, just after the fourth took
+    // the limiter's slot of that second.
+    h.clock.set(t0 + Duration::seconds(12));
+    h.services.deliver(&tasks[3]).await.unwrap();
+    let sent_before = h.sender.requests.lock().unwrap().len();
+    let late = h.services.deliver(&deferred).await.unwrap();
+    assert_eq!(
+        late,
+        DeliverOutcome::Delivered,
+        "a fresh slot, a second after the one just used"
+    );
+    assert_eq!(
+        h.clock.now(),
+        t0 + Duration::seconds(13),
+        "sent in its new slot, not at once"
+    );
+    assert_eq!(h.sender.requests.lock().unwrap().len(), sent_before + 1);
 }
 
 #[tokio::test]

@@ -177,10 +177,11 @@ async fn given_deliveries_in_every_state_then_the_subscription_list_and_read_sho
         json!({"pending": 0, "retrying": 1, "delivered": 0, "dead": 0})
     );
     assert_eq!(read["health"], 0.0);
-    assert_eq!(read["circuit"]["state"], "closed", "off unless set");
+    assert_eq!(read["circuit"]["state"], "closed", "one failure does not open it");
     assert_eq!(
         read["circuit_breaker"],
-        json!({"enabled": false, "failure_threshold": 5, "probe_interval_seconds": 30})
+        json!({"enabled": true, "failure_threshold": 5, "probe_interval_seconds": 30}),
+        "on by default"
     );
     harness.run_for(Duration::minutes(3), Duration::seconds(30)).await;
     call(&app, "POST", "/v1/events", &key, json!({"type": "a.b", "payload": {}})).await;

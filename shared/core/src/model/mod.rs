@@ -125,8 +125,8 @@ pub struct Subscription {
     /// as the default); absent (written before it existed) is the default.
     #[serde(default = "default_auto_disable", with = "never_is_zero")]
     pub auto_disable_after_hours: Option<u32>,
-    /// Holds its attempts while its endpoint keeps failing (see [`crate::circuit`]); off
-    /// unless set, and off for one written before it existed.
+    /// Holds its attempts while its endpoint keeps failing (see [`crate::circuit`]); on
+    /// unless turned off, and on for one written before it existed.
     #[serde(default)]
     pub circuit_breaker: crate::circuit::CircuitBreaker,
     pub status: SubscriptionStatus,

@@ -11,8 +11,8 @@
 //! message.
 //!
 //! Held attempts are released, after the probe that closed the breaker, page by page: the
-//! closing call releases the first, and each released attempt that finds the release going
-//! on (`Circuit::releasing`) releases the next. One held after the last page went (by a
+//! closing call releases the first, and the first attempt to find the release going on
+//! (`Circuit::releasing`) once most of that page has gone (`next_probe_at`) releases the next. One held after the last page went (by a
 //! process whose breaker read came a moment before the closing) is made when its give-up
 //! time comes, the breaker then closed.
 
@@ -31,8 +31,6 @@ use crate::state::{requeued, seconds};
 pub const CIRCUIT_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 /// Held attempts released per page.
 const RELEASE_PAGE: u32 = 500;
-/// The `last_error` of a delivery held until its retry schedule ran out.
-pub const HELD_TOO_LONG: &str = "held by the endpoint's open circuit breaker until its retry schedule ran out";
 
 /// What the breaker says of an attempt due now.
 #[derive(Debug, Clone)]
@@ -66,9 +64,38 @@ impl Services {
             .put(sub.id.clone(), circuit, self.now(), &l.generation, read_in);
     }
 
+    /// When the attempt `task` gives up if held: when its retry schedule would have made its
+    /// last attempt (at the latest), kept through probes and releases (`held_until`). Held
+    /// till then, it makes that attempt, the breaker open or not, so the breaker never kills
+    /// a delivery sooner than its schedule would have, nor without a last try.
+    pub(super) fn gives_up_at(
+        &self,
+        sub: &Subscription,
+        delivery: &Delivery,
+        task: &DeliveryTask,
+        retries: bool,
+    ) -> DateTime<Utc> {
+        task.held_until.unwrap_or_else(|| {
+            let left = match retries {
+                true => sub
+                    .retry_policy
+                    .remaining_span(delivery.attempts, delivery.last_delay_seconds),
+                false => 0.0,
+            };
+            self.now() + seconds(left)
+        })
+    }
+
     /// Whether the attempt `task` is made. `failures`: how many of the endpoint's latest
     /// attempts failed in a row, as this process knows (none: the breaker is closed).
-    pub(super) async fn gate(&self, sub: &Subscription, task: &DeliveryTask, failures: u32) -> Result<Gate> {
+    /// `gives_up_at`: from then the attempt is made, as its schedule's last.
+    pub(super) async fn gate(
+        &self,
+        sub: &Subscription,
+        task: &DeliveryTask,
+        failures: u32,
+        gives_up_at: DateTime<Utc>,
+    ) -> Result<Gate> {
         let breaker = &sub.circuit_breaker;
         // A released or held attempt reads the breaker: the release may be its to go on with.
         if !breaker.enabled || (failures == 0 && task.held_until.is_none()) {
@@ -76,6 +103,11 @@ impl Services {
                 circuit: None,
                 probe: false,
             });
+        }
+        if self.now() >= gives_up_at {
+            // Its last attempt; a success closes the breaker, so it is read fresh.
+            let circuit = self.kept_circuit(sub, true).await?;
+            return Ok(Gate::Attempt { circuit, probe: false });
         }
         let mut circuit = self.kept_circuit(sub, false).await?;
         for fresh in [false, true] {
@@ -172,36 +204,28 @@ impl Services {
                 }
             }
         }
-        // The release goes on with whoever finds it going.
+        // The release goes on with whoever finds it going, once its next page is due.
+        let now = self.now();
         match self.kept_circuit(sub, false).await? {
-            Some(c) if c.state == CircuitState::Closed && c.releasing => self.release_page(sub, c).await,
+            Some(c) if c.state == CircuitState::Closed && c.releasing && c.next_probe_at.is_none_or(|at| now >= at) => {
+                self.release_page(sub, c).await
+            }
             _ => Ok(()),
         }
     }
 
     /// Hold an attempt the open breaker keeps from its endpoint: park it until the release
-    /// (`probe_at`: or queue it to be the probe then), due when its retry schedule would have
-    /// ended (`Held`). Dead if that time has come.
+    /// (`probe_at`: or queue it to be the probe then), due to make its last attempt at
+    /// `until` if the breaker is open till then.
     pub(super) async fn hold(
         &self,
         sub: &Subscription,
         delivery: &Delivery,
         task: &DeliveryTask,
-        retries_enabled: bool,
+        until: DateTime<Utc>,
         probe_at: Option<DateTime<Utc>>,
     ) -> Result<DeliverOutcome> {
         let now = self.now();
-        let until = task.held_until.unwrap_or_else(|| {
-            let left = if retries_enabled {
-                sub.retry_policy.remaining_span(delivery.attempts)
-            } else {
-                0.0
-            };
-            now + seconds(left)
-        });
-        if now >= until {
-            return self.abandon(delivery, task, HELD_TOO_LONG).await;
-        }
         if delivery.is_swept() && delivery.next_attempt_at.is_none_or(|at| at < until) {
             // The sweep would queue it again at its next attempt's time: not before the end.
             match self.ports.store.apply_change(&requeued(delivery, now, until)).await {
@@ -281,16 +305,24 @@ impl Services {
     /// first in line for the next page.
     async fn release_page(&self, sub: &Subscription, circuit: Circuit) -> Result<()> {
         let page = self.ports.scheduler.held(&sub.id, RELEASE_PAGE).await?;
+        let now = self.now();
+        let released = circuit.released + page.len() as u64;
+        // The next page once most of this one has gone: three fifths of its slots at the rate
+        // limit, or a second before the ramp reaches it.
+        let next_page_at = match sub.rate_limit_per_second {
+            Some(r) => now + chrono::Duration::milliseconds(page.len() as i64 * 600 / i64::from(r.max(1))),
+            None => circuit.since + chrono::Duration::seconds(i64::from(circuit::ramp_offset(released)) - 1),
+        };
         let claim = Circuit {
-            released: circuit.released + page.len() as u64,
+            released,
             releasing: !page.is_empty(),
+            next_probe_at: Some(next_page_at),
             version: circuit.version + 1,
             ..circuit.clone()
         };
         if !self.write_circuit(sub, &claim, Some(&circuit)).await? || page.is_empty() {
             return Ok(());
         }
-        let now = self.now();
         let tasks: Vec<(DeliveryTask, u32)> = page
             .iter()
             .enumerate()

@@ -12,6 +12,7 @@ use crate::health::HealthSample;
 use crate::metrics;
 use crate::model::*;
 use crate::ports::{DeliveryTask, ScheduledTask, WebhookRequest};
+use crate::rate_limit;
 use crate::signing::signature_header;
 use crate::state::{self, after_attempt, decide, give_up, is_due_attempt, AttemptContext, Decision};
 
@@ -150,10 +151,14 @@ impl Services {
             (_, None) => return self.abandon(&delivery, task, "the event no longer exists").await,
         };
         let retries_enabled = tenant.as_ref().is_none_or(|t| t.retries_enabled);
-        let (circuit, probe) = match self.gate(&sub, task, health.consecutive_failures()).await? {
+        let gives_up_at = self.gives_up_at(&sub, &delivery, task, retries_enabled);
+        let (circuit, probe) = match self
+            .gate(&sub, task, health.consecutive_failures(), gives_up_at)
+            .await?
+        {
             Gate::Attempt { circuit, probe } => (circuit, probe),
-            Gate::Hold => return self.hold(&sub, &delivery, task, retries_enabled, None).await,
-            Gate::ProbeAt { at } => return self.hold(&sub, &delivery, task, retries_enabled, Some(at)).await,
+            Gate::Hold => return self.hold(&sub, &delivery, task, gives_up_at, None).await,
+            Gate::ProbeAt { at } => return self.hold(&sub, &delivery, task, gives_up_at, Some(at)).await,
         };
         if let Some(slot) = self.wait_for_slot(&sub, task).await? {
             return Ok(DeliverOutcome::RateLimited { slot });
@@ -200,7 +205,8 @@ impl Services {
             attempt: task.attempt,
             previous_delay: delivery.last_delay_seconds,
             health: health.score(now),
-            retries_enabled,
+            // Held till its schedule's end, this attempt was its last.
+            retries_enabled: retries_enabled && task.held_until.is_none_or(|until| started_at < until),
         };
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
         let change = after_attempt(&delivery, task.attempt, started_at, &outcome, decision, now);
@@ -217,8 +223,10 @@ impl Services {
             },
         )
         .await;
-        self.after_attempt_breaker(&sub, circuit, probe, outcome.is_success())
-            .await;
+        // A 429 comes from an endpoint that is up and pacing its callers (its `Retry-After` is
+        // honoured): to the breaker it is no failure, so it neither opens it nor fails a probe.
+        let up = outcome.is_success() || outcome.status_code == Some(429);
+        self.after_attempt_breaker(&sub, circuit, probe, up).await;
         let failed = !outcome.is_success() && outcome.status_code != Some(410);
         if outcome.status_code == Some(410) {
             self.disable_subscription(sub.clone(), GONE, false).await?;
@@ -234,14 +242,17 @@ impl Services {
     /// Under the endpoint's rate limit, the attempt's slot: reserved now, or (on a deferred
     /// message) reserved before. A slot within [`SLOT_WAIT`] is waited for here; one further
     /// ahead sends the message back to arrive shortly before it, with its slot, and is
-    /// returned: the attempt is deferred once, whatever the backlog.
+    /// returned: the attempt is deferred once, whatever the backlog. A message that comes back
+    /// after its slot has gone by (its workers were busy) reserves another: sent late in its
+    /// old one, many such would make a burst.
     async fn wait_for_slot(&self, sub: &Subscription, task: &DeliveryTask) -> Result<Option<DateTime<Utc>>> {
         let Some(interval) = sub.slot_interval() else {
             return Ok(None);
         };
+        let late = self.now() - chrono::Duration::from_std(rate_limit::TOLERANCE).unwrap_or_default();
         let slot = match task.slot {
-            Some(slot) => slot,
-            None => self.ports.store.reserve_slot(&sub.id, interval, self.now()).await?,
+            Some(slot) if slot >= late => slot,
+            _ => self.ports.store.reserve_slot(&sub.id, interval, self.now()).await?,
         };
         let wait = chrono::Duration::from_std(SLOT_WAIT).unwrap_or_default();
         if slot - self.now() <= wait {

@@ -23,7 +23,7 @@ use crate::policy::RetryPolicy;
 
 use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store};
 
-pub use breaker::{CIRCUIT_TTL, HELD_TOO_LONG};
+pub use breaker::CIRCUIT_TTL;
 pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
 pub use deliver::{DeliverOutcome, INGEST_WINDOW};

@@ -18,6 +18,9 @@
 //!   jitter, a pooled landing takes the mean of the possible previous delays.
 //!
 //! So the cost per second is bounded by the number of cohorts, not by N.
+//!
+//! With a rate limit or a circuit breaker, what lands meets them before the consumer (see
+//! [`super::protection`]).
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -26,6 +29,7 @@ use rand::{Rng, SeedableRng};
 use rand_distr::{Binomial, Distribution, Hypergeometric};
 
 use super::kernel::{landing_offset, Kernel};
+use super::protection::{on_ramp, Breaker, Limiter};
 use super::{HealthModel, Series, ShardSeeds, StormConfig, StormReport};
 use crate::error::ValidationError;
 use crate::health::{adaptive_multiplier, DECAY_PER_HOUR, HEALTH_WINDOW};
@@ -208,6 +212,8 @@ struct Sim<'a> {
     total_attempts: u64,
     delivered: u64,
     dead: u64,
+    breaker: Option<Breaker<Key>>,
+    limiter: Option<Limiter<Key>>,
 }
 
 fn splitmix(mut z: u64) -> u64 {
@@ -342,7 +348,66 @@ impl<'a> Sim<'a> {
             total_attempts: 0,
             delivered: 0,
             dead: 0,
+            breaker: cfg.circuit_breaker.enabled.then(|| Breaker::new(cfg.circuit_breaker)),
+            limiter: cfg.rate_limit_per_second.map(Limiter::new),
         }
+    }
+
+    /// The second a cohort landing in second `t` gives up if the breaker holds it: when its
+    /// schedule would have made its last attempt (`RetryPolicy::remaining_span`).
+    fn give_up(cfg: &StormConfig, t: u64, key: Key) -> u64 {
+        let left = cfg
+            .policy
+            .remaining_span(key.attempt.saturating_sub(1), Self::previous_delay(key.prev));
+        t + left.ceil() as u64
+    }
+
+    /// What of the cohorts landing in second `t` the breaker and the limiter let through.
+    fn protect(&mut self, t: u64, landed: Vec<(Key, u64)>) -> Vec<(Key, u64)> {
+        let cfg = self.cfg;
+        let mut through = landed;
+        if let Some(breaker) = &mut self.breaker {
+            let passed = breaker.pass(t, through, |key| Self::give_up(cfg, t, key));
+            through = passed.attempt;
+            // Their last attempt: a failure buries them.
+            let last = self.max_attempts;
+            through.extend(
+                passed
+                    .last
+                    .into_iter()
+                    .map(|(key, n)| (Key { attempt: last, ..key }, n)),
+            );
+        }
+        if let Some(limiter) = &mut self.limiter {
+            limiter.join(through);
+            through = limiter.let_through(t);
+        }
+        through
+    }
+
+    /// After the consumer answered second `t`: the breaker moves, and what it releases goes
+    /// to the limiter's line, or on the ramp from the next second.
+    fn after_protection(&mut self, t: u64, served: u64, failed: u64) {
+        let Some(breaker) = &mut self.breaker else {
+            return;
+        };
+        let released = breaker.after(t, served, failed);
+        if released.is_empty() {
+            return;
+        }
+        match &mut self.limiter {
+            Some(limiter) => limiter.join(released),
+            None => {
+                for (second, key, n) in on_ramp(t + 1, released) {
+                    self.push(second, key, n);
+                }
+            }
+        }
+    }
+
+    /// Held by the breaker or waiting in the limiter's line.
+    fn waiting(&self) -> u64 {
+        self.breaker.as_ref().map_or(0, |b| b.holding) + self.limiter.as_ref().map_or(0, |l| l.waiting)
     }
 
     /// Decorrelated jitter remembers the previous delay: by landing offset, exact to 128 s,
@@ -456,7 +521,7 @@ impl<'a> Sim<'a> {
 
     fn next_second(&self, t: u64) -> Option<u64> {
         let traffic = self.cfg.first_attempt_rps > 0 && t < self.cfg.traffic_seconds;
-        if traffic || self.pools.values().any(|p| p.pending > 0) {
+        if traffic || self.pools.values().any(|p| p.pending > 0) || self.waiting() > 0 {
             return Some(t + 1);
         }
         self.pending.keys().next().copied()
@@ -482,6 +547,7 @@ impl<'a> Sim<'a> {
                 self.fail(key, n, 0, health, streams.get(shard));
             }
         }
+        self.after_protection(0, 0, cfg.population);
         self.record_second(0, 0, 0, 0);
 
         let mut t = 0;
@@ -554,6 +620,7 @@ impl<'a> Sim<'a> {
             same
         });
 
+        let offered = self.protect(t, offered);
         let total: u64 = offered.iter().map(|(_, n)| n).sum();
         let served = total.min(cfg.capacity.at(t));
         let failed = total - served;
@@ -583,6 +650,7 @@ impl<'a> Sim<'a> {
         for (key, x) in failures {
             self.fail(key, x, t, health, streams.get(key.shard));
         }
+        self.after_protection(t, served, failed);
         self.record_second(t, total, served, failed);
     }
 
@@ -597,6 +665,11 @@ impl<'a> Sim<'a> {
         s.offered[t as usize] = offered;
         s.served[t as usize] = served;
         s.failed[t as usize] = failed;
+        if self.breaker.is_some() || self.limiter.is_some() {
+            let waiting = self.waiting();
+            self.series.waiting.resize(len, 0);
+            self.series.waiting[t as usize] = waiting;
+        }
     }
 
     fn report(mut self) -> StormReport {
@@ -607,6 +680,7 @@ impl<'a> Sim<'a> {
             &mut self.series.served,
             &mut self.series.failed,
             &mut self.series.capacity,
+            &mut self.series.waiting,
         ] {
             v.truncate(len);
         }
@@ -649,6 +723,9 @@ impl<'a> Sim<'a> {
             drain_seconds: drain,
             mean_delivery_seconds: mean,
             p99_delivery_seconds: p99,
+            protection: self.cfg.protection_label(),
+            breaker_openings: self.breaker.as_ref().map_or(0, |b| b.openings),
+            peak_waiting: self.series.waiting.iter().copied().max().unwrap_or(0),
             series: self.series,
             shard_offered: self.shard_offered,
         }

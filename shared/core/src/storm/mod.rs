@@ -15,11 +15,13 @@
 
 mod engine;
 pub mod kernel;
+mod protection;
 #[cfg(test)]
 mod tests;
 
 use serde::Serialize;
 
+use crate::circuit::CircuitBreaker;
 use crate::error::ValidationError;
 use crate::policy::{Jitter, RetryPolicy};
 
@@ -99,6 +101,11 @@ pub struct StormConfig {
     pub shards: u32,
     pub shard_seeds: ShardSeeds,
     pub health: HealthModel,
+    /// The endpoint's rate limit, as a subscription sets it (`None`: none).
+    pub rate_limit_per_second: Option<u32>,
+    /// The endpoint's circuit breaker, as a subscription sets it (off unless asked for: the
+    /// calculator models the retry policy alone by default, as seed 003 does).
+    pub circuit_breaker: CircuitBreaker,
 }
 
 pub const MAX_SHARDS: u32 = 1024;
@@ -142,13 +149,33 @@ impl StormConfig {
             shards: 1,
             shard_seeds: ShardSeeds::Independent,
             health: HealthModel::Tracked,
+            rate_limit_per_second: None,
+            circuit_breaker: CircuitBreaker::off(),
         }
+    }
+
+    /// "rate limit 100/s, breaker on", or "" with neither.
+    pub fn protection_label(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(r) = self.rate_limit_per_second {
+            parts.push(format!("rate limit {r}/s"));
+        }
+        if self.circuit_breaker.enabled {
+            parts.push("breaker on".to_owned());
+        }
+        parts.join(", ")
     }
 
     pub fn validate(&self) -> Result<(), ValidationError> {
         let bad = |m: String| Err(ValidationError::new("invalid_storm", m));
         if self.shards == 0 || self.shards > MAX_SHARDS {
             return bad(format!("shards: {} is not between 1 and {MAX_SHARDS}", self.shards));
+        }
+        if self.rate_limit_per_second.is_some_and(|r| !(1..=10_000).contains(&r)) {
+            return bad("rate_limit_per_second: must be 1 to 10000".into());
+        }
+        if let Some(problem) = self.circuit_breaker.problem() {
+            return bad(problem);
         }
         if let HealthModel::Fixed(h) = self.health {
             if !(0.0..=1.0).contains(&h) {
@@ -173,7 +200,8 @@ impl StormConfig {
         Ok(())
     }
 
-    /// The latest second anything can happen: the longest possible chain of delays.
+    /// The latest second anything can happen: the longest possible chain of delays; with a
+    /// breaker, held for up to as long again; with a limit, everything waiting its turn.
     pub fn horizon_bound(&self) -> u64 {
         let multiplier = if self.policy.adaptive { 2.0 } else { 1.0 };
         let mut total = 0.0;
@@ -184,7 +212,16 @@ impl StormConfig {
                 .map_or(0.0, |r| r.hi);
             total += (hi * multiplier).ceil().max(1.0);
         }
-        self.traffic_seconds + total as u64 + 1
+        let mut bound = self.traffic_seconds + total as u64 + 1;
+        if self.circuit_breaker.enabled {
+            bound += total as u64 + u64::from(self.circuit_breaker.probe_interval_seconds);
+        }
+        if let Some(r) = self.rate_limit_per_second {
+            let attempts = (self.population + self.first_attempt_rps * self.traffic_seconds)
+                .saturating_mul(u64::from(self.policy.max_attempts()));
+            bound += attempts / u64::from(r) + 1;
+        }
+        bound
     }
 }
 
@@ -195,6 +232,9 @@ pub struct Series {
     pub served: Vec<u64>,
     pub failed: Vec<u64>,
     pub capacity: Vec<u64>,
+    /// Held by the breaker or waiting for the limiter, at the end of each second (with either).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting: Vec<u64>,
 }
 
 /// What a storm did.
@@ -219,6 +259,11 @@ pub struct StormReport {
     /// was delivered.
     pub mean_delivery_seconds: Option<f64>,
     pub p99_delivery_seconds: Option<u64>,
+    /// "rate limit 100/s, breaker on", or empty.
+    pub protection: String,
+    /// How often the breaker opened, and the most held or waiting at once.
+    pub breaker_openings: u64,
+    pub peak_waiting: u64,
     pub series: Series,
     /// Offered attempts per second for each shard, when there is more than one.
     #[serde(skip_serializing_if = "Vec::is_empty")]

@@ -249,3 +249,54 @@ fn given_an_adaptive_policy_when_health_is_tracked_then_a_mass_failure_doubles_t
     assert_eq!(unknown.drain_seconds, 297_360);
     assert_eq!(tracked.dead, 1_000);
 }
+
+/// Seed 003's outage in the calculator, as the end-to-end storm test runs it: 5 000 fail at
+/// t = 0 on a consumer down for 90 s, then able to take 100 a second; retries doubling from
+/// 2 s, without jitter.
+fn outage(protected: bool) -> StormReport {
+    let policy = RetryPolicy::custom(vec![2, 4, 8, 16, 32, 64, 128], Jitter::None, false).unwrap();
+    let mut c = StormConfig::new(policy, 5_000, 100);
+    c.capacity.steps = vec![
+        CapacityStep { from_second: 0, rps: 0 },
+        CapacityStep {
+            from_second: 90,
+            rps: 100,
+        },
+    ];
+    if protected {
+        c.rate_limit_per_second = Some(100);
+        c.circuit_breaker = crate::circuit::CircuitBreaker::on();
+    }
+    run(&c)
+}
+
+#[test]
+fn given_an_outage_then_the_limit_and_breaker_hold_the_retries_and_lose_none() {
+    let (on, off) = (outage(true), outage(false));
+    let during = |r: &StormReport| r.series.offered[1..90].iter().sum::<u64>();
+    // Off: every retry inside the outage is made (five of them each), and the waves after it
+    // kill most; on: a probe each 30 s, then 100 a second, and none dies.
+    assert_eq!(during(&off), 5 * 5_000);
+    assert!(during(&on) <= 3, "{} offered during the outage", during(&on));
+    assert!(off.dead > 2_000, "{} dead without protection", off.dead);
+    assert_eq!((on.delivered, on.dead), (5_000, 0));
+    assert!(on.peak_offered_rps <= 111, "{}", on.peak_offered_rps);
+    assert_eq!(on.breaker_openings, 1);
+    assert_eq!(on.peak_waiting, 5_000);
+    // Released at 100 a second from the first probe after the recovery.
+    assert!(on.drain_seconds <= 90 + 30 + 51, "{}", on.drain_seconds);
+}
+
+#[test]
+fn given_a_rate_limit_then_no_second_offers_more_and_everything_is_delivered() {
+    let mut c = seed003(10_000, Jitter::None, 1);
+    c.rate_limit_per_second = Some(100);
+    let r = run(&c);
+    assert!(
+        r.series.offered[1..].iter().all(|n| *n <= 100),
+        "{:?}",
+        r.series.offered
+    );
+    assert_eq!((r.delivered, r.dead), (10_000, 0));
+    assert_eq!(r.breaker_openings, 0);
+}

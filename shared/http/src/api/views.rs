@@ -1,7 +1,7 @@
 //! What the API shows: the model without its internals, and secrets only where asked for.
 
 use chrono::{DateTime, Utc};
-use hookwise_core::circuit::CircuitBreaker;
+use hookwise_core::circuit::{CircuitBreaker, CircuitState};
 use hookwise_core::model::*;
 use hookwise_core::policy::RetryPolicy;
 use hookwise_core::services::Ingested;
@@ -118,7 +118,11 @@ impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary
             circuit: CircuitView {
                 state: o.circuit.state.as_str(),
                 since: o.circuit.since,
-                next_probe_at: o.circuit.next_probe_at,
+                // Closed, it has no probe to come (the field times the release's pages then).
+                next_probe_at: o
+                    .circuit
+                    .next_probe_at
+                    .filter(|_| o.circuit.state != CircuitState::Closed),
             },
         }
     }

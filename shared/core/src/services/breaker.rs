@@ -12,9 +12,9 @@
 //!
 //! Held attempts are released, after the probe that closed the breaker, page by page: the
 //! closing call releases the first, and the first attempt to find the release going on
-//! (`Circuit::releasing`) once most of that page has gone (`next_probe_at`) releases the next. One held after the last page went (by a
-//! process whose breaker read came a moment before the closing) is made when its give-up
-//! time comes, the breaker then closed.
+//! (`Circuit::releasing`) once most of that page has gone (`next_probe_at`) releases the
+//! next. One held after the last page went (by a process whose breaker read came a moment
+//! before the closing) is made when its give-up time comes, the breaker then closed.
 
 use chrono::{DateTime, Utc};
 
@@ -67,7 +67,8 @@ impl Services {
     /// When the attempt `task` gives up if held: when its retry schedule would have made its
     /// last attempt (at the latest), kept through probes and releases (`held_until`). Held
     /// till then, it makes that attempt, the breaker open or not, so the breaker never kills
-    /// a delivery sooner than its schedule would have, nor without a last try.
+    /// a delivery sooner than its schedule would have, nor without a last try. (So an attempt
+    /// with no retry after it, a tenant's with retries off say, is never held.)
     pub(super) fn gives_up_at(
         &self,
         sub: &Subscription,

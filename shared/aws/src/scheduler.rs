@@ -27,6 +27,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::query::builders::QueryFluentBuilder;
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, Utc};
@@ -222,57 +223,47 @@ impl DynamoScheduler {
 
     /// A minute's tasks due at or before `until`, earliest first, at most `limit`.
     async fn query_minute(&self, bucket: &str, until: &str, limit: usize) -> PortResult<Vec<ScheduledTask>> {
-        let mut tasks = Vec::new();
-        let mut start = None;
-        loop {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true)
-                .key_condition_expression("#b = :b AND #k < :k")
+        self.query_pages(limit, "scheduler due", |q| {
+            q.key_condition_expression("#b = :b AND #k < :k")
                 .expression_attribute_names("#b", PARTITION_KEY)
                 .expression_attribute_names("#k", SORT_KEY)
                 .expression_attribute_values(":b", s(bucket))
                 // `$` sorts right after `#`: every key of a task due at `until` is below it.
                 .expression_attribute_values(":k", s(format!("{until}$")))
-                .limit((limit - tasks.len()) as i32)
-                .set_exclusive_start_key(start)
-                .send()
-                .await
-                .map_err(|e| classify("scheduler due", e))?;
-            for item in out.items() {
-                tasks.push(decode(item)?);
-            }
-            start = out.last_evaluated_key.filter(|k| !k.is_empty());
-            if start.is_none() || tasks.len() >= limit {
-                return Ok(tasks);
-            }
-        }
+        })
+        .await
     }
 
-    /// Every page of a query of `HELD#{sub}`, up to `limit` items.
+    /// `HELD#{sub}`'s tasks, soonest to give up first, at most `limit`.
     async fn query_held(&self, sub: &SubscriptionId, limit: usize) -> PortResult<Vec<ScheduledTask>> {
+        self.query_pages(limit, "held attempts", |q| {
+            q.key_condition_expression("#b = :b")
+                .expression_attribute_names("#b", PARTITION_KEY)
+                .expression_attribute_values(":b", s(format!("HELD#{sub}")))
+        })
+        .await
+    }
+
+    /// Every page of a consistent query (`query` sets its condition), up to `limit` tasks.
+    async fn query_pages(
+        &self,
+        limit: usize,
+        what: &str,
+        query: impl Fn(QueryFluentBuilder) -> QueryFluentBuilder,
+    ) -> PortResult<Vec<ScheduledTask>> {
         let mut tasks = Vec::new();
         let mut start = None;
         while tasks.len() < limit {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .consistent_read(true)
-                .key_condition_expression("#b = :b")
-                .expression_attribute_names("#b", PARTITION_KEY)
-                .expression_attribute_values(":b", s(format!("HELD#{sub}")))
+            let page = query(self.client.query().table_name(&self.table).consistent_read(true))
                 .limit((limit - tasks.len()) as i32)
                 .set_exclusive_start_key(start)
                 .send()
                 .await
-                .map_err(|e| classify("held attempts", e))?;
-            for item in out.items() {
+                .map_err(|e| classify(what, e))?;
+            for item in page.items() {
                 tasks.push(decode(item)?);
             }
-            start = out.last_evaluated_key.filter(|k| !k.is_empty());
+            start = page.last_evaluated_key.filter(|k| !k.is_empty());
             if start.is_none() {
                 break;
             }

@@ -226,6 +226,33 @@ pub struct DynamoStore {
     slots_seen: std::sync::Arc<std::sync::Mutex<HashMap<SubscriptionId, i64>>>,
 }
 
+/// A write's condition: its expression, and the attribute names and values it refers to.
+struct Condition {
+    expression: &'static str,
+    names: Vec<(&'static str, &'static str)>,
+    values: Vec<(&'static str, AttributeValue)>,
+}
+
+impl Condition {
+    fn new(expression: &'static str) -> Self {
+        Self {
+            expression,
+            names: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+
+    fn name(mut self, placeholder: &'static str, attribute: &'static str) -> Self {
+        self.names.push((placeholder, attribute));
+        self
+    }
+
+    fn value(mut self, placeholder: &'static str, value: AttributeValue) -> Self {
+        self.values.push((placeholder, value));
+        self
+    }
+}
+
 impl DynamoStore {
     pub fn new(client: Client, config: &AwsConfig) -> Self {
         Self {
@@ -359,17 +386,15 @@ impl DynamoStore {
     }
 
     /// One item, written if `condition` (an expression and its values) holds.
-    async fn put_item(
-        &self,
-        item: Item,
-        condition: Option<(&str, Vec<(&str, AttributeValue)>)>,
-        what: &str,
-    ) -> Result<(), PortError> {
+    async fn put_item(&self, item: Item, condition: Option<Condition>, what: &str) -> Result<(), PortError> {
         let mut put = self.client.put_item().table_name(&self.table).set_item(Some(item));
-        if let Some((expression, values)) = condition {
-            put = put.condition_expression(expression);
-            for (name, value) in values {
-                put = put.expression_attribute_values(name, value);
+        if let Some(c) = condition {
+            put = put.condition_expression(c.expression);
+            for (placeholder, attribute) in c.names {
+                put = put.expression_attribute_names(placeholder, attribute);
+            }
+            for (placeholder, value) in c.values {
+                put = put.expression_attribute_values(placeholder, value);
             }
         }
         let out = put
@@ -656,7 +681,7 @@ impl DynamoStore {
         unless_changed(
             self.put_item(
                 self.delivery_item(d),
-                Some(("updated_at = :was", vec![(":was", updated_at)])),
+                Some(Condition::new("updated_at = :was").value(":was", updated_at)),
                 "create event",
             )
             .await,
@@ -1125,8 +1150,12 @@ impl Store for DynamoStore {
 
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {
         let item = with_key(to_item(sub), &subscription_key(&sub.tenant_id, &sub.id), "subscription");
-        self.put_item(item, Some(("attribute_not_exists(pk)", vec![])), "create subscription")
-            .await
+        self.put_item(
+            item,
+            Some(Condition::new("attribute_not_exists(pk)")),
+            "create subscription",
+        )
+        .await
     }
 
     async fn replace_subscription(&self, sub: &Subscription, read_at: DateTime<Utc>) -> PortResult<()> {
@@ -1141,10 +1170,7 @@ impl Store for DynamoStore {
                 ))
             }
         };
-        let condition = (
-            "attribute_exists(pk) AND updated_at = :read_at",
-            vec![(":read_at", version)],
-        );
+        let condition = Condition::new("attribute_exists(pk) AND updated_at = :read_at").value(":read_at", version);
         self.put_item(item, Some(condition), "replace subscription").await
     }
 
@@ -1211,7 +1237,7 @@ impl Store for DynamoStore {
         let written = self
             .put_item(
                 self.event_item(event, deliveries),
-                Some(("attribute_not_exists(pk)", Vec::new())),
+                Some(Condition::new("attribute_not_exists(pk)")),
                 "create event",
             )
             .await;
@@ -1557,23 +1583,14 @@ impl Store for DynamoStore {
     }
 
     async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()> {
-        const WHAT: &str = "write a circuit breaker";
         let item = with_key(to_item(circuit), &circuit_key(sub), "circuit");
-        let put = self.client.put_item().table_name(&self.table).set_item(Some(item));
-        let put = match read {
-            None => put.condition_expression("attribute_not_exists(pk)"),
-            Some(r) => put
-                .condition_expression("#version = :read")
-                .expression_attribute_names("#version", "version")
-                .expression_attribute_values(":read", n(r.version)),
+        let condition = match read {
+            None => Condition::new("attribute_not_exists(pk)"),
+            Some(r) => Condition::new("#version = :read")
+                .name("#version", "version")
+                .value(":read", n(r.version)),
         };
-        let out = put
-            .set_return_consumed_capacity(self.rcc())
-            .send()
-            .await
-            .map_err(|e| classify(WHAT, e))?;
-        self.charge(WHAT, true, out.consumed_capacity());
-        Ok(())
+        self.put_item(item, Some(condition), "write a circuit breaker").await
     }
 
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {

@@ -249,12 +249,16 @@ pub const RAMP_START_PER_SECOND: u64 = 10;
 /// The second, counted from the breaker's closing, in which the `n`-th held delivery (from 0)
 /// is released on the ramp: 10 in the first second, 20 in the next, 40 in the next...
 pub fn ramp_offset(n: u64) -> u32 {
-    // Through second k, 10 · (2^(k+1) − 1) have gone.
     let mut k = 0u32;
-    while RAMP_START_PER_SECOND.saturating_mul((1u64 << (k + 1).min(62)) - 1) <= n {
+    while ramp_released_through(k) <= n {
         k += 1;
     }
     k
+}
+
+/// How many the ramp has released by the end of its second `k`: 10 · (2^(k+1) − 1).
+pub fn ramp_released_through(k: u32) -> u64 {
+    RAMP_START_PER_SECOND.saturating_mul((1u64 << (k + 1).min(62)) - 1)
 }
 
 #[cfg(test)]

@@ -210,9 +210,7 @@ pub(super) fn on_ramp<K: Copy>(from: u64, released: Vec<(K, u64)>) -> Vec<(u64, 
     for (key, mut count) in released {
         while count > 0 {
             let second = circuit::ramp_offset(n);
-            // Through ramp second k, 10 · (2^(k+1) − 1) have gone.
-            let through = circuit::RAMP_START_PER_SECOND.saturating_mul((1u64 << (second + 1).min(62)) - 1);
-            let go = (through - n).min(count);
+            let go = (circuit::ramp_released_through(second) - n).min(count);
             out.push((from + u64::from(second), key, go));
             n += go;
             count -= go;

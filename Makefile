@@ -1,5 +1,5 @@
 # The two commands a newcomer needs, and a few more.
-.PHONY: dev test lint bench sam-build
+.PHONY: dev test lint bench bench-cost sam-build
 
 # Run Hookwise locally: API, worker, scheduler and dead-letter handler on an embedded store.
 # It builds what `make test` builds (scripts/build.sh), so after it nothing compiles.
@@ -18,8 +18,10 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
-# Benchmarks (not tests): figures and ratios measured side by side in one run.
+# Benchmarks (not tests): one table of figures and ratios measured side by side in one run.
 bench:
-	scripts/bench-storm.sh
-	scripts/bench-delivery.sh
+	scripts/bench.sh
+
+# The cost meter: AWS requests and capacity units per event, on DynamoDB Local and moto.
+bench-cost:
 	scripts/bench-cost.sh

@@ -4,6 +4,7 @@
 # N = 1 000 000, full jitter, b = 2, m = 6, capacity 500. Then N = 10³ against N = 10⁹ for
 # hookwise alone, to show that the cost does not grow with N.
 # Usage: scripts/bench-storm.sh            (from the repository root or anywhere in it)
+# With BENCH_JSON=FILE the side-by-side figures are also written there (for scripts/bench.sh).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -47,6 +48,9 @@ ratio=$(python3 -c "print(f'{$python / $rust:.0f}')")
 printf '%-44s %10s s\n' "hookwise storm (release)" "$rust"
 printf '%-44s %10s s\n' "python3 seed_storm.py 1000000 full" "$python"
 printf '%-44s %10s x faster\n' "ratio (python / hookwise)" "$ratio"
+if [ -n "${BENCH_JSON:-}" ]; then
+  printf '{"hookwise_seconds": %s, "python_seconds": %s}\n' "$rust" "$python" >"$BENCH_JSON"
+fi
 
 echo
 echo "cost against N (hookwise storm, full jitter, b = 2, m = 6, capacity 500):"

@@ -1,45 +1,70 @@
-//! Delivery throughput: N events through a real `hookwise dev` to a local receiver, beside a
-//! bare reqwest POST loop at the same concurrency to the same receiver, in one run.
+//! Delivery throughput and memory: N events through a real `hookwise dev` (the release
+//! binary, SQLite with its default `synchronous=FULL`) to a local receiver, beside a bare
+//! reqwest POST loop at the same concurrency to the same kind of receiver, in one run.
+//! Events go in one per request and then in batches of 100 (`POST /v1/events/batch`); each
+//! run is timed from the first ingest request to the receiver's last delivery. The process's
+//! resident memory is read from `/proc` when idle (started, one subscription, no traffic) and
+//! at its peak (`VmHWM`) after the run.
 //!
 //! `scripts/bench-delivery.sh` builds the release binary and runs this; N and the
 //! concurrency come from HOOKWISE_BENCH_EVENTS (10000) and HOOKWISE_BENCH_CONCURRENCY (32).
+//! With HOOKWISE_BENCH_JSON=FILE the figures are also written there as JSON, for
+//! `scripts/bench.sh`'s table.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_lite::run_bounded;
 use hookwise_tests::{Dev, Receiver, TempDir};
-use serde_json::json;
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
 
-mod futures_lite {
-    use std::future::Future;
-    use std::sync::Arc;
-    use tokio::sync::Semaphore;
+/// Events in one batch request (the API's largest).
+const BATCH: usize = 100;
+/// How long the idle process is left alone before its memory is read.
+const IDLE: Duration = Duration::from_secs(2);
 
-    /// Run `n` calls of `make(i)` with at most `bound` in flight.
-    pub async fn run_bounded<F, Fut>(n: usize, bound: usize, make: F)
-    where
-        F: Fn(usize) -> Fut,
-        Fut: Future<Output = ()> + Send + 'static,
-    {
-        let permits = Arc::new(Semaphore::new(bound));
-        let mut handles = Vec::with_capacity(n);
-        for i in 0..n {
-            let permit = permits.clone().acquire_owned().await.expect("semaphore open");
-            let fut = make(i);
-            handles.push(tokio::spawn(async move {
-                fut.await;
-                drop(permit);
-            }));
-        }
-        for h in handles {
-            h.await.expect("task");
-        }
+/// Run `n` calls of `make(i)` with at most `bound` in flight.
+async fn run_bounded<F, Fut>(n: usize, bound: usize, make: F)
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let permits = Arc::new(Semaphore::new(bound));
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
+        let permit = permits.clone().acquire_owned().await.expect("semaphore open");
+        let fut = make(i);
+        handles.push(tokio::spawn(async move {
+            fut.await;
+            drop(permit);
+        }));
+    }
+    for h in handles {
+        h.await.expect("task");
     }
 }
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// A `/proc/<pid>/status` figure in MB (`VmRSS`, `VmHWM`).
+fn proc_mb(pid: u32, field: &str) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
+    kb / 1024.0
+}
+
+/// One run through `hookwise dev`.
+struct Run {
+    ingested: Duration,
+    delivered: Duration,
+    idle_mb: f64,
+    peak_mb: f64,
 }
 
 #[tokio::main]
@@ -72,59 +97,99 @@ async fn main() {
     .await;
     let bare = start.elapsed();
 
-    // Hookwise, once per SQLite `synchronous` setting: FULL (the default) and NORMAL, so the
-    // cost of a commit that survives a power cut is measured in the same run.
-    let full = through_hookwise(n, concurrency, "full").await;
-    let normal = through_hookwise(n, concurrency, "normal").await;
+    let single = through_hookwise(n, concurrency, 1).await;
+    let batched = through_hookwise(n, concurrency, BATCH).await;
 
     let rate = |d: Duration| n as f64 / d.as_secs_f64();
-    println!("events: {n}, concurrency: {concurrency}");
+    println!("events: {n}, concurrency: {concurrency}, synchronous=FULL");
     println!(
-        "bare reqwest POST loop:        {:>9.0} req/s  ({:.2} s)",
+        "bare reqwest POST loop:           {:>7.0} req/s        ({:.2} s)",
         rate(bare),
         bare.as_secs_f64()
     );
-    for (label, (ingested, delivered)) in [("synchronous=FULL", full), ("synchronous=NORMAL", normal)] {
+    for (label, run) in [("1 event per request", &single), ("100 events per request", &batched)] {
         println!("hookwise dev, {label}:");
         println!(
-            "  ingest (API):                {:>9.0} ev/s   ({:.2} s)",
-            rate(ingested),
-            ingested.as_secs_f64()
+            "  ingest (API):                   {:>7.0} events/s     ({:.2} s)",
+            rate(run.ingested),
+            run.ingested.as_secs_f64()
         );
         println!(
-            "  end to end:                  {:>9.0} deliveries/s ({:.2} s, ingest to last delivery)",
-            rate(delivered),
-            delivered.as_secs_f64()
+            "  end to end:                     {:>7.0} deliveries/s ({:.2} s, first ingest to last delivery)",
+            rate(run.delivered),
+            run.delivered.as_secs_f64()
         );
-        println!("  ratio hookwise / bare:       {:>9.3}", rate(delivered) / rate(bare));
+        println!(
+            "  ratio hookwise / bare:          {:>7.3}",
+            rate(run.delivered) / rate(bare)
+        );
+        println!("  memory: idle {:.1} MB, peak {:.1} MB", run.idle_mb, run.peak_mb);
     }
-    println!("FULL / NORMAL end to end:      {:>9.3}", rate(full.1) / rate(normal.1));
+    if let Ok(path) = std::env::var("HOOKWISE_BENCH_JSON") {
+        let figures = |run: &Run| {
+            json!({
+                "ingest_per_second": rate(run.ingested),
+                "deliveries_per_second": rate(run.delivered),
+                "ratio_to_bare": rate(run.delivered) / rate(bare),
+                "idle_rss_mb": run.idle_mb,
+                "peak_rss_mb": run.peak_mb,
+            })
+        };
+        let out: Value = json!({
+            "events": n,
+            "concurrency": concurrency,
+            "bare_per_second": rate(bare),
+            "single": figures(&single),
+            "batch": figures(&batched),
+        });
+        std::fs::write(&path, serde_json::to_vec_pretty(&out).unwrap()).expect("write the JSON figures");
+    }
 }
 
-/// Ingest `n` events through the API of a fresh `hookwise dev`; (time to ingest them all,
-/// time until the receiver has had every delivery).
-async fn through_hookwise(n: usize, concurrency: usize, synchronous: &str) -> (Duration, Duration) {
+/// Ingest `n` events through the API of a fresh `hookwise dev`, `per_request` at a time, and
+/// wait until the receiver has had every delivery.
+async fn through_hookwise(n: usize, concurrency: usize, per_request: usize) -> Run {
     let dir = TempDir::new("bench");
     let concurrency_arg = concurrency.to_string();
-    let dev = Dev::start(
-        &dir.0,
-        &["--concurrency", &concurrency_arg, "--synchronous", synchronous],
-    );
+    let dev = Dev::start(&dir.0, &["--concurrency", &concurrency_arg]);
     let api = dev.api();
     let rx = Receiver::start(0).await;
     api.subscribe(json!({"url": rx.url("/hook")})).await;
+    tokio::time::sleep(IDLE).await;
+    let idle_mb = proc_mb(dev.pid(), "VmRSS");
+    let requests = n.div_ceil(per_request);
     let start = Instant::now();
-    run_bounded(n, concurrency, |i| {
+    run_bounded(requests, concurrency, |r| {
         let api = api.clone();
+        let events = (r * per_request..n.min((r + 1) * per_request))
+            .map(|i| json!({"type": "bench.tick", "payload": {"i": i}}))
+            .collect::<Vec<_>>();
         async move {
-            let (status, _) = api
-                .post("/v1/events", json!({"type": "bench.tick", "payload": {"i": i}}))
-                .await;
-            assert_eq!(status, 202);
+            if per_request == 1 {
+                let event = events.into_iter().next().expect("one event");
+                let (status, body) = api.post("/v1/events", event).await;
+                assert_eq!(status, 202, "{body}");
+            } else {
+                let (status, body) = api.post("/v1/events/batch", json!({"events": events})).await;
+                assert_eq!(status, 202, "{body}");
+                let refused = body["results"]
+                    .as_array()
+                    .expect("results")
+                    .iter()
+                    .filter(|r| r.get("id").is_none())
+                    .count();
+                assert_eq!(refused, 0, "{body}");
+            }
         }
     })
     .await;
     let ingested = start.elapsed();
     rx.wait_count(n, Duration::from_secs(600)).await;
-    (ingested, start.elapsed())
+    let delivered = start.elapsed();
+    Run {
+        ingested,
+        delivered,
+        idle_mb,
+        peak_mb: proc_mb(dev.pid(), "VmHWM"),
+    }
 }

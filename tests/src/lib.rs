@@ -171,6 +171,11 @@ impl Dev {
         drop(old);
     }
 
+    /// The process id, e.g. to read its memory from `/proc`.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn api(&self) -> Api {
         Api {
             base: self.base.clone(),

@@ -65,6 +65,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
     }
     let sender = HttpSender::new(SenderConfig {
         allow_cidrs: args.allowed_targets(),
+        max_idle_per_host: args.attempts_in_flight(),
         ..SenderConfig::default()
     })?;
     let (listener, addr) = args.bind().await?;

@@ -85,6 +85,7 @@ pub async fn run(args: CommonArgs, aws: AwsArgs) -> anyhow::Result<ExitCode> {
 
     let sender = HttpSender::new(SenderConfig {
         allow_cidrs: allow,
+        max_idle_per_host: args.attempts_in_flight(),
         ..SenderConfig::default()
     })?;
     let mut ports = AwsAdapters::new(&clients, &config).ports(Arc::new(sender), Arc::new(SystemClock));

@@ -17,6 +17,11 @@ use hookwise_runner::{run_host, CancellationToken, HostConfig};
 use ipnet::IpNet;
 use tokio::net::TcpListener;
 
+/// Delivery batches handled at once. A batch whose attempts wait for their rate-limit slots
+/// (a second at most) must not hold up the next: with four at once, one worker paces up to
+/// ~128 attempts a second.
+const BATCHES_IN_FLIGHT: usize = 4;
+
 /// The flags both modes take.
 #[derive(clap::Args, Debug, Clone)]
 pub struct CommonArgs {
@@ -62,6 +67,12 @@ impl CommonArgs {
             ]);
         }
         allow
+    }
+
+    /// The most attempts in flight at once, and so the idle connections worth keeping per
+    /// endpoint: fewer, and a busy endpoint's connections are closed and opened again.
+    pub fn attempts_in_flight(&self) -> usize {
+        self.concurrency.max(1) * BATCHES_IN_FLIGHT
     }
 
     pub async fn bind(&self) -> anyhow::Result<(TcpListener, SocketAddr)> {
@@ -126,9 +137,7 @@ where
     let config = HostConfig {
         batch_size: 32,
         receive_wait,
-        // A batch whose attempts wait for their rate-limit slots (a second at most) must not
-        // hold up the next: with four at once, one worker paces up to ~128 attempts a second.
-        batches_in_flight: 4,
+        batches_in_flight: BATCHES_IN_FLIGHT,
         scheduler_tick: Duration::from_secs(args.scheduler_interval.max(1)),
     };
     run_host(

@@ -250,10 +250,29 @@ impl LocalBackend {
         T: Send + 'static,
         F: FnOnce(&Connection) -> PortResult<T> + Send + 'static,
     {
+        self.call(what, true, f).await
+    }
+
+    /// [`Self::with_conn`] for a call that only reads: it needs no savepoint of its own. It
+    /// still answers after the commit, so it never reports what a failed batch undid.
+    async fn with_read<T, F>(&self, what: &'static str, f: F) -> PortResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> PortResult<T> + Send + 'static,
+    {
+        self.call(what, false, f).await
+    }
+
+    async fn call<T, F>(&self, what: &'static str, writes: bool, f: F) -> PortResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> PortResult<T> + Send + 'static,
+    {
         let stopped = || PortError::permanent(what, "the database thread has stopped");
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Call {
             what,
+            writes,
             f: Some(f),
             result: None,
             reply,
@@ -281,6 +300,8 @@ impl Drop for Inner {
 
 /// One call waiting for the connection.
 trait Job: Send {
+    /// Whether the call may write (and so runs in a savepoint of its own).
+    fn writes(&self) -> bool;
     /// Run inside the batch's transaction; `false` when the call failed and its writes
     /// must be undone.
     fn run(&mut self, conn: &Connection) -> bool;
@@ -290,6 +311,7 @@ trait Job: Send {
 
 struct Call<T, F> {
     what: &'static str,
+    writes: bool,
     f: Option<F>,
     result: Option<PortResult<T>>,
     reply: oneshot::Sender<PortResult<T>>,
@@ -300,6 +322,10 @@ where
     T: Send,
     F: FnOnce(&Connection) -> PortResult<T> + Send,
 {
+    fn writes(&self) -> bool {
+        self.writes
+    }
+
     fn run(&mut self, conn: &Connection) -> bool {
         let Some(f) = self.f.take() else { return false };
         // A bug in one call must not take the thread (and every later call) down with it.
@@ -371,23 +397,31 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
 fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), BatchFailure> {
     // IMMEDIATE takes the write lock up front (waiting up to the busy timeout for another
     // process), so no statement inside can meet SQLITE_BUSY halfway.
-    conn.execute_batch("BEGIN IMMEDIATE").map_err(BatchFailure::of)?;
+    run_cached(conn, "BEGIN IMMEDIATE").map_err(BatchFailure::of)?;
     let ran = batch.iter_mut().try_for_each(|job| {
-        conn.execute_batch("SAVEPOINT call")?;
-        let end = if job.run(conn) {
-            "RELEASE call"
-        } else {
-            "ROLLBACK TO call; RELEASE call"
-        };
-        conn.execute_batch(end)
+        if !job.writes() {
+            job.run(conn);
+            return Ok(());
+        }
+        run_cached(conn, "SAVEPOINT call")?;
+        if !job.run(conn) {
+            run_cached(conn, "ROLLBACK TO call")?;
+        }
+        run_cached(conn, "RELEASE call")
     });
-    match ran.and_then(|()| conn.execute_batch("COMMIT")) {
+    match ran.and_then(|()| run_cached(conn, "COMMIT")) {
         Ok(()) => Ok(()),
         Err(e) => {
             let _ = conn.execute_batch("ROLLBACK");
             Err(BatchFailure::of(e))
         }
     }
+}
+
+/// A statement without parameters or rows, prepared once: a batch runs a few per call, and
+/// parsing them each time was a good part of the connection thread's work.
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(drop)
 }
 
 /// Removes a temp data dir.

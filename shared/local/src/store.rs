@@ -133,7 +133,7 @@ impl Store for LocalBackend {
 
     async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
         let id = id.to_string();
-        self.with_conn("get tenant", move |conn| {
+        self.with_read("get tenant", move |conn| {
             query_doc(conn, "tenant", "SELECT doc FROM tenants WHERE id = ?1", [id])
         })
         .await
@@ -141,7 +141,7 @@ impl Store for LocalBackend {
 
     async fn list_tenants(&self, after: Option<&TenantId>, limit: u32) -> PortResult<Vec<Tenant>> {
         let after = after.map_or_else(String::new, |a| a.to_string());
-        self.with_conn("list tenants", move |conn| {
+        self.with_read("list tenants", move |conn| {
             query_docs(
                 conn,
                 "tenant",
@@ -240,7 +240,7 @@ impl Store for LocalBackend {
 
     async fn get_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<Option<Subscription>> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
-        self.with_conn("get subscription", move |conn| {
+        self.with_read("get subscription", move |conn| {
             query_doc(
                 conn,
                 "subscription",
@@ -258,7 +258,7 @@ impl Store for LocalBackend {
         limit: u32,
     ) -> PortResult<Vec<Subscription>> {
         let (tenant, after) = (tenant.to_string(), after.map_or_else(String::new, |a| a.to_string()));
-        self.with_conn("list subscriptions", move |conn| {
+        self.with_read("list subscriptions", move |conn| {
             query_docs(
                 conn,
                 "subscription",
@@ -368,7 +368,7 @@ impl Store for LocalBackend {
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {
         let (tenant, id) = (tenant.to_string(), id.to_string());
-        self.with_conn("get event", move |conn| {
+        self.with_read("get event", move |conn| {
             query_doc(
                 conn,
                 "event",
@@ -394,7 +394,7 @@ impl Store for LocalBackend {
 
     async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>> {
         let id = id.to_string();
-        self.with_conn("get delivery", move |conn| {
+        self.with_read("get delivery", move |conn| {
             query_doc(conn, "delivery", "SELECT doc FROM deliveries WHERE id = ?1", [id])
         })
         .await
@@ -409,7 +409,7 @@ impl Store for LocalBackend {
         let tenant = tenant.to_string();
         let status = query.status.map(|s| s.as_str());
         let subscription = query.subscription_id.as_ref().map(|s| s.to_string());
-        self.with_conn("list deliveries", move |conn| {
+        self.with_read("list deliveries", move |conn| {
             // Only the filters asked for go into the SQL, so each shape can use its index;
             // `(created_at, id) < (?, ?)` starts the scan right after the cursor.
             let mut sql = String::from("SELECT doc FROM deliveries WHERE tenant_id = ?");
@@ -615,7 +615,7 @@ impl Store for LocalBackend {
 
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth> {
         let id = sub.to_string();
-        self.with_conn("read endpoint health", move |conn| {
+        self.with_read("read endpoint health", move |conn| {
             Ok(query_doc(
                 conn,
                 "endpoint health",

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""The table `make bench` prints: every figure of scripts/bench.sh's runs, with its goal.
+
+Reads the JSON files the benchmarks wrote into one directory (storm.json from
+scripts/bench-storm.sh, delivery.json from tests/benches/delivery.rs, lambda.json from
+scripts/bench-lambda.py) and prints one plain table, headed by the machine and the date.
+Usage: scripts/bench-table.py DIR
+"""
+
+import datetime
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def verdict(ok: bool) -> str:
+    return "yes" if ok else "NO"
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__, file=sys.stderr)
+        return 2
+    out = Path(sys.argv[1])
+    storm = json.loads((out / "storm.json").read_text())
+    delivery = json.loads((out / "delivery.json").read_text())
+    lam = json.loads((out / "lambda.json").read_text())
+
+    rows = []  # (figure, measured, goal, met)
+    bare = delivery["bare_per_second"]
+    for key, label, goal in (("single", "1 event per request", 0.35), ("batch", "100 events per request", 0.6)):
+        run = delivery[key]
+        rows.append(
+            (
+                f"local end to end, {label}",
+                f"{run['ratio_to_bare']:.3f} of bare ({run['deliveries_per_second']:.0f}/s vs {bare:.0f}/s)",
+                f">= {goal}",
+                verdict(run["ratio_to_bare"] >= goal),
+            )
+        )
+    idle = max(delivery[k]["idle_rss_mb"] for k in ("single", "batch"))
+    peak = max(delivery[k]["peak_rss_mb"] for k in ("single", "batch"))
+    rows.append(("hookwise dev memory, idle", f"{idle:.1f} MB", "<= 30 MB", verdict(idle <= 30)))
+    rows.append(("hookwise dev memory, peak under load", f"{peak:.1f} MB", "<= 100 MB", verdict(peak <= 100)))
+
+    goal = lam["goal_ratio"]
+    hello = next(r for r in lam["binaries"] if r["baseline"])
+    for r in lam["binaries"]:
+        if r["failed"]:
+            rows.append((f"{r['name']}: start-up", "FAILED", "", "NO"))
+            continue
+        if r["baseline"]:
+            rows.append(
+                (
+                    f"{r['name']} (baseline): start-up, RSS, size",
+                    f"{r['startup_ms_median']:.2f} ms, {r['peak_rss_mib_median']:.1f} MiB, {r['size_mib']:.1f} MiB",
+                    "",
+                    "",
+                )
+            )
+            continue
+        rows.append(
+            (
+                f"{r['name']}: start-up",
+                f"{r['startup_ms_median']:.2f} ms ({r['startup_ratio']:.2f}x)",
+                f"<= {goal}x",
+                verdict(r["startup_ratio"] <= goal),
+            )
+        )
+        rows.append(
+            (
+                f"{r['name']}: peak RSS",
+                f"{r['peak_rss_mib_median']:.1f} MiB ({r['peak_rss_ratio']:.2f}x)",
+                f"<= {goal}x",
+                verdict(r["peak_rss_ratio"] <= goal),
+            )
+        )
+        rows.append((f"{r['name']}: binary size", f"{r['size_mib']:.1f} MiB", "", ""))
+    ratio = storm["python_seconds"] / storm["hookwise_seconds"]
+    rows.append(
+        (
+            "storm calculator vs seed 003's Python",
+            f"{ratio:.0f}x faster ({storm['hookwise_seconds']:.3f} s vs {storm['python_seconds']:.2f} s)",
+            "",
+            "",
+        )
+    )
+
+    today = datetime.date.today().isoformat()
+    print(f"Hookwise benchmarks, {today}: {os.cpu_count()} cores, {cpu_model()}, {platform.system()} {platform.release()}")
+    print(
+        f"(local runs: {delivery['events']} events, concurrency {delivery['concurrency']}, synchronous=FULL; "
+        f"Lambda: medians of {lam['runs']} rounds against {hello['name']})"
+    )
+    widths = [max(len(r[i]) for r in rows + [("figure", "measured", "goal", "met")]) for i in range(4)]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+    print(line(("figure", "measured", "goal", "met")))
+    print(line(tuple("-" * w for w in widths)))
+    for r in rows:
+        print(line(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

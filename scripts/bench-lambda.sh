@@ -13,6 +13,8 @@
 # `scripts/bench-lambda.py --bin-dir target/profiling` directly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The functions on their own, as `sam build` builds them (with the CLI, cargo would unify
+# features and give them the CLI's provisioning code).
 cargo build --release --locked --quiet \
   -p hookwise-ingest -p hookwise-deliver -p hookwise-scheduler -p hookwise-dead-letter -p lambda-hello
 exec python3 scripts/bench-lambda.py --bin-dir target/release "$@"

@@ -5,7 +5,7 @@
 #   scripts/bench-storm.sh     the storm calculator against seed 003's Python
 #   scripts/bench-delivery.sh  `hookwise dev` end to end against a bare reqwest loop, and
 #                              its memory idle and under that load
-#   scripts/bench-lambda.py    each Lambda function's start-up and memory against a
+#   scripts/bench-lambda.sh    each Lambda function's start-up and memory against a
 #                              lambda_runtime hello-world, on an emulated Runtime API, and
 #                              the binaries' sizes
 # then scripts/bench-table.py prints the table (machine, date, figures, goals).
@@ -19,16 +19,12 @@ trap 'rm -rf "$out"' EXIT
 
 echo "== building the release binaries" >&2
 cargo build --release --locked -p hookwise-cli >&2
-# The functions on their own, as `sam build` builds them (with the CLI, cargo would unify
-# features and give them the CLI's provisioning code).
-cargo build --release --locked -p hookwise-ingest -p hookwise-deliver -p hookwise-scheduler \
-  -p hookwise-dead-letter -p lambda-hello >&2
 
 echo "== storm calculator" >&2
 BENCH_JSON="$out/storm.json" scripts/bench-storm.sh >&2
 echo "== local delivery throughput and memory" >&2
 HOOKWISE_BENCH_JSON="$out/delivery.json" scripts/bench-delivery.sh >&2
 echo "== Lambda start-up, memory and size" >&2
-python3 scripts/bench-lambda.py --bin-dir target/release --json "$out/lambda.json" >&2
+scripts/bench-lambda.sh --json "$out/lambda.json" >&2
 
 python3 scripts/bench-table.py "$out"

@@ -47,7 +47,7 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
         .expect("tenant");
 
     let host = Arc::new(LambdaHost::start(&env.function_env(MAX_DELAY)).await);
-    let sources = EventSources::start(host.clone(), env.clients.sqs.clone(), &env.provisioned).await;
+    let sources = EventSources::start(host.clone(), (*env.clients.sqs).clone(), &env.provisioned).await;
     let api = Gateway {
         host: host.clone(),
         key,

@@ -261,7 +261,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         })
         .await,
     );
-    let sources = EventSources::start(host.clone(), admin.sqs.clone(), p).await;
+    let sources = EventSources::start(host.clone(), (*admin.sqs).clone(), p).await;
     let api = Gateway {
         host: host.clone(),
         key,

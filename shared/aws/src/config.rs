@@ -1,20 +1,25 @@
 //! Configuration as data: [`FunctionConfig`] is what every function reads from the
 //! environment `template.yaml` sets (the `HOOKWISE_*` variables, documented in
 //! `docs/configuration.md`); [`AwsConfig`] is the part the adapters need. The SDK clients
-//! are built once.
+//! are made once, on first use.
 
 use std::time::Duration;
 
+use aws_config::environment::{EnvironmentVariableCredentialsProvider, EnvironmentVariableRegionProvider};
+use aws_config::meta::region::ProvideRegion;
 use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
-use aws_smithy_runtime_api::client::http::SharedHttpClient;
+use aws_smithy_runtime_api::client::connector_metadata::ConnectorMetadata;
+use aws_smithy_runtime_api::client::http::{HttpClient, HttpConnectorSettings, SharedHttpClient, SharedHttpConnector};
+use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use hookwise_core::policy::RetryPolicy;
 use hookwise_core::services::Config;
 use ipnet::IpNet;
 use serde::{Deserialize, Deserializer};
 
 use crate::counter::RequestCounter;
+use crate::lazy_client::LazyClient;
 
 /// The environment variables, named where the code and the tests need them. Each is
 /// [`ENV_PREFIX`] and a [`FunctionConfig`] field's name in capitals.
@@ -207,11 +212,32 @@ pub struct AwsConfig {
     pub retention: Duration,
 }
 
-/// The SDK's own hyper 1 client on rustls with ring: one TLS stack in the binary.
+/// The SDK's own hyper 1 client on rustls with ring (one TLS stack in the binary), made
+/// ready on first use: see [`OnFirstUse`].
 pub fn https_client() -> SharedHttpClient {
-    aws_smithy_http_client::Builder::new()
-        .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
-        .build_https()
+    SharedHttpClient::new(OnFirstUse(
+        aws_smithy_http_client::Builder::new()
+            .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
+            .build_https(),
+    ))
+}
+
+/// An HTTP client whose connector (TLS trust store and all) is built when the first request
+/// needs it. The SDK's own builds a throwaway connector as each SDK client is made, to load
+/// the trust store early: for a function that is three parses of every root certificate in
+/// its start-up (and one more for each first request), where the first request's one is all
+/// that is needed. Connectors are still cached, one for each connect and read timeout.
+#[derive(Debug)]
+struct OnFirstUse(SharedHttpClient);
+
+impl HttpClient for OnFirstUse {
+    fn http_connector(&self, settings: &HttpConnectorSettings, components: &RuntimeComponents) -> SharedHttpConnector {
+        self.0.http_connector(settings, components)
+    }
+
+    fn connector_metadata(&self) -> Option<ConnectorMetadata> {
+        self.0.connector_metadata()
+    }
 }
 
 /// The longest one SDK call may take, its retries included. A delivery keeps back three of
@@ -230,20 +256,30 @@ fn timeouts() -> TimeoutConfig {
 
 /// The standard chain (environment, profile, container and instance credentials), region
 /// and `AWS_ENDPOINT_URL` (moto, LocalStack), on [`https_client`].
+///
+/// Credentials and region the environment holds (Lambda sets `AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN` and `AWS_REGION` for every function) are
+/// taken from it directly. The chain would find them there first too, but building it makes
+/// an STS client (for web identity tokens) in each function's start-up.
 pub async fn load_sdk_config() -> SdkConfig {
-    aws_config::defaults(BehaviorVersion::latest())
+    let mut loader = aws_config::defaults(BehaviorVersion::latest())
         .http_client(https_client())
-        .timeout_config(timeouts())
-        .load()
-        .await
+        .timeout_config(timeouts());
+    if std::env::var_os("AWS_ACCESS_KEY_ID").is_some() && std::env::var_os("AWS_SECRET_ACCESS_KEY").is_some() {
+        loader = loader.credentials_provider(EnvironmentVariableCredentialsProvider::new());
+    }
+    if let Some(region) = EnvironmentVariableRegionProvider::new().region().await {
+        loader = loader.region(region);
+    }
+    loader.load().await
 }
 
-/// The three SDK clients, built once per container.
+/// The three SDK clients, each made on its first use ([`LazyClient`]) and shared from then on.
 #[derive(Clone, Debug)]
 pub struct AwsClients {
-    pub dynamodb: aws_sdk_dynamodb::Client,
-    pub sqs: aws_sdk_sqs::Client,
-    pub sesv2: aws_sdk_sesv2::Client,
+    pub dynamodb: LazyClient<aws_sdk_dynamodb::Client>,
+    pub sqs: LazyClient<aws_sdk_sqs::Client>,
+    pub sesv2: LazyClient<aws_sdk_sesv2::Client>,
     /// Counting the clients' requests, when built with a counter.
     pub counter: Option<RequestCounter>,
 }
@@ -264,9 +300,9 @@ impl AwsClients {
             ses = ses.interceptor(c.clone());
         }
         Self {
-            dynamodb: aws_sdk_dynamodb::Client::from_conf(ddb.build()),
-            sqs: aws_sdk_sqs::Client::from_conf(sqs.build()),
-            sesv2: aws_sdk_sesv2::Client::from_conf(ses.build()),
+            dynamodb: LazyClient::new(move || aws_sdk_dynamodb::Client::from_conf(ddb.build())),
+            sqs: LazyClient::new(move || aws_sdk_sqs::Client::from_conf(sqs.build())),
+            sesv2: LazyClient::new(move || aws_sdk_sesv2::Client::from_conf(ses.build())),
             counter: counter.cloned(),
         }
     }

@@ -17,6 +17,7 @@ pub mod config;
 pub mod counter;
 mod error;
 mod item;
+pub mod lazy_client;
 pub mod mailer;
 pub mod metrics;
 pub mod queue;
@@ -33,6 +34,7 @@ use hookwise_core::services::Ports;
 
 pub use config::{env, AwsClients, AwsConfig, ConfigError, FunctionConfig};
 pub use counter::{RequestCounter, RequestCounts};
+pub use lazy_client::LazyClient;
 pub use mailer::SesMailer;
 pub use queue::{decode_task, encode_task, SqsConsumer, SqsQueue};
 pub use scheduler::DynamoScheduler;

@@ -7,10 +7,11 @@ use hookwise_core::ports::{Mailer, OutgoingEmail, PortResult};
 use hookwise_core::PortError;
 
 use crate::error::classify;
+use crate::lazy_client::LazyClient;
 
 #[derive(Clone, Debug)]
 pub struct SesMailer {
-    client: Client,
+    client: LazyClient<Client>,
     from: String,
 }
 
@@ -23,9 +24,9 @@ fn text(data: &str) -> Result<Content, PortError> {
 }
 
 impl SesMailer {
-    pub fn new(client: Client, from: &str) -> Self {
+    pub fn new(client: impl Into<LazyClient<Client>>, from: &str) -> Self {
         Self {
-            client,
+            client: client.into(),
             from: from.to_owned(),
         }
     }

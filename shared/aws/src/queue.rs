@@ -16,6 +16,7 @@ use hookwise_core::PortError;
 
 use crate::config::AwsConfig;
 use crate::error::classify;
+use crate::lazy_client::LazyClient;
 
 /// SQS's limit on one `SendMessageBatch`.
 const MAX_BATCH: usize = 10;
@@ -31,16 +32,16 @@ pub fn decode_task(body: &str) -> Result<DeliveryTask, serde_json::Error> {
 
 #[derive(Clone, Debug)]
 pub struct SqsQueue {
-    client: Client,
+    client: LazyClient<Client>,
     delivery_queue_url: String,
     dead_letter_queue_url: String,
     max_delay_seconds: u32,
 }
 
 impl SqsQueue {
-    pub fn new(client: Client, config: &AwsConfig) -> Self {
+    pub fn new(client: impl Into<LazyClient<Client>>, config: &AwsConfig) -> Self {
         Self {
-            client,
+            client: client.into(),
             delivery_queue_url: config.delivery_queue_url.clone(),
             dead_letter_queue_url: config.dead_letter_queue_url.clone(),
             max_delay_seconds: config.queue_max_delay_seconds,
@@ -143,14 +144,15 @@ impl DeliveryQueue for SqsQueue {
 /// --aws`, the tests' event-source emulator); on Lambda the event source mapping polls.
 #[derive(Clone, Debug)]
 pub struct SqsConsumer {
-    client: Client,
+    client: LazyClient<Client>,
     queue_url: String,
     visibility_timeout: Duration,
 }
 
 impl SqsConsumer {
     /// A consumer of `queue_url`, which reads the queue's own visibility timeout.
-    pub async fn connect(client: Client, queue_url: &str) -> PortResult<Self> {
+    pub async fn connect(client: impl Into<LazyClient<Client>>, queue_url: &str) -> PortResult<Self> {
+        let client = client.into();
         let out = client
             .get_queue_attributes()
             .queue_url(queue_url)

@@ -38,6 +38,7 @@ use hookwise_core::PortError;
 
 use crate::error::classify;
 use crate::item::{corrupt, get_n, get_s, n, s, sortable_time, spread, Item};
+use crate::lazy_client::LazyClient;
 
 pub const PARTITION_KEY: &str = "bucket";
 pub const SORT_KEY: &str = "due_key";
@@ -171,16 +172,16 @@ fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
 
 #[derive(Clone, Debug)]
 pub struct DynamoScheduler {
-    client: Client,
+    client: LazyClient<Client>,
     table: String,
     /// Tasks `due` found in unsharded partitions, by `due_key`, so `remove` deletes those.
     unsharded: Arc<Mutex<HashSet<String>>>,
 }
 
 impl DynamoScheduler {
-    pub fn new(client: Client, table: &str) -> Self {
+    pub fn new(client: impl Into<LazyClient<Client>>, table: &str) -> Self {
         Self {
-            client,
+            client: client.into(),
             table: table.to_owned(),
             unsharded: Arc::default(),
         }

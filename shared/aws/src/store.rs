@@ -83,6 +83,7 @@ use crate::item::{
     attribute_size, corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, n, payload_attr, s,
     sortable_time, spread, take_payload, to_item, to_json, Item,
 };
+use crate::lazy_client::LazyClient;
 use crate::recent::RecentEvents;
 
 pub const PK: &str = "pk";
@@ -216,7 +217,7 @@ fn build_err(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> P
 /// The main-table adapter.
 #[derive(Clone, Debug)]
 pub struct DynamoStore {
-    client: Client,
+    client: LazyClient<Client>,
     table: String,
     retention: chrono::Duration,
     counter: Option<RequestCounter>,
@@ -254,9 +255,9 @@ impl Condition {
 }
 
 impl DynamoStore {
-    pub fn new(client: Client, config: &AwsConfig) -> Self {
+    pub fn new(client: impl Into<LazyClient<Client>>, config: &AwsConfig) -> Self {
         Self {
-            client,
+            client: client.into(),
             table: config.table.clone(),
             retention: chrono::Duration::from_std(config.retention).unwrap_or(chrono::Duration::days(30)),
             counter: None,

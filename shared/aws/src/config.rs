@@ -223,10 +223,10 @@ pub fn https_client() -> SharedHttpClient {
 }
 
 /// An HTTP client whose connector (TLS trust store and all) is built when the first request
-/// needs it. The SDK's own builds a throwaway connector as each SDK client is made, to load
-/// the trust store early: for a function that is three parses of every root certificate in
-/// its start-up (and one more for each first request), where the first request's one is all
-/// that is needed. Connectors are still cached, one for each connect and read timeout.
+/// needs it. The SDK's own also builds a throwaway one (reading and parsing every root
+/// certificate) as each SDK client is made, so that the trust store is loaded before any
+/// request: work a function's start-up did three times over for nothing. Connectors are
+/// still cached, one for each connect and read timeout (one for all three clients).
 #[derive(Debug)]
 struct OnFirstUse(SharedHttpClient);
 

@@ -9,9 +9,9 @@ type Make<C> = Box<dyn FnOnce() -> C + Send>;
 /// An SDK client made on first use, then shared by every clone; it derefs to the client.
 ///
 /// Making an SDK client resolves its configuration and runtime plugins and parses its
-/// service's endpoint rules and partitions: for the three clients, about 1.3 ms of CPU and
-/// 0.7 MiB of RSS of a function's start-up (`scripts/bench-lambda.py`). A function makes one
-/// when an event first needs it; one its events never need is never made.
+/// service's endpoint rules and partitions, which a function's start-up need not wait for
+/// (docs/aws.md, "Start-up", has what it costs). A function makes one when an event first
+/// needs it; one its events never need is never made.
 pub struct LazyClient<C: 'static>(Arc<LazyLock<C, Make<C>>>);
 
 impl<C: 'static> LazyClient<C> {

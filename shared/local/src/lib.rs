@@ -7,11 +7,16 @@
 //! (the core's `QueueConsumer` port, which the runner's worker loop drains). A
 //! [`DataDirLock`] makes one process the owner of a data dir's queues.
 //!
-//! One connection, owned by one thread. Calls queue up for it; it runs whatever has queued
-//! as one transaction (each call in its own savepoint, so a failed call undoes only its
-//! own writes) and answers every call after the commit. SQLite serialises writers anyway;
-//! this way concurrent callers share a commit instead of each paying for one, and the
-//! async runtime never waits on the disk or on another process's lock.
+//! One connection for writes, owned by one thread. Calls queue up for it; it runs whatever
+//! has queued as one transaction (each call in its own savepoint, so a failed call undoes
+//! only its own writes) and answers every call after the commit. SQLite serialises writers
+//! anyway; this way concurrent callers share a commit instead of each paying for one, and
+//! the async runtime never waits on the disk or on another process's lock.
+//!
+//! Reads of a database file go to a second connection on a thread of its own: WAL lets it
+//! read the last commit while the writer's next one waits for the disk, so a read never
+//! waits for an fsync. It sees only what has committed (and so is durable), and everything
+//! a caller was told has committed. An in-memory database has one connection for both.
 //!
 //! [`Store`]: hookwise_core::ports::Store
 //! [`DeliveryQueue`]: hookwise_core::ports::DeliveryQueue
@@ -127,9 +132,13 @@ pub struct LocalBackend {
 }
 
 struct Inner {
-    /// To the connection's thread; `None` only while dropping.
+    /// To the writing connection's thread; `None` only while dropping.
     jobs: Option<mpsc::Sender<Box<dyn Job>>>,
     thread: Option<JoinHandle<()>>,
+    /// To the reading connection's thread, for a database file; `None` in memory (reads
+    /// go to the writer) and while dropping.
+    reads: Option<mpsc::Sender<Box<dyn Job>>>,
+    reader: Option<JoinHandle<()>>,
     config: LocalConfig,
     /// Where `.eml` files go; `None` for an in-memory backend (mail is kept as rows only).
     outbox_dir: Option<PathBuf>,
@@ -168,7 +177,7 @@ impl LocalBackend {
     pub fn open_in_memory_with(config: LocalConfig) -> PortResult<Self> {
         let conn = Connection::open_in_memory().map_err(|e| db_err("open an in-memory database", e))?;
         schema::prepare(&conn, config.synchronous)?;
-        Self::from_parts(conn, config, None, None, None)
+        Self::from_parts(conn, None, config, None, None, None)
     }
 
     /// A fresh data dir under the system's temp dir, removed when the last clone is
@@ -196,11 +205,22 @@ impl LocalBackend {
         let path = data_dir.join(DB_FILE);
         let conn = Connection::open(&path).map_err(|e| db_err("open the database", e))?;
         schema::prepare(&conn, config.synchronous)?;
-        Self::from_parts(conn, config, Some(outbox_dir), Some(data_dir.to_owned()), temp)
+        // Opened after `prepare`, so it finds the tables made and upgraded.
+        let reader = Connection::open(&path).map_err(|e| db_err("open the database for reading", e))?;
+        schema::prepare_reader(&reader)?;
+        Self::from_parts(
+            conn,
+            Some(reader),
+            config,
+            Some(outbox_dir),
+            Some(data_dir.to_owned()),
+            temp,
+        )
     }
 
     fn from_parts(
         conn: Connection,
+        reader: Option<Connection>,
         config: LocalConfig,
         outbox_dir: Option<PathBuf>,
         data_dir: Option<PathBuf>,
@@ -211,10 +231,23 @@ impl LocalBackend {
             .name("hookwise-sqlite".into())
             .spawn(move || serve(conn, queue))
             .map_err(|e| PortError::permanent("start the database thread", e))?;
+        let (reads, reader) = match reader {
+            Some(conn) => {
+                let (reads, queue) = mpsc::channel();
+                let thread = std::thread::Builder::new()
+                    .name("hookwise-reads".into())
+                    .spawn(move || serve_reads(conn, queue))
+                    .map_err(|e| PortError::permanent("start the database's reading thread", e))?;
+                (Some(reads), Some(thread))
+            }
+            None => (None, None),
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 jobs: Some(jobs),
                 thread: Some(thread),
+                reads,
+                reader,
                 config,
                 outbox_dir,
                 data_dir,
@@ -253,8 +286,8 @@ impl LocalBackend {
         self.call(what, true, f).await
     }
 
-    /// [`Self::with_conn`] for a call that only reads: it needs no savepoint of its own. It
-    /// still answers after the commit, so it never reports what a failed batch undid.
+    /// Run `f`, which only reads, on the reading connection (see the crate's doc): it sees
+    /// what has committed, never what a failed batch undid.
     async fn with_read<T, F>(&self, what: &'static str, f: F) -> PortResult<T>
     where
         T: Send + 'static,
@@ -269,6 +302,10 @@ impl LocalBackend {
         F: FnOnce(&Connection) -> PortResult<T> + Send + 'static,
     {
         let stopped = || PortError::permanent(what, "the database thread has stopped");
+        let jobs = match (&self.inner.reads, writes) {
+            (Some(reads), false) => Some(reads),
+            _ => self.inner.jobs.as_ref(),
+        };
         let (reply, answer) = oneshot::channel();
         let job = Box::new(Call {
             what,
@@ -277,12 +314,7 @@ impl LocalBackend {
             result: None,
             reply,
         });
-        self.inner
-            .jobs
-            .as_ref()
-            .ok_or_else(stopped)?
-            .send(job)
-            .map_err(|_| stopped())?;
+        jobs.ok_or_else(stopped)?.send(job).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
@@ -291,8 +323,9 @@ impl Drop for Inner {
     fn drop(&mut self) {
         // Closing the channel ends the thread; waiting for it closes the database before
         // anyone reopens it (or the temp dir goes).
+        self.reads.take();
         self.jobs.take();
-        if let Some(thread) = self.thread.take() {
+        for thread in [self.reader.take(), self.thread.take()].into_iter().flatten() {
             let _ = thread.join();
         }
     }
@@ -388,6 +421,30 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
             }
         }
         let outcome = run_batch(&conn, &mut batch);
+        for job in batch {
+            job.finish(&outcome);
+        }
+    }
+}
+
+/// The reading connection's thread: take what has queued and run it in one read
+/// transaction, so a call that reads several rows sees them as of one commit.
+fn serve_reads(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let outcome = run_cached(&conn, "BEGIN").map_err(BatchFailure::of).map(|()| {
+            for job in &mut batch {
+                job.run(&conn);
+            }
+        });
+        // Ending a read transaction writes nothing; a failure here changes no answer.
+        let _ = run_cached(&conn, "COMMIT");
         for job in batch {
             job.finish(&outcome);
         }

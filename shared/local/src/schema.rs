@@ -159,6 +159,17 @@ CREATE TABLE IF NOT EXISTS outbox (
 );
 "#;
 
+/// The reading connection of a database file that [`prepare`] has made ready: it waits for
+/// a lock as the writer does, keeps its statements, and can only read.
+pub(crate) fn prepare_reader(conn: &Connection) -> PortResult<()> {
+    conn.busy_timeout(BUSY_TIMEOUT)
+        .map_err(|e| db_err("set busy_timeout", e))?;
+    conn.pragma_update(None, "query_only", true)
+        .map_err(|e| db_err("set query_only", e))?;
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    Ok(())
+}
+
 /// Pragmas and tables. WAL lets readers in other processes work alongside; `synchronous`
 /// is `FULL` unless the config says otherwise (see [`Synchronous`]).
 pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult<()> {

@@ -1,4 +1,5 @@
-//! The backend contract suite, run against SQLite.
+//! The backend contract suite, run against SQLite: in memory (one connection) and on a file
+//! (where reads go to a second connection).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,20 +10,20 @@ use hookwise_core::testing::contract::ContractBackend;
 use hookwise_core::testing::memory::ManualClock;
 use hookwise_local::{LocalBackend, LocalConfig, QueueName};
 
-/// A fresh in-memory database on a manual clock.
+/// A fresh database on a manual clock.
 struct Sqlite {
     backend: LocalBackend,
     clock: Arc<ManualClock>,
 }
 
-async fn sqlite() -> Sqlite {
+fn sqlite_with(open: fn(LocalConfig) -> PortResult<LocalBackend>) -> Sqlite {
     let clock = Arc::new(ManualClock::new("2030-06-01T11:00:00Z".parse().expect("a valid time")));
     let config = LocalConfig {
         clock: clock.clone(),
         ..LocalConfig::default()
     };
     Sqlite {
-        backend: LocalBackend::open_in_memory_with(config).expect("open"),
+        backend: open(config).expect("open"),
         clock,
     }
 }
@@ -73,4 +74,22 @@ impl ContractBackend for Sqlite {
     }
 }
 
-hookwise_core::store_contract_tests!(sqlite());
+mod in_memory {
+    use super::*;
+
+    async fn sqlite() -> Sqlite {
+        sqlite_with(LocalBackend::open_in_memory_with)
+    }
+
+    hookwise_core::store_contract_tests!(sqlite());
+}
+
+mod on_disk {
+    use super::*;
+
+    async fn sqlite() -> Sqlite {
+        sqlite_with(LocalBackend::open_temp_with)
+    }
+
+    hookwise_core::store_contract_tests!(sqlite());
+}

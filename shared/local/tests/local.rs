@@ -534,6 +534,39 @@ async fn two_handles_on_one_file_and_concurrent_writers_lose_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_answers_from_the_last_commit_while_a_write_waits_for_the_database() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let dir = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::open(dir.path()).unwrap();
+    let (tenant, _sub, event, delivery) = seed(&backend, &mut rng).await;
+    // Another process holds the write lock: the backend's next write waits for it.
+    let other = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
+    let write = tokio::spawn({
+        let backend = backend.clone();
+        let task = task(&mut rng);
+        async move { backend.enqueue(&[(task, 0)]).await }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let reads = tokio::time::timeout(Duration::from_secs(2), async {
+        (
+            backend.get_delivery(&delivery.id).await.unwrap(),
+            backend.get_event(&tenant.id, &event.id).await.unwrap(),
+        )
+    })
+    .await
+    .expect("the reads answer while the write waits");
+    assert_eq!(reads.0.map(|d| d.id), Some(delivery.id));
+    assert_eq!(reads.1.map(|e| e.id), Some(event.id));
+    assert!(!write.is_finished(), "the write waits for the other process");
+
+    other.execute_batch("COMMIT").unwrap();
+    write.await.unwrap().unwrap();
+    assert_eq!(backend.queue_len(QueueName::Delivery).await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_calls_that_fail_undo_only_their_own_writes() {
     let mut rng = StdRng::seed_from_u64(8);
     let backend = LocalBackend::open_in_memory().unwrap();

@@ -97,8 +97,10 @@ impl EventId {
 impl DeliveryId {
     /// The id of an event's delivery to a subscription: the same pair always gives the same
     /// id, so a re-run of an ingest (the client's retry with its key) names, and queues, the
-    /// deliveries the first run did, not new ones that will never exist. A SHA-256, like
-    /// [`EventId::for_key`]'s: deliveries are listed by their `created_at`, not by id.
+    /// deliveries the first run did, not new ones that will never exist. Its time part is the
+    /// event id's and the rest a SHA-256 of the pair: deliveries sort by their event, so the
+    /// embedded store appends them to its indexes instead of writing a page at random for each
+    /// (a keyed event's id has no time part, and neither then have its deliveries').
     pub fn for_event(event: &EventId, subscription: &SubscriptionId) -> Self {
         use sha2::{Digest, Sha256};
         let digest = Sha256::new()
@@ -106,7 +108,18 @@ impl DeliveryId {
             .chain_update([0])
             .chain_update(subscription.as_str())
             .finalize();
-        Self(format!("{}{}", Self::PREFIX, ulid_of(&digest)))
+        let random = u128::from_be_bytes(digest[..16].try_into().expect("a SHA-256 has 32 bytes"));
+        Self(format!(
+            "{}{}",
+            Self::PREFIX,
+            ulid::Ulid::from_parts(event.ulid().timestamp_ms(), random)
+        ))
+    }
+}
+
+impl EventId {
+    fn ulid(&self) -> ulid::Ulid {
+        ulid::Ulid::from_string(&self.0[Self::PREFIX.len()..]).expect("an event id holds a ULID after its prefix")
     }
 }
 
@@ -147,6 +160,18 @@ mod tests {
         assert_eq!(DeliveryId::for_event(&e, &s), id);
         assert_ne!(DeliveryId::for_event(&e, &t), id);
         assert_ne!(DeliveryId::for_event(&f, &s), id);
+    }
+
+    #[test]
+    fn deliveries_sort_by_their_events_creation() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let now = Utc::now();
+        let earlier = EventId::generate(now, &mut rng);
+        let later = EventId::generate(now + chrono::Duration::milliseconds(1), &mut rng);
+        let subs: Vec<_> = (0..20).map(|_| SubscriptionId::generate(now, &mut rng)).collect();
+        for (s, t) in subs.iter().zip(subs.iter().rev()) {
+            assert!(DeliveryId::for_event(&earlier, s) < DeliveryId::for_event(&later, t));
+        }
     }
 
     #[test]

@@ -74,6 +74,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
     let ports = Ports {
         store: shared.clone(),
         queue: shared.clone(),
+        store_with_queue: Some(shared.clone()),
         scheduler: shared.clone(),
         mailer: shared,
         sender: Arc::new(sender),

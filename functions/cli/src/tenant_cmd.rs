@@ -253,6 +253,7 @@ fn local_services(data_dir: &std::path::Path) -> anyhow::Result<Services> {
     let ports = Ports {
         store: backend.clone(),
         queue: backend.clone(),
+        store_with_queue: Some(backend.clone()),
         scheduler: backend.clone(),
         mailer: backend,
         sender: Arc::new(NoSender),

@@ -65,6 +65,8 @@ impl AwsAdapters {
         Ports {
             store: self.store.clone(),
             queue: self.queue.clone(),
+            // SQS and DynamoDB: queued first, then stored.
+            store_with_queue: None,
             scheduler: self.scheduler.clone(),
             mailer: self.mailer.clone(),
             sender,

@@ -256,6 +256,21 @@ pub trait DeliveryQueue: Send + Sync {
     async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()>;
 }
 
+/// A store that holds the delivery queue too (the embedded one): it writes an event with
+/// its first attempts' messages in one transaction, so an ingest waits for one commit instead
+/// of two and leaves no message behind for an event it did not store.
+#[async_trait]
+pub trait StoreWithQueue: Send + Sync {
+    /// [`Store::create_event`] and, when the event is new, [`DeliveryQueue::enqueue`] of
+    /// `tasks`, all or nothing.
+    async fn create_event_queued(
+        &self,
+        event: &Event,
+        deliveries: &[Delivery],
+        tasks: &[(DeliveryTask, u32)],
+    ) -> PortResult<Created>;
+}
+
 /// One message taken from a queue, as every queue hands it over: the backend's id (for
 /// logs and for Lambda's batch response), the task it carries or why it does not decode, and
 /// whether the queue's own redrive moved it here after too many receives.

@@ -5,10 +5,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use hookwise_core::ports::{self, DeliveryQueue, DeliveryTask, PortResult, QueueConsumer, QueueMessage};
+use hookwise_core::model::{Delivery, Event};
+use hookwise_core::ports::{
+    self, Created, DeliveryQueue, DeliveryTask, PortResult, QueueConsumer, QueueMessage, StoreWithQueue,
+};
 use hookwise_core::PortError;
 use rusqlite::{params, OptionalExtension};
 
+use crate::store::EventRows;
 use crate::{db_err, from_nanos, nanos, to_json, LocalBackend};
 
 /// Which of the two queues.
@@ -341,44 +345,9 @@ impl LocalBackend {
         .await
     }
 
-    /// `tasks`: each message's document, when it becomes visible, and its group (the tenant,
-    /// or "" for none) that receives take turns by.
-    async fn push(&self, queue: QueueName, tasks: Vec<(String, i64, String)>) -> PortResult<()> {
-        if tasks.is_empty() {
-            return Ok(());
-        }
-        let now = nanos(self.now());
-        self.with_conn("enqueue", move |conn| {
-            let err = |e| db_err("enqueue", e);
-            {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "INSERT INTO queue (queue, doc, visible_at, enqueued_at, grp) VALUES (?1, ?2, ?3, ?4, ?5)",
-                    )
-                    .map_err(err)?;
-                for (doc, visible_at, group) in tasks {
-                    stmt.execute(params![queue.as_str(), doc, visible_at, now, group])
-                        .map_err(err)?;
-                }
-            }
-            Ok(())
-        })
-        .await?;
-        match queue {
-            QueueName::Delivery => self.inner.delivery_ready.notify_waiters(),
-            QueueName::DeadLetter => self.inner.dead_ready.notify_waiters(),
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl DeliveryQueue for LocalBackend {
-    fn max_delay_seconds(&self) -> u32 {
-        self.inner.config.max_delay_seconds
-    }
-
-    async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()> {
+    /// The delivery queue's messages for `tasks`, each with its delay in seconds (at most the
+    /// queue's longest).
+    fn delivery_messages(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<Messages> {
         let max = self.max_delay_seconds();
         if let Some((task, delay)) = tasks.iter().find(|(_, delay)| *delay > max) {
             return Err(PortError::permanent(
@@ -400,7 +369,62 @@ impl DeliveryQueue for LocalBackend {
                 ))
             })
             .collect::<PortResult<Vec<_>>>()?;
-        self.push(QueueName::Delivery, rows).await
+        Ok(Messages {
+            queue: QueueName::Delivery,
+            rows,
+            enqueued_at: nanos(now),
+        })
+    }
+
+    async fn push(&self, messages: Messages) -> PortResult<()> {
+        if messages.rows.is_empty() {
+            return Ok(());
+        }
+        let queue = messages.queue;
+        self.with_conn("enqueue", move |conn| messages.insert(conn)).await?;
+        self.wake(queue);
+        Ok(())
+    }
+
+    /// Wake the receivers waiting on `queue`: a message has been written.
+    fn wake(&self, queue: QueueName) {
+        match queue {
+            QueueName::Delivery => self.inner.delivery_ready.notify_waiters(),
+            QueueName::DeadLetter => self.inner.dead_ready.notify_waiters(),
+        }
+    }
+}
+
+/// Messages ready to be written to one queue: each one's document, when it becomes visible,
+/// and its group (the tenant, or "" for none) that receives take turns by.
+struct Messages {
+    queue: QueueName,
+    rows: Vec<(String, i64, String)>,
+    enqueued_at: i64,
+}
+
+impl Messages {
+    fn insert(&self, conn: &rusqlite::Connection) -> PortResult<()> {
+        let err = |e| db_err("enqueue", e);
+        let mut stmt = conn
+            .prepare_cached("INSERT INTO queue (queue, doc, visible_at, enqueued_at, grp) VALUES (?1, ?2, ?3, ?4, ?5)")
+            .map_err(err)?;
+        for (doc, visible_at, group) in &self.rows {
+            stmt.execute(params![self.queue.as_str(), doc, visible_at, self.enqueued_at, group])
+                .map_err(err)?;
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl DeliveryQueue for LocalBackend {
+    fn max_delay_seconds(&self) -> u32 {
+        self.inner.config.max_delay_seconds
+    }
+
+    async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()> {
+        self.push(self.delivery_messages(tasks)?).await
     }
 
     async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()> {
@@ -409,7 +433,40 @@ impl DeliveryQueue for LocalBackend {
             .iter()
             .map(|task| Ok((to_json("delivery task", task)?, now, group(task))))
             .collect::<PortResult<Vec<_>>>()?;
-        self.push(QueueName::DeadLetter, rows).await
+        self.push(Messages {
+            queue: QueueName::DeadLetter,
+            rows,
+            enqueued_at: now,
+        })
+        .await
+    }
+}
+
+/// The store and the delivery queue in one file: an event and its first attempts' messages
+/// are one call, so they commit together.
+#[async_trait]
+impl StoreWithQueue for LocalBackend {
+    async fn create_event_queued(
+        &self,
+        event: &Event,
+        deliveries: &[Delivery],
+        tasks: &[(DeliveryTask, u32)],
+    ) -> PortResult<Created> {
+        let event = EventRows::of(event, deliveries)?;
+        let messages = self.delivery_messages(tasks)?;
+        let created = self
+            .with_conn("create event", move |conn| {
+                let created = event.insert(conn)?;
+                if created == Created::New {
+                    messages.insert(conn)?;
+                }
+                Ok(created)
+            })
+            .await?;
+        if created == Created::New && !tasks.is_empty() {
+            self.wake(QueueName::Delivery);
+        }
+        Ok(created)
     }
 }
 

@@ -48,6 +48,101 @@ impl DeliveryRow {
     }
 }
 
+/// An event and its deliveries, checked and encoded, ready to be written in one call.
+pub(crate) struct EventRows {
+    event_id: String,
+    tenant: String,
+    key: Option<String>,
+    doc: String,
+    deliveries: Vec<DeliveryRow>,
+}
+
+impl EventRows {
+    pub(crate) fn of(event: &Event, deliveries: &[Delivery]) -> PortResult<Self> {
+        if let Some(d) = deliveries
+            .iter()
+            .find(|d| d.event_id != event.id || d.tenant_id != event.tenant_id)
+        {
+            return Err(PortError::permanent(
+                "create event",
+                format!(
+                    "delivery `{}` does not belong to event `{}` of its tenant",
+                    d.id, event.id
+                ),
+            ));
+        }
+        Ok(Self {
+            event_id: event.id.to_string(),
+            tenant: event.tenant_id.to_string(),
+            key: event.idempotency_key.clone(),
+            doc: to_json("event", event)?,
+            deliveries: deliveries.iter().map(DeliveryRow::of).collect::<PortResult<_>>()?,
+        })
+    }
+
+    /// [`Store::create_event`]'s writes, on the connection's thread.
+    pub(crate) fn insert(&self, conn: &Connection) -> PortResult<Created> {
+        let err = |e| db_err("create event", e);
+        if let Some(key) = &self.key {
+            let existing: Option<String> = conn
+                .prepare_cached("SELECT id FROM events WHERE tenant_id = ?1 AND idempotency_key = ?2")
+                .and_then(|mut s| s.query_row([&self.tenant, key], |row| row.get(0)).optional())
+                .map_err(err)?;
+            if let Some(existing) = existing {
+                let id = EventId::parse(&existing).map_err(|e| PortError::permanent("decode a stored event id", e))?;
+                return Ok(Created::Existing(id));
+            }
+        }
+        let inserted = conn
+            .prepare_cached("INSERT INTO events (id, tenant_id, idempotency_key, doc) VALUES (?1, ?2, ?3, ?4)")
+            .and_then(|mut s| s.execute(params![self.event_id, self.tenant, self.key, self.doc]));
+        match inserted {
+            Ok(_) => {}
+            Err(e) if is_constraint_violation(&e) => {
+                return Err(PortError::ConditionFailed(format!(
+                    "event `{}` already exists",
+                    self.event_id
+                )))
+            }
+            Err(e) => return Err(err(e)),
+        }
+        {
+            let mut stmt = conn
+                .prepare_cached(
+                    "INSERT INTO deliveries (id, tenant_id, event_id, subscription_id, status, round, attempts,
+                                             next_attempt_at, created_at, doc)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                )
+                .map_err(err)?;
+            for r in &self.deliveries {
+                let result = stmt.execute(params![
+                    r.id,
+                    r.tenant_id,
+                    r.event_id,
+                    r.subscription_id,
+                    r.status,
+                    r.round,
+                    r.attempts,
+                    r.next_attempt_at,
+                    r.created_at,
+                    r.doc
+                ]);
+                match result {
+                    Ok(_) => {}
+                    Err(e) if is_constraint_violation(&e) => {
+                        return Err(PortError::ConditionFailed(format!(
+                            "delivery `{}` already exists",
+                            r.id
+                        )))
+                    }
+                    Err(e) => return Err(err(e)),
+                }
+            }
+        }
+        Ok(Created::New)
+    }
+}
+
 /// The position after the last item of a page: `<created_at nanos>.<delivery id>`.
 fn encode_cursor(d: &Delivery) -> String {
     format!("{}.{}", nanos(d.created_at), d.id)
@@ -288,82 +383,8 @@ impl Store for LocalBackend {
     }
 
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
-        if let Some(d) = deliveries
-            .iter()
-            .find(|d| d.event_id != event.id || d.tenant_id != event.tenant_id)
-        {
-            return Err(PortError::permanent(
-                "create event",
-                format!(
-                    "delivery `{}` does not belong to event `{}` of its tenant",
-                    d.id, event.id
-                ),
-            ));
-        }
-        let event_id = event.id.to_string();
-        let tenant = event.tenant_id.to_string();
-        let key = event.idempotency_key.clone();
-        let doc = to_json("event", event)?;
-        let rows = deliveries.iter().map(DeliveryRow::of).collect::<PortResult<Vec<_>>>()?;
-        self.with_conn("create event", move |conn| {
-            let err = |e| db_err("create event", e);
-            if let Some(key) = &key {
-                let existing: Option<String> = conn
-                    .prepare_cached("SELECT id FROM events WHERE tenant_id = ?1 AND idempotency_key = ?2")
-                    .and_then(|mut s| s.query_row([&tenant, key], |row| row.get(0)).optional())
-                    .map_err(err)?;
-                if let Some(existing) = existing {
-                    let id =
-                        EventId::parse(&existing).map_err(|e| PortError::permanent("decode a stored event id", e))?;
-                    return Ok(Created::Existing(id));
-                }
-            }
-            let inserted = conn
-                .prepare_cached("INSERT INTO events (id, tenant_id, idempotency_key, doc) VALUES (?1, ?2, ?3, ?4)")
-                .and_then(|mut s| s.execute(params![event_id, tenant, key, doc]));
-            match inserted {
-                Ok(_) => {}
-                Err(e) if is_constraint_violation(&e) => {
-                    return Err(PortError::ConditionFailed(format!("event `{event_id}` already exists")))
-                }
-                Err(e) => return Err(err(e)),
-            }
-            {
-                let mut stmt = conn
-                    .prepare_cached(
-                        "INSERT INTO deliveries (id, tenant_id, event_id, subscription_id, status, round, attempts,
-                                                 next_attempt_at, created_at, doc)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                    )
-                    .map_err(err)?;
-                for r in &rows {
-                    let result = stmt.execute(params![
-                        r.id,
-                        r.tenant_id,
-                        r.event_id,
-                        r.subscription_id,
-                        r.status,
-                        r.round,
-                        r.attempts,
-                        r.next_attempt_at,
-                        r.created_at,
-                        r.doc
-                    ]);
-                    match result {
-                        Ok(_) => {}
-                        Err(e) if is_constraint_violation(&e) => {
-                            return Err(PortError::ConditionFailed(format!(
-                                "delivery `{}` already exists",
-                                r.id
-                            )))
-                        }
-                        Err(e) => return Err(err(e)),
-                    }
-                }
-            }
-            Ok(Created::New)
-        })
-        .await
+        let rows = EventRows::of(event, deliveries)?;
+        self.with_conn("create event", move |conn| rows.insert(conn)).await
     }
 
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {

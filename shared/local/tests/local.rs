@@ -533,6 +533,58 @@ async fn two_handles_on_one_file_and_concurrent_writers_lose_nothing() {
     assert_eq!(b.queue_len(QueueName::Delivery).await.unwrap(), 0);
 }
 
+#[tokio::test]
+async fn an_event_and_its_first_attempts_messages_are_written_together_or_not_at_all() {
+    let mut rng = StdRng::seed_from_u64(10);
+    let backend = LocalBackend::open_temp().unwrap();
+    let (tenant, sub, keyed, _) = seed(&backend, &mut rng).await;
+    let event = Event {
+        id: EventId::generate(start(), &mut rng),
+        idempotency_key: None,
+        ..keyed.clone()
+    };
+    let delivery = Delivery::new(DeliveryId::for_event(&event.id, &sub.id), &event, sub.id.clone());
+    let tasks = [(hookwise_core::state::first_task(&delivery, start()), 0)];
+    let written = |event: Event| {
+        let (backend, delivery, tasks) = (backend.clone(), delivery.clone(), tasks.clone());
+        async move {
+            backend
+                .create_event_queued(&event, std::slice::from_ref(&delivery), &tasks)
+                .await
+        }
+    };
+
+    assert_eq!(written(event.clone()).await.unwrap(), Created::New);
+    assert!(backend.get_event(&tenant.id, &event.id).await.unwrap().is_some());
+    let received = backend.receive(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(received.iter().map(|r| &r.task).collect::<Vec<_>>(), vec![&tasks[0].0]);
+
+    // The same event again fails, and queues nothing.
+    assert!(matches!(
+        written(event.clone()).await,
+        Err(hookwise_core::PortError::ConditionFailed(_))
+    ));
+    // A key the tenant used names the stored event, and queues nothing.
+    let again = Event {
+        id: EventId::generate(start(), &mut rng),
+        ..keyed.clone()
+    };
+    let delivery = Delivery::new(DeliveryId::for_event(&again.id, &sub.id), &again, sub.id.clone());
+    let tasks = [(hookwise_core::state::first_task(&delivery, start()), 0)];
+    assert_eq!(
+        backend
+            .create_event_queued(&again, std::slice::from_ref(&delivery), &tasks)
+            .await
+            .unwrap(),
+        Created::Existing(keyed.id.clone())
+    );
+    assert_eq!(
+        backend.queue_len(QueueName::Delivery).await.unwrap(),
+        1,
+        "only the first message"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_answers_from_the_last_commit_while_a_write_waits_for_the_database() {
     let mut rng = StdRng::seed_from_u64(9);

@@ -54,9 +54,12 @@ impl Services {
     /// with its deliveries (all or nothing, per event). Queued first, nothing stored can wait
     /// for a message that was never sent: a worker that gets a message before its delivery is
     /// stored copies it for a little later, for as long as an ingest may take, then leaves it
-    /// to the queue's redelivery and the dead-letter handler (`not_stored_yet`). An `Err` is
-    /// the whole request's: an empty or oversized batch, or the subscriptions could not be
-    /// read.
+    /// to the queue's redelivery and the dead-letter handler (`not_stored_yet`). Where one
+    /// backend holds the store and the queue ([`Ports::store_with_queue`]), each event is
+    /// written with its messages in one transaction instead. An `Err` is the whole request's:
+    /// an empty or oversized batch, or the subscriptions could not be read.
+    ///
+    /// [`Ports::store_with_queue`]: super::Ports::store_with_queue
     #[tracing::instrument(name = "ingest", skip_all, fields(tenant_id = %tenant.id, events = batch.len()))]
     pub async fn ingest_batch(
         &self,
@@ -101,33 +104,21 @@ impl Services {
             .map(|plan| self.stored_before(tenant, plan.as_ref().ok().map(|(event, _)| event)))
             .collect();
         let seen: Vec<Option<Event>> = futures::stream::iter(reads).buffered(STORE_CONCURRENCY).collect().await;
-        // One message per delivery, though a key given twice in a batch names it twice.
-        let mut named = std::collections::HashSet::new();
-        let tasks: Vec<_> = planned
-            .iter()
-            .zip(&seen)
-            .filter(|(_, seen)| seen.is_none())
-            .filter_map(|(plan, _)| plan.as_ref().ok())
-            .flat_map(|(_, ds)| ds.iter())
-            .filter(|d| named.insert(&d.id))
-            .map(|d| (first_task(d, now), 0))
-            .collect();
-        if let Err(err) = self.ports.queue.enqueue(&tasks).await {
-            // Nothing is stored: every event gets the error, and a retry (with or without a
-            // key) is safe.
-            tracing::warn!(error = %err, "enqueue before ingest failed; nothing was stored");
-            return Ok(planned
-                .into_iter()
-                .map(|p| {
-                    p.and_then(|_| {
-                        Err(match &err {
-                            PortError::Retryable { .. } => PortError::retryable("enqueue", err.to_string()),
-                            _ => PortError::permanent("enqueue", err.to_string()),
-                        }
-                        .into())
-                    })
-                })
-                .collect());
+        let together = self.ports.store_with_queue.as_deref();
+        if together.is_none() {
+            if let Err(err) = self.queue_first(&planned, &seen, now).await {
+                // Nothing is stored: every event gets the error, and a retry (with or without
+                // a key) is safe.
+                tracing::warn!(error = %err, "enqueue before ingest failed; nothing was stored");
+                let failed = || match &err {
+                    PortError::Retryable { .. } => PortError::retryable("enqueue", err.to_string()),
+                    _ => PortError::permanent("enqueue", err.to_string()),
+                };
+                return Ok(planned
+                    .into_iter()
+                    .map(|p| p.and_then(|_| Err(failed().into())))
+                    .collect());
+            }
         }
         Ok(futures::stream::iter(planned.into_iter().zip(seen))
             .map(|(plan, seen)| async move {
@@ -135,7 +126,14 @@ impl Services {
                 if let Some(stored) = seen {
                     return self.repeated(tenant, stored, &event).await;
                 }
-                match self.ports.store.create_event(&event, &deliveries).await? {
+                let created = match together {
+                    Some(both) => {
+                        let tasks: Vec<_> = deliveries.iter().map(|d| (first_task(d, now), 0)).collect();
+                        both.create_event_queued(&event, &deliveries, &tasks).await?
+                    }
+                    None => self.ports.store.create_event(&event, &deliveries).await?,
+                };
+                match created {
                     Created::Existing(id) => {
                         let stored = self
                             .ports
@@ -155,6 +153,27 @@ impl Services {
             .buffered(STORE_CONCURRENCY)
             .collect()
             .await)
+    }
+
+    /// Queue the first attempt of every delivery the batch is to store.
+    async fn queue_first(
+        &self,
+        planned: &[Result<(Event, Vec<Delivery>)>],
+        seen: &[Option<Event>],
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> std::result::Result<(), PortError> {
+        // One message per delivery, though a key given twice in a batch names it twice.
+        let mut named = std::collections::HashSet::new();
+        let tasks: Vec<_> = planned
+            .iter()
+            .zip(seen)
+            .filter(|(_, seen)| seen.is_none())
+            .filter_map(|(plan, _)| plan.as_ref().ok())
+            .flat_map(|(_, ds)| ds.iter())
+            .filter(|d| named.insert(&d.id))
+            .map(|d| (first_task(d, now), 0))
+            .collect();
+        self.ports.queue.enqueue(&tasks).await
     }
 
     /// The stored copy of this keyed event, if it is stored already (a failed read counts as

@@ -21,7 +21,7 @@ use rand::rngs::StdRng;
 use crate::metrics::{NoMetrics, Recorder};
 use crate::policy::RetryPolicy;
 
-use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store};
+use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store, StoreWithQueue};
 
 pub use breaker::CIRCUIT_TTL;
 pub use consume::{Disposition, QueueRole};
@@ -39,6 +39,9 @@ pub use tenants::{KeyRef, TenantPatch};
 pub struct Ports {
     pub store: Arc<dyn Store>,
     pub queue: Arc<dyn DeliveryQueue>,
+    /// The store and the queue as one, where one backend holds both: ingest then writes each
+    /// event with its messages at once instead of queueing first (see `ingest_batch`).
+    pub store_with_queue: Option<Arc<dyn StoreWithQueue>>,
     pub scheduler: Arc<dyn SchedulerTable>,
     pub mailer: Arc<dyn Mailer>,
     pub sender: Arc<dyn Sender>,

@@ -668,6 +668,7 @@ impl Harness {
         let ports = Ports {
             store: store.clone(),
             queue: queue.clone(),
+            store_with_queue: None,
             scheduler: scheduler.clone(),
             mailer: mailer.clone(),
             sender: sender.clone(),

@@ -229,14 +229,14 @@ impl LocalBackend {
         let (jobs, queue) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("hookwise-sqlite".into())
-            .spawn(move || serve(conn, queue))
+            .spawn(move || serve(conn, queue, run_batch))
             .map_err(|e| PortError::permanent("start the database thread", e))?;
         let (reads, reader) = match reader {
             Some(conn) => {
                 let (reads, queue) = mpsc::channel();
                 let thread = std::thread::Builder::new()
                     .name("hookwise-reads".into())
-                    .spawn(move || serve_reads(conn, queue))
+                    .spawn(move || serve(conn, queue, run_reads))
                     .map_err(|e| PortError::permanent("start the database's reading thread", e))?;
                 (Some(reads), Some(thread))
             }
@@ -410,8 +410,12 @@ impl BatchFailure {
     }
 }
 
-/// The connection's thread: take what has queued, run it as one transaction, answer.
-fn serve(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
+/// How a connection's thread runs what has queued as one transaction.
+type RunBatch = fn(&Connection, &mut [Box<dyn Job>]) -> Result<(), BatchFailure>;
+
+/// A connection's thread: take what has queued, run it as one transaction (`run_batch` on
+/// the writing connection, `run_reads` on the reading one), answer.
+fn serve(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>, run: RunBatch) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -420,35 +424,23 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
                 Err(_) => break,
             }
         }
-        let outcome = run_batch(&conn, &mut batch);
+        let outcome = run(&conn, &mut batch);
         for job in batch {
             job.finish(&outcome);
         }
     }
 }
 
-/// The reading connection's thread: take what has queued and run it in one read
-/// transaction, so a call that reads several rows sees them as of one commit.
-fn serve_reads(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>) {
-    while let Ok(first) = queue.recv() {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        let outcome = run_cached(&conn, "BEGIN").map_err(BatchFailure::of).map(|()| {
-            for job in &mut batch {
-                job.run(&conn);
-            }
-        });
-        // Ending a read transaction writes nothing; a failure here changes no answer.
-        let _ = run_cached(&conn, "COMMIT");
-        for job in batch {
-            job.finish(&outcome);
-        }
+/// Reads in one read transaction, so a call that reads several rows sees them as of one
+/// commit.
+fn run_reads(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), BatchFailure> {
+    run_cached(conn, "BEGIN").map_err(BatchFailure::of)?;
+    for job in batch.iter_mut() {
+        job.run(conn);
     }
+    // Ending a read transaction writes nothing; a failure here changes no answer.
+    let _ = run_cached(conn, "COMMIT");
+    Ok(())
 }
 
 fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), BatchFailure> {

@@ -256,19 +256,24 @@ pub trait DeliveryQueue: Send + Sync {
     async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()>;
 }
 
-/// A store that holds the delivery queue too (the embedded one): it writes an event with
-/// its first attempts' messages in one transaction, so an ingest waits for one commit instead
-/// of two and leaves no message behind for an event it did not store.
+/// A store that holds the delivery queue too (the embedded one): it writes each event with
+/// its first attempts' messages in one transaction, and a batch's events in one call, so an
+/// ingest waits for one commit instead of two per event and leaves no message behind for an
+/// event it did not store.
 #[async_trait]
 pub trait StoreWithQueue: Send + Sync {
-    /// [`Store::create_event`] and, when the event is new, [`DeliveryQueue::enqueue`] of
-    /// `tasks`, all or nothing.
-    async fn create_event_queued(
-        &self,
-        event: &Event,
-        deliveries: &[Delivery],
-        tasks: &[(DeliveryTask, u32)],
-    ) -> PortResult<Created>;
+    /// For each write, [`Store::create_event`] and, when the event is new,
+    /// [`DeliveryQueue::enqueue`] of its tasks: all or nothing per event (one that fails
+    /// undoes only its own writes). One result per write, in order.
+    async fn create_events_queued(&self, writes: &[EventWrite<'_>]) -> Vec<PortResult<Created>>;
+}
+
+/// An event to store with its deliveries, and the messages of their first attempts.
+#[derive(Debug, Clone, Copy)]
+pub struct EventWrite<'a> {
+    pub event: &'a Event,
+    pub deliveries: &'a [Delivery],
+    pub tasks: &'a [(DeliveryTask, u32)],
 }
 
 /// One message taken from a queue, as every queue hands it over: the backend's id (for

@@ -467,6 +467,22 @@ fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), BatchF
     }
 }
 
+/// Run `f` inside the call's transaction so that an `Err` undoes its writes and nothing else:
+/// for a call that makes several writes, each of which may fail alone.
+pub(crate) fn in_savepoint<T>(
+    conn: &Connection,
+    what: &'static str,
+    f: impl FnOnce(&Connection) -> PortResult<T>,
+) -> PortResult<T> {
+    run_cached(conn, "SAVEPOINT part").map_err(|e| db_err(what, e))?;
+    let result = f(conn);
+    if result.is_err() {
+        run_cached(conn, "ROLLBACK TO part").map_err(|e| db_err(what, e))?;
+    }
+    run_cached(conn, "RELEASE part").map_err(|e| db_err(what, e))?;
+    result
+}
+
 /// A statement without parameters or rows, prepared once: a batch runs a few per call, and
 /// parsing them each time was a good part of the connection thread's work.
 fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {

@@ -5,15 +5,14 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use hookwise_core::model::{Delivery, Event};
 use hookwise_core::ports::{
-    self, Created, DeliveryQueue, DeliveryTask, PortResult, QueueConsumer, QueueMessage, StoreWithQueue,
+    self, Created, DeliveryQueue, DeliveryTask, EventWrite, PortResult, QueueConsumer, QueueMessage, StoreWithQueue,
 };
 use hookwise_core::PortError;
 use rusqlite::{params, OptionalExtension};
 
 use crate::store::EventRows;
-use crate::{db_err, from_nanos, nanos, to_json, LocalBackend};
+use crate::{db_err, from_nanos, in_savepoint, nanos, to_json, LocalBackend};
 
 /// Which of the two queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -442,31 +441,59 @@ impl DeliveryQueue for LocalBackend {
     }
 }
 
-/// The store and the delivery queue in one file: an event and its first attempts' messages
-/// are one call, so they commit together.
+/// The store and the delivery queue in one file: a batch's events, each with its first
+/// attempts' messages, are one call, so they commit together.
 #[async_trait]
 impl StoreWithQueue for LocalBackend {
-    async fn create_event_queued(
-        &self,
-        event: &Event,
-        deliveries: &[Delivery],
-        tasks: &[(DeliveryTask, u32)],
-    ) -> PortResult<Created> {
-        let event = EventRows::of(event, deliveries)?;
-        let messages = self.delivery_messages(tasks)?;
-        let created = self
-            .with_conn("create event", move |conn| {
-                let created = event.insert(conn)?;
-                if created == Created::New {
-                    messages.insert(conn)?;
-                }
-                Ok(created)
+    async fn create_events_queued(&self, writes: &[EventWrite<'_>]) -> Vec<PortResult<Created>> {
+        const WHAT: &str = "create event";
+        // Encoded here, off the database's thread; one that does not encode fails alone.
+        let rows: Vec<PortResult<(EventRows, Messages)>> = writes
+            .iter()
+            .map(|w| Ok((EventRows::of(w.event, w.deliveries)?, self.delivery_messages(w.tasks)?)))
+            .collect();
+        let written = self
+            .with_conn(WHAT, move |conn| {
+                Ok(rows
+                    .into_iter()
+                    .map(|row| {
+                        let (event, messages) = row?;
+                        in_savepoint(conn, WHAT, |conn| {
+                            let created = event.insert(conn)?;
+                            if created == Created::New {
+                                messages.insert(conn)?;
+                            }
+                            Ok(created)
+                        })
+                    })
+                    .collect::<Vec<_>>())
             })
-            .await?;
-        if created == Created::New && !tasks.is_empty() {
+            .await;
+        let results = match written {
+            Ok(results) => results,
+            // The whole call failed (its transaction did not commit): so did every event.
+            Err(e) => {
+                let retryable = matches!(e, PortError::Retryable { .. });
+                return writes
+                    .iter()
+                    .map(|_| {
+                        Err(if retryable {
+                            PortError::retryable(WHAT, e.to_string())
+                        } else {
+                            PortError::permanent(WHAT, e.to_string())
+                        })
+                    })
+                    .collect();
+            }
+        };
+        let queued = results
+            .iter()
+            .zip(writes)
+            .any(|(r, w)| matches!(r, Ok(Created::New)) && !w.tasks.is_empty());
+        if queued {
             self.wake(QueueName::Delivery);
         }
-        Ok(created)
+        results
     }
 }
 

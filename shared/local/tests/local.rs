@@ -547,11 +547,7 @@ async fn an_event_and_its_first_attempts_messages_are_written_together_or_not_at
     let tasks = [(hookwise_core::state::first_task(&delivery, start()), 0)];
     let written = |event: Event| {
         let (backend, delivery, tasks) = (backend.clone(), delivery.clone(), tasks.clone());
-        async move {
-            backend
-                .create_event_queued(&event, std::slice::from_ref(&delivery), &tasks)
-                .await
-        }
+        async move { write_one(&backend, &event, &delivery, &tasks).await }
     };
 
     assert_eq!(written(event.clone()).await.unwrap(), Created::New);
@@ -572,16 +568,93 @@ async fn an_event_and_its_first_attempts_messages_are_written_together_or_not_at
     let delivery = Delivery::new(DeliveryId::for_event(&again.id, &sub.id), &again, sub.id.clone());
     let tasks = [(hookwise_core::state::first_task(&delivery, start()), 0)];
     assert_eq!(
-        backend
-            .create_event_queued(&again, std::slice::from_ref(&delivery), &tasks)
-            .await
-            .unwrap(),
+        write_one(&backend, &again, &delivery, &tasks).await.unwrap(),
         Created::Existing(keyed.id.clone())
     );
     assert_eq!(
         backend.queue_len(QueueName::Delivery).await.unwrap(),
         1,
         "only the first message"
+    );
+}
+
+async fn write_one(
+    backend: &LocalBackend,
+    event: &Event,
+    delivery: &Delivery,
+    tasks: &[(DeliveryTask, u32)],
+) -> PortResult<Created> {
+    let write = EventWrite {
+        event,
+        deliveries: std::slice::from_ref(delivery),
+        tasks,
+    };
+    let mut results = backend.create_events_queued(&[write]).await;
+    assert_eq!(results.len(), 1);
+    results.pop().unwrap()
+}
+
+/// A batch's events share one call, but each is all or nothing on its own: one that fails
+/// (its delivery's id is taken) leaves no row and no message, and the others are stored and queued.
+#[tokio::test]
+async fn one_failed_event_of_a_batch_undoes_only_its_own_writes() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let backend = LocalBackend::open_temp().unwrap();
+    let (tenant, sub, keyed, _) = seed(&backend, &mut rng).await;
+    let event = |rng: &mut StdRng| Event {
+        id: EventId::generate(start(), rng),
+        idempotency_key: None,
+        ..keyed.clone()
+    };
+    let (first, taken, last) = (event(&mut rng), event(&mut rng), event(&mut rng));
+    type Planned = (Event, Vec<Delivery>, Vec<(DeliveryTask, u32)>);
+    let planned: Vec<Planned> = [&first, &taken, &last]
+        .into_iter()
+        .map(|e| {
+            let d = Delivery::new(DeliveryId::for_event(&e.id, &sub.id), e, sub.id.clone());
+            let tasks = vec![(hookwise_core::state::first_task(&d, start()), 0)];
+            (e.clone(), vec![d], tasks)
+        })
+        .collect();
+    // Another event's delivery has the id `taken`'s delivery is to have: its event row is
+    // written, then its delivery's fails.
+    let other = event(&mut rng);
+    let clash = Delivery::new(planned[1].1[0].id.clone(), &other, sub.id.clone());
+    backend.create_event(&other, &[clash]).await.unwrap();
+    let writes: Vec<EventWrite<'_>> = planned
+        .iter()
+        .map(|(event, deliveries, tasks)| EventWrite {
+            event,
+            deliveries,
+            tasks,
+        })
+        .collect();
+
+    let results = backend.create_events_queued(&writes).await;
+    assert!(matches!(results[0], Ok(Created::New)), "{:?}", results[0]);
+    assert!(
+        matches!(results[1], Err(hookwise_core::PortError::ConditionFailed(_))),
+        "{:?}",
+        results[1]
+    );
+    assert!(matches!(results[2], Ok(Created::New)), "{:?}", results[2]);
+    let stored = |id: &EventId| {
+        let backend = backend.clone();
+        let (tenant, id) = (tenant.id.clone(), id.clone());
+        async move { backend.event_deliveries(&tenant, &id).await.unwrap().len() }
+    };
+    assert_eq!(stored(&first.id).await, 1);
+    assert!(
+        backend.get_event(&tenant.id, &taken.id).await.unwrap().is_none(),
+        "the failed event's row was undone"
+    );
+    assert_eq!(stored(&last.id).await, 1);
+    let received = backend.receive(10, Duration::from_secs(30)).await.unwrap();
+    let queued: Vec<_> = received.iter().map(|r| &r.task).collect();
+    assert_eq!(
+        queued,
+        vec![&planned[0].2[0].0, &planned[2].2[0].0],
+        "no message for the failed event"
     );
 }
 

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use super::Services;
 use crate::error::{Error, PortError, Result, ValidationError};
 use crate::model::*;
-use crate::ports::{Created, DeliveryPage, DeliveryQuery};
+use crate::ports::{Created, DeliveryPage, DeliveryQuery, EventWrite, StoreWithQueue};
 use crate::state::first_task;
 
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
@@ -56,7 +56,7 @@ impl Services {
     /// stored copies it for a little later, for as long as an ingest may take, then leaves it
     /// to the queue's redelivery and the dead-letter handler (`not_stored_yet`). Where one
     /// backend holds the store and the queue ([`Ports::store_with_queue`]), each event is
-    /// written with its messages in one transaction instead. An `Err` is the whole request's:
+    /// written with its messages instead, all or nothing, the batch's events in one call. An `Err` is the whole request's:
     /// an empty or oversized batch, or the subscriptions could not be read.
     ///
     /// [`Ports::store_with_queue`]: super::Ports::store_with_queue
@@ -120,17 +120,18 @@ impl Services {
                     .collect());
             }
         }
-        Ok(futures::stream::iter(planned.into_iter().zip(seen))
-            .map(|(plan, seen)| async move {
+        let written = match together {
+            Some(both) => write_together(both, &planned, &seen, now).await,
+            None => planned.iter().map(|_| None).collect(),
+        };
+        Ok(futures::stream::iter(planned.into_iter().zip(seen).zip(written))
+            .map(|((plan, seen), written)| async move {
                 let (event, deliveries) = plan?;
                 if let Some(stored) = seen {
                     return self.repeated(tenant, stored, &event).await;
                 }
-                let created = match together {
-                    Some(both) => {
-                        let tasks: Vec<_> = deliveries.iter().map(|d| (first_task(d, now), 0)).collect();
-                        both.create_event_queued(&event, &deliveries, &tasks).await?
-                    }
+                let created = match written {
+                    Some(created) => created?,
                     None => self.ports.store.create_event(&event, &deliveries).await?,
                 };
                 match created {
@@ -291,4 +292,41 @@ impl Services {
         }
         Ok(self.ports.store.list_deliveries(&tenant.id, &query).await?)
     }
+}
+
+/// Every event of a batch that is to be stored, with its first attempts' messages, in one
+/// call to a store that holds the queue: what became of each, in the batch's order (`None`
+/// for an event that is invalid or was stored before).
+async fn write_together(
+    both: &dyn StoreWithQueue,
+    planned: &[Result<(Event, Vec<Delivery>)>],
+    seen: &[Option<Event>],
+    now: chrono::DateTime<chrono::Utc>,
+) -> Vec<Option<std::result::Result<Created, PortError>>> {
+    let to_write: Vec<(usize, &Event, &[Delivery], Vec<_>)> = planned
+        .iter()
+        .zip(seen)
+        .enumerate()
+        .filter_map(|(i, (plan, seen))| match (plan, seen) {
+            (Ok((event, deliveries)), None) => {
+                let tasks = deliveries.iter().map(|d| (first_task(d, now), 0)).collect();
+                Some((i, event, deliveries.as_slice(), tasks))
+            }
+            _ => None,
+        })
+        .collect();
+    let writes: Vec<EventWrite<'_>> = to_write
+        .iter()
+        .map(|(_, event, deliveries, tasks)| EventWrite {
+            event,
+            deliveries,
+            tasks,
+        })
+        .collect();
+    let mut results = both.create_events_queued(&writes).await.into_iter();
+    let mut written: Vec<_> = planned.iter().map(|_| None).collect();
+    for (i, ..) in &to_write {
+        written[*i] = results.next();
+    }
+    written
 }

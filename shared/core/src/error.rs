@@ -61,6 +61,15 @@ impl PortError {
             source: source.into(),
         }
     }
+
+    /// This error again, for one of several callers that a single failure answers: as
+    /// retryable as it was (anything else is permanent for them), its message as the source.
+    pub fn copy_for(&self, what: impl Into<String>) -> Self {
+        match self {
+            Self::Retryable { .. } => Self::retryable(what, self.to_string()),
+            _ => Self::permanent(what, self.to_string()),
+        }
+    }
 }
 
 /// The error of a service call.

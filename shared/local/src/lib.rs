@@ -452,11 +452,7 @@ fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), BatchF
             job.run(conn);
             return Ok(());
         }
-        run_cached(conn, "SAVEPOINT call")?;
-        if !job.run(conn) {
-            run_cached(conn, "ROLLBACK TO call")?;
-        }
-        run_cached(conn, "RELEASE call")
+        in_savepoint(conn, || if job.run(conn) { Ok(()) } else { Err(()) }).map(drop)
     });
     match ran.and_then(|()| run_cached(conn, "COMMIT")) {
         Ok(()) => Ok(()),
@@ -467,20 +463,20 @@ fn run_batch(conn: &Connection, batch: &mut [Box<dyn Job>]) -> Result<(), BatchF
     }
 }
 
-/// Run `f` inside the call's transaction so that an `Err` undoes its writes and nothing else:
-/// for a call that makes several writes, each of which may fail alone.
-pub(crate) fn in_savepoint<T>(
+/// Run `f` in a savepoint: when it fails, its writes are undone and nothing else. Each call
+/// of a batch runs in one; a call that makes several writes that may each fail alone nests
+/// more (the innermost savepoint of a name is the one rolled back and released).
+pub(crate) fn in_savepoint<T, E>(
     conn: &Connection,
-    what: &'static str,
-    f: impl FnOnce(&Connection) -> PortResult<T>,
-) -> PortResult<T> {
-    run_cached(conn, "SAVEPOINT part").map_err(|e| db_err(what, e))?;
-    let result = f(conn);
+    f: impl FnOnce() -> Result<T, E>,
+) -> rusqlite::Result<Result<T, E>> {
+    run_cached(conn, "SAVEPOINT part")?;
+    let result = f();
     if result.is_err() {
-        run_cached(conn, "ROLLBACK TO part").map_err(|e| db_err(what, e))?;
+        run_cached(conn, "ROLLBACK TO part")?;
     }
-    run_cached(conn, "RELEASE part").map_err(|e| db_err(what, e))?;
-    result
+    run_cached(conn, "RELEASE part")?;
+    Ok(result)
 }
 
 /// A statement without parameters or rows, prepared once: a batch runs a few per call, and

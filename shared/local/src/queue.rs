@@ -458,13 +458,14 @@ impl StoreWithQueue for LocalBackend {
                     .into_iter()
                     .map(|row| {
                         let (event, messages) = row?;
-                        in_savepoint(conn, WHAT, |conn| {
+                        in_savepoint(conn, || {
                             let created = event.insert(conn)?;
                             if created == Created::New {
                                 messages.insert(conn)?;
                             }
                             Ok(created)
                         })
+                        .map_err(|e| db_err(WHAT, e))?
                     })
                     .collect::<Vec<_>>())
             })
@@ -472,19 +473,7 @@ impl StoreWithQueue for LocalBackend {
         let results = match written {
             Ok(results) => results,
             // The whole call failed (its transaction did not commit): so did every event.
-            Err(e) => {
-                let retryable = matches!(e, PortError::Retryable { .. });
-                return writes
-                    .iter()
-                    .map(|_| {
-                        Err(if retryable {
-                            PortError::retryable(WHAT, e.to_string())
-                        } else {
-                            PortError::permanent(WHAT, e.to_string())
-                        })
-                    })
-                    .collect();
-            }
+            Err(e) => return writes.iter().map(|_| Err(e.copy_for(WHAT))).collect(),
         };
         let queued = results
             .iter()

@@ -56,8 +56,9 @@ impl Services {
     /// stored copies it for a little later, for as long as an ingest may take, then leaves it
     /// to the queue's redelivery and the dead-letter handler (`not_stored_yet`). Where one
     /// backend holds the store and the queue ([`Ports::store_with_queue`]), each event is
-    /// written with its messages instead, all or nothing, the batch's events in one call. An `Err` is the whole request's:
-    /// an empty or oversized batch, or the subscriptions could not be read.
+    /// written with its messages instead, all or nothing, the batch's events in one call. An
+    /// `Err` is the whole request's: an empty or oversized batch, or the subscriptions could not
+    /// be read.
     ///
     /// [`Ports::store_with_queue`]: super::Ports::store_with_queue
     #[tracing::instrument(name = "ingest", skip_all, fields(tenant_id = %tenant.id, events = batch.len()))]
@@ -110,13 +111,9 @@ impl Services {
                 // Nothing is stored: every event gets the error, and a retry (with or without
                 // a key) is safe.
                 tracing::warn!(error = %err, "enqueue before ingest failed; nothing was stored");
-                let failed = || match &err {
-                    PortError::Retryable { .. } => PortError::retryable("enqueue", err.to_string()),
-                    _ => PortError::permanent("enqueue", err.to_string()),
-                };
                 return Ok(planned
                     .into_iter()
-                    .map(|p| p.and_then(|_| Err(failed().into())))
+                    .map(|p| p.and_then(|_| Err(err.copy_for("enqueue").into())))
                     .collect());
             }
         }

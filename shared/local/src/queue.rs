@@ -12,7 +12,7 @@ use hookwise_core::PortError;
 use rusqlite::{params, OptionalExtension};
 
 use crate::store::EventRows;
-use crate::{db_err, from_nanos, in_savepoint, nanos, to_json, LocalBackend};
+use crate::{db_err, each_alone, from_nanos, nanos, to_json, LocalBackend};
 
 /// Which of the two queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -164,7 +164,7 @@ impl LocalBackend {
                 .prepare_cached("UPDATE queue SET visible_at = ?1 WHERE id = ?2 AND queue = ?3 AND receive_count = ?4")
                 .map_err(err)?;
             let mut changed = 0;
-            for (id, queue, count) in keys {
+            for (id, queue, count) in &keys {
                 changed += stmt.execute(params![until, id, queue, count]).map_err(err)?;
             }
             Ok(changed)
@@ -335,7 +335,7 @@ impl LocalBackend {
                 let mut stmt = conn
                     .prepare_cached("DELETE FROM queue WHERE id = ?1 AND queue = ?2 AND receive_count = ?3")
                     .map_err(err)?;
-                for (id, count) in keys {
+                for (id, count) in &keys {
                     deleted += stmt.execute(params![id, queue.as_str(), count]).map_err(err)?;
                 }
             }
@@ -454,20 +454,16 @@ impl StoreWithQueue for LocalBackend {
             .collect();
         let written = self
             .with_conn(WHAT, move |conn| {
-                Ok(rows
-                    .into_iter()
-                    .map(|row| {
-                        let (event, messages) = row?;
-                        in_savepoint(conn, || {
-                            let created = event.insert(conn)?;
-                            if created == Created::New {
-                                messages.insert(conn)?;
-                            }
-                            Ok(created)
-                        })
-                        .map_err(|e| db_err(WHAT, e))?
-                    })
-                    .collect::<Vec<_>>())
+                // Each event all or nothing: one that fails takes only its own rows back.
+                each_alone(conn, rows.len(), |i| {
+                    let (event, messages) = rows[i].as_ref().map_err(|e| e.copy_for(WHAT))?;
+                    let created = event.insert(conn)?;
+                    if created == Created::New {
+                        messages.insert(conn)?;
+                    }
+                    Ok(created)
+                })
+                .map_err(|e| db_err(WHAT, e))
             })
             .await;
         let results = match written {

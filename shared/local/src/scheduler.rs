@@ -64,7 +64,7 @@ impl SchedulerTable for LocalBackend {
                         "DELETE FROM scheduled WHERE due = ?1 AND delivery_id = ?2 AND round = ?3 AND attempt = ?4",
                     )
                     .map_err(err)?;
-                for (due, id, round, attempt) in keys {
+                for (due, id, round, attempt) in &keys {
                     stmt.execute(params![due, id, round, attempt]).map_err(err)?;
                 }
             }
@@ -128,7 +128,7 @@ impl SchedulerTable for LocalBackend {
                     "DELETE FROM held WHERE subscription_id = ?1 AND delivery_id = ?2 AND round = ?3 AND attempt = ?4",
                 )
                 .map_err(err)?;
-            for (id, round, attempt) in keys {
+            for (id, round, attempt) in &keys {
                 stmt.execute(params![sub, id, round, attempt]).map_err(err)?;
             }
             Ok(())

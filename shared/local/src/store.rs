@@ -220,7 +220,7 @@ impl Store for LocalBackend {
                 conn,
                 "tenant",
                 "SELECT t.doc FROM api_keys k JOIN tenants t ON t.id = k.tenant_id WHERE k.hash = ?1",
-                [hash],
+                [&hash],
             )
         })
         .await
@@ -407,7 +407,7 @@ impl Store for LocalBackend {
                 conn,
                 "delivery",
                 "SELECT doc FROM deliveries WHERE event_id = ?1 AND tenant_id = ?2 ORDER BY created_at, id",
-                [event, tenant],
+                [&event, &tenant],
             )
         })
         .await
@@ -515,7 +515,7 @@ impl Store for LocalBackend {
                     expected.attempts
                 )));
             }
-            if let Some((round, number, doc)) = attempt {
+            if let Some((round, number, doc)) = &attempt {
                 let inserted = conn
                     .prepare_cached("INSERT INTO attempts (delivery_id, round, attempt, doc) VALUES (?1, ?2, ?3, ?4)")
                     .and_then(|mut s| s.execute(params![row.id, round, number, doc]));
@@ -543,7 +543,7 @@ impl Store for LocalBackend {
                 conn,
                 "attempt",
                 "SELECT doc FROM attempts WHERE delivery_id = ?1 ORDER BY round, attempt",
-                [id],
+                [&id],
             )
         })
         .await
@@ -597,7 +597,7 @@ impl Store for LocalBackend {
                 conn,
                 "circuit breaker",
                 "SELECT doc FROM circuits WHERE subscription_id = ?1",
-                [id],
+                [&id],
             )
         })
         .await
@@ -656,7 +656,7 @@ impl Store for LocalBackend {
                 "INSERT INTO endpoint_health (subscription_id, doc) VALUES (?1, ?2)
                  ON CONFLICT (subscription_id) DO UPDATE SET doc = excluded.doc",
             )
-            .and_then(|mut s| s.execute([id, doc]))
+            .and_then(|mut s| s.execute([&id, &doc]))
             .map_err(|e| db_err("save endpoint health", e))?;
             Ok(())
         })

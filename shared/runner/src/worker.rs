@@ -81,10 +81,7 @@ where
             continue;
         }
         let (consumer, handler, name) = (consumer.clone(), handler.clone(), config.name);
-        batches.spawn(async move {
-            handle_batch(&*consumer, &*handler, name, batch).await;
-            drop(permit);
-        });
+        batches.spawn(async move { handle_batch(&*consumer, &*handler, name, batch, permit).await });
         while let Some(done) = batches.try_join_next() {
             log_panic(config.name, done);
         }
@@ -101,14 +98,18 @@ fn log_panic(queue: &str, done: Result<(), tokio::task::JoinError>) {
 }
 
 /// Hand one batch to the handler, keeping it hidden meanwhile, and acknowledge what is done.
+/// The batch's `slot` is given back once the handler is done: the ack is a queue round trip
+/// that the next receive need not wait for (under load it was a tenth of each slot's time).
 async fn handle_batch<C: QueueConsumer, H: BatchHandler>(
     consumer: &C,
     handler: &H,
     name: &str,
     batch: Vec<hookwise_core::ports::Received<C::Receipt>>,
+    slot: tokio::sync::OwnedSemaphorePermit,
 ) {
     let (receipts, messages): (Vec<_>, Vec<_>) = batch.into_iter().map(|r| (r.receipt, r.message)).unzip();
     let dispositions = keep_hidden(consumer, &receipts, handler.handle(&messages)).await;
+    drop(slot);
     let done: Vec<C::Receipt> = receipts
         .into_iter()
         .zip(dispositions)

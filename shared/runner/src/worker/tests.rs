@@ -14,13 +14,19 @@ struct FakeQueue {
     waiting: Arc<Mutex<Vec<QueueMessage>>>,
     acked: Arc<Mutex<Vec<u32>>>,
     extended: Arc<Mutex<Extensions>>,
+    /// How long an ack takes.
+    ack_takes: Duration,
 }
 
 #[async_trait]
 impl QueueConsumer for FakeQueue {
     type Receipt = u32;
 
-    async fn receive(&self, max: usize, _wait: Duration) -> PortResult<Vec<Received<u32>>> {
+    async fn receive(&self, max: usize, wait: Duration) -> PortResult<Vec<Received<u32>>> {
+        // An empty queue waits for `wait`, as a long poll does.
+        if self.waiting.lock().unwrap().is_empty() {
+            tokio::time::sleep(wait).await;
+        }
         let mut waiting = self.waiting.lock().unwrap();
         let n = max.min(waiting.len());
         Ok(waiting
@@ -33,6 +39,7 @@ impl QueueConsumer for FakeQueue {
             .collect())
     }
     async fn ack(&self, receipts: &[u32]) -> PortResult<()> {
+        tokio::time::sleep(self.ack_takes).await;
         self.acked.lock().unwrap().extend(receipts);
         Ok(())
     }
@@ -189,4 +196,35 @@ async fn given_two_batches_in_flight_then_the_second_is_taken_while_the_first_is
         "the second did not wait for the first"
     );
     assert_eq!(queue.acked.lock().unwrap().len(), 20, "shutdown waited for both");
+}
+
+#[tokio::test(start_paused = true)]
+async fn given_a_slow_ack_then_the_next_batch_is_taken_without_waiting_for_it() {
+    let queue = FakeQueue {
+        ack_takes: Duration::from_secs(5),
+        ..FakeQueue::default()
+    };
+    queue
+        .waiting
+        .lock()
+        .unwrap()
+        .extend((0..20).map(|i| message(&i.to_string())));
+    let handler = Arc::new(Timed {
+        takes: Duration::from_secs(1),
+        started: Mutex::new(Vec::new()),
+    });
+    let stop = CancellationToken::new();
+    // One batch in hand at a time.
+    let worker = tokio::spawn(run_worker(queue.clone(), handler.clone(), config(), stop.clone()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.cancel();
+    worker.await.unwrap();
+    let started = handler.started.lock().unwrap().clone();
+    assert_eq!(started.len(), 2, "two batches of ten");
+    assert!(
+        started[1] - started[0] < Duration::from_secs(2),
+        "the second waited for the first one's ack: {:?}",
+        started[1] - started[0]
+    );
+    assert_eq!(queue.acked.lock().unwrap().len(), 20, "shutdown waited for both acks");
 }

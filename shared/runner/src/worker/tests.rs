@@ -168,34 +168,52 @@ impl BatchHandler for Arc<Timed> {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn given_two_batches_in_flight_then_the_second_is_taken_while_the_first_is_in_hand_and_both_finish_on_shutdown() {
-    let queue = FakeQueue::default();
+/// Twenty messages (two batches of ten) through `run_worker`, each batch handled in `takes`,
+/// stopped after `stop_after`: when each batch started, and how many messages were acked.
+async fn two_batches(
+    queue: FakeQueue,
+    takes: Duration,
+    config: WorkerConfig,
+    stop_after: Duration,
+) -> (Vec<tokio::time::Instant>, usize) {
     queue
         .waiting
         .lock()
         .unwrap()
         .extend((0..20).map(|i| message(&i.to_string())));
     let handler = Arc::new(Timed {
-        takes: Duration::from_secs(10),
+        takes,
         started: Mutex::new(Vec::new()),
     });
     let stop = CancellationToken::new();
+    let worker = tokio::spawn(run_worker(queue.clone(), handler.clone(), config, stop.clone()));
+    tokio::time::sleep(stop_after).await;
+    stop.cancel();
+    worker.await.unwrap();
+    let started = handler.started.lock().unwrap().clone();
+    let acked = queue.acked.lock().unwrap().len();
+    (started, acked)
+}
+
+#[tokio::test(start_paused = true)]
+async fn given_two_batches_in_flight_then_the_second_is_taken_while_the_first_is_in_hand_and_both_finish_on_shutdown() {
     let config = WorkerConfig {
         batches_in_flight: 2,
         ..config()
     };
-    let worker = tokio::spawn(run_worker(queue.clone(), handler.clone(), config, stop.clone()));
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    stop.cancel();
-    worker.await.unwrap();
-    let started = handler.started.lock().unwrap().clone();
+    let (started, acked) = two_batches(
+        FakeQueue::default(),
+        Duration::from_secs(10),
+        config,
+        Duration::from_secs(1),
+    )
+    .await;
     assert_eq!(started.len(), 2, "two batches of ten");
     assert!(
         started[1] - started[0] < Duration::from_secs(1),
         "the second did not wait for the first"
     );
-    assert_eq!(queue.acked.lock().unwrap().len(), 20, "shutdown waited for both");
+    assert_eq!(acked, 20, "shutdown waited for both");
 }
 
 #[tokio::test(start_paused = true)]
@@ -204,27 +222,13 @@ async fn given_a_slow_ack_then_the_next_batch_is_taken_without_waiting_for_it() 
         ack_takes: Duration::from_secs(5),
         ..FakeQueue::default()
     };
-    queue
-        .waiting
-        .lock()
-        .unwrap()
-        .extend((0..20).map(|i| message(&i.to_string())));
-    let handler = Arc::new(Timed {
-        takes: Duration::from_secs(1),
-        started: Mutex::new(Vec::new()),
-    });
-    let stop = CancellationToken::new();
     // One batch in hand at a time.
-    let worker = tokio::spawn(run_worker(queue.clone(), handler.clone(), config(), stop.clone()));
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    stop.cancel();
-    worker.await.unwrap();
-    let started = handler.started.lock().unwrap().clone();
+    let (started, acked) = two_batches(queue, Duration::from_secs(1), config(), Duration::from_secs(3)).await;
     assert_eq!(started.len(), 2, "two batches of ten");
     assert!(
         started[1] - started[0] < Duration::from_secs(2),
         "the second waited for the first one's ack: {:?}",
         started[1] - started[0]
     );
-    assert_eq!(queue.acked.lock().unwrap().len(), 20, "shutdown waited for both acks");
+    assert_eq!(acked, 20, "shutdown waited for both acks");
 }

@@ -293,21 +293,17 @@ impl LocalBackend {
     async fn with_read<T, F>(&self, what: &'static str, f: F) -> PortResult<T>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> PortResult<T> + Send + 'static,
+        F: Fn(&Connection) -> PortResult<T> + Send + 'static,
     {
-        // Only writes are ever run twice.
-        let mut f = Some(f);
-        let once = move |conn: &Connection| match f.take() {
-            Some(f) => f(conn),
-            None => Err(PortError::permanent(what, "a read ran twice")),
-        };
-        self.call(what, false, once).await
+        self.call(what, false, f).await
     }
 
+    /// Queue `f` for the writing or the reading connection. `f` is `Fn` because a write may
+    /// run twice ([`each_alone`]); reads take the same bound, so one [`Call`] serves both.
     async fn call<T, F>(&self, what: &'static str, writes: bool, f: F) -> PortResult<T>
     where
         T: Send + 'static,
-        F: FnMut(&Connection) -> PortResult<T> + Send + 'static,
+        F: Fn(&Connection) -> PortResult<T> + Send + 'static,
     {
         let stopped = || PortError::permanent(what, "the database thread has stopped");
         let jobs = match (&self.inner.reads, writes) {
@@ -357,11 +353,11 @@ struct Call<T, F> {
 impl<T, F> Job for Call<T, F>
 where
     T: Send,
-    F: FnMut(&Connection) -> PortResult<T> + Send,
+    F: Fn(&Connection) -> PortResult<T> + Send,
 {
     fn run(&mut self, conn: &Connection) -> bool {
         // A bug in one call must not take the thread (and every later call) down with it.
-        let (what, f) = (self.what, &mut self.f);
+        let (what, f) = (self.what, &self.f);
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(conn)))
             .unwrap_or_else(|_| Err(PortError::permanent(what, "the database call panicked")));
         let ok = result.is_ok();

@@ -183,8 +183,9 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
         .map_err(|e| db_err("set synchronous", e))?;
     // A batch's calls run in a savepoint (`each_alone`), whose undo copies of the pages they
     // change (the sub-journal) went to a temporary file once past 64 KiB: a quarter of the
-    // database thread's time with batch ingest. They are only ever read to roll a savepoint back, never
-    // after a crash (the WAL is what makes a commit durable), so memory is where they belong.
+    // database thread's time with batch ingest. They are only ever read to roll a savepoint
+    // back, never after a crash (the WAL is what makes a commit durable), so memory is where
+    // they belong.
     conn.pragma_update(None, "temp_store", "MEMORY")
         .map_err(|e| db_err("set temp_store", e))?;
     // Every statement the backend runs stays prepared (rusqlite keeps 16 by default, fewer

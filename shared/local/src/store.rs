@@ -229,7 +229,7 @@ impl Store for LocalBackend {
     async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
         let id = id.to_string();
         self.with_read("get tenant", move |conn| {
-            query_doc(conn, "tenant", "SELECT doc FROM tenants WHERE id = ?1", [id])
+            query_doc(conn, "tenant", "SELECT doc FROM tenants WHERE id = ?1", [&id])
         })
         .await
     }
@@ -340,7 +340,7 @@ impl Store for LocalBackend {
                 conn,
                 "subscription",
                 "SELECT doc FROM subscriptions WHERE id = ?1 AND tenant_id = ?2",
-                [id, tenant],
+                [&id, &tenant],
             )
         })
         .await
@@ -394,7 +394,7 @@ impl Store for LocalBackend {
                 conn,
                 "event",
                 "SELECT doc FROM events WHERE id = ?1 AND tenant_id = ?2",
-                [id, tenant],
+                [&id, &tenant],
             )
         })
         .await
@@ -416,7 +416,7 @@ impl Store for LocalBackend {
     async fn get_delivery(&self, id: &DeliveryId) -> PortResult<Option<Delivery>> {
         let id = id.to_string();
         self.with_read("get delivery", move |conn| {
-            query_doc(conn, "delivery", "SELECT doc FROM deliveries WHERE id = ?1", [id])
+            query_doc(conn, "delivery", "SELECT doc FROM deliveries WHERE id = ?1", [&id])
         })
         .await
     }
@@ -434,19 +434,19 @@ impl Store for LocalBackend {
             // Only the filters asked for go into the SQL, so each shape can use its index;
             // `(created_at, id) < (?, ?)` starts the scan right after the cursor.
             let mut sql = String::from("SELECT doc FROM deliveries WHERE tenant_id = ?");
-            let mut args: Vec<rusqlite::types::Value> = vec![tenant.into()];
+            let mut args: Vec<rusqlite::types::Value> = vec![tenant.clone().into()];
             if let Some(status) = status {
                 sql.push_str(" AND status = ?");
                 args.push(status.to_owned().into());
             }
-            if let Some(sub) = subscription {
+            if let Some(sub) = &subscription {
                 sql.push_str(" AND subscription_id = ?");
-                args.push(sub.into());
+                args.push(sub.clone().into());
             }
-            if let Some((at, id)) = after {
+            if let Some((at, id)) = &after {
                 sql.push_str(" AND (created_at, id) < (?, ?)");
-                args.push(at.into());
-                args.push(id.into());
+                args.push((*at).into());
+                args.push(id.clone().into());
             }
             sql.push_str(" ORDER BY created_at DESC, id DESC LIMIT ?");
             args.push(i64::from(limit + 1).into());
@@ -641,7 +641,7 @@ impl Store for LocalBackend {
                 conn,
                 "endpoint health",
                 "SELECT doc FROM endpoint_health WHERE subscription_id = ?1",
-                [id],
+                [&id],
             )?
             .unwrap_or_default())
         })

@@ -406,8 +406,20 @@ class Result:
 
 
 class Bench:
-    def __init__(self, bin_dir: Path, template_vars: TemplateVars, timeout: float, workdir: Path):
+    def __init__(
+        self,
+        bin_dir: Path,
+        template_vars: TemplateVars,
+        timeout: float,
+        workdir: Path,
+        launcher: list[str] | None = None,
+        on_ready=None,
+    ):
+        """`launcher` goes before each binary's path (scripts/init-order.py: valgrind); `on_ready`
+        is called with the process's pid at its first `next`, before it is killed."""
         self.bin_dir = bin_dir
+        self.launcher = launcher or []
+        self.on_ready = on_ready
         self.template_vars = template_vars
         self.timeout = timeout
         self.workdir = workdir
@@ -448,7 +460,7 @@ class Bench:
             try:
                 run.started = time.perf_counter()
                 proc = subprocess.Popen(
-                    [str(path)],
+                    [*self.launcher, str(path)],
                     env=env,
                     cwd=self.bin_dir,
                     stdin=subprocess.DEVNULL,
@@ -465,6 +477,8 @@ class Bench:
                         break
                 # A last look: the request may have come as the process exited.
                 arrived = run.arrived.is_set()
+                if arrived and run.init_error is None and self.on_ready is not None:
+                    self.on_ready(proc.pid)
                 if run.init_error is not None and exited is None:
                     # It exits after init/error (printing why): let it, so its output is whole.
                     try:
@@ -558,6 +572,17 @@ def arm64_bootstraps(binary: str) -> dict[str, int]:
     return found
 
 
+def init_section_kib(path: Path) -> float | None:
+    """The size of `.text.init` in an ELF binary (any architecture; readelf, from binutils):
+    the code the function's init runs, linked ahead of the rest (functions/link-init-first.rs)."""
+    out = subprocess.run(["readelf", "-SW", str(path)], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        fields = line.replace("[ ", "[").split()  # [Nr] Name Type Address Off Size ...
+        if len(fields) > 5 and fields[1] == ".text.init":
+            return int(fields[5], 16) / 1024
+    return None
+
+
 def fmt(x, spec: str, none: str = "-") -> str:
     return none if x is None else format(x, spec)
 
@@ -647,6 +672,7 @@ def report(args, bin_dir: Path, results: dict[str, Result]) -> int:
                 "size_bytes": size,
                 "size_mib": size / 2**20,
                 "size_ratio": size / (bin_dir / HELLO).stat().st_size,
+                "init_section_kib": init_section_kib(bin_dir / b),
                 "arm64_bootstrap_bytes": arm64_bootstraps(b),
                 "init_connections": r.connections,
                 "sockets_at_first_next": r.sockets,
@@ -658,7 +684,7 @@ def report(args, bin_dir: Path, results: dict[str, Result]) -> int:
 
     header = (
         f"{'binary':<22}{'start-up ms':>12}{'min ms':>9}{'x hello':>9}"
-        f"{'peak RSS MiB':>14}{'x hello':>9}{'size MiB':>10}{'CPU ms':>9}{'init conns':>12}"
+        f"{'peak RSS MiB':>14}{'x hello':>9}{'size MiB':>10}{'init KiB':>10}{'CPU ms':>9}{'init conns':>12}"
     )
     print(header)
     print("-" * len(header))
@@ -669,13 +695,13 @@ def report(args, bin_dir: Path, results: dict[str, Result]) -> int:
         print(
             f"{row['name']:<22}{fmt(row['startup_ms_median'], '.2f'):>12}{fmt(row['startup_ms_min'], '.2f'):>9}"
             f"{fmt(row['startup_ratio'], '.2f'):>9}{fmt(row['peak_rss_mib_median'], '.1f'):>14}"
-            f"{fmt(row['peak_rss_ratio'], '.2f'):>9}{row['size_mib']:>10.1f}"
+            f"{fmt(row['peak_rss_ratio'], '.2f'):>9}{row['size_mib']:>10.1f}{fmt(row['init_section_kib'], '.0f'):>10}"
             f"{fmt(row['cpu_ms_median'], '.1f'):>9}{row['init_connections']:>12}"
         )
     print(
         f"({args.runs} rounds after {args.warmup} warm-up, {len(hello.startup_ms)} hello-world start-ups; medians; "
         f"peak RSS: VmHWM at the first `next`; CPU ms: all threads' time on CPU by then; "
-        f"{os.cpu_count()} CPUs; sizes: the files in {bin_dir})"
+        f"{os.cpu_count()} CPUs; sizes: the files in {bin_dir}; init KiB: the code init runs, linked first)"
     )
 
     functions = [row for row in rows if not row["baseline"]]

@@ -88,7 +88,8 @@ def main() -> int:
                 verdict(r["peak_rss_ratio"] <= goal),
             )
         )
-        rows.append((f"{r['name']}: binary size", f"{r['size_mib']:.1f} MiB", "", ""))
+        init = f" ({r['init_section_kib']:.0f} KiB of it init's code, linked first)" if r.get("init_section_kib") else ""
+        rows.append((f"{r['name']}: binary size", f"{r['size_mib']:.1f} MiB{init}", "", ""))
     ratio = storm["python_seconds"] / storm["hookwise_seconds"]
     rows.append(
         (

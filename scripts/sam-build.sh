@@ -36,8 +36,12 @@ echo "sam-build: $mode build of the four functions took $(( $(date +%s) - starte
 
 # Every function in template.yaml with a cargo-lambda build: its artifact must be there.
 python3 - <<'EOF'
-import pathlib, re, shutil, subprocess, sys
+import importlib.util, pathlib, re, shutil, subprocess, sys
 import yaml  # PyYAML, which aws-sam-cli depends on
+
+spec = importlib.util.spec_from_file_location("bench_lambda", "scripts/bench-lambda.py")
+bench_lambda = sys.modules["bench_lambda"] = importlib.util.module_from_spec(spec)  # (dataclasses look it up)
+spec.loader.exec_module(bench_lambda)
 
 # provided.al2023 ships glibc 2.34: a binary asking for newer symbols would not start there.
 RUNTIME_GLIBC = (2, 34)
@@ -48,7 +52,6 @@ def newest_glibc(path):
     out = subprocess.run(["objdump", "-T", str(path)], capture_output=True, text=True, check=True).stdout
     versions = {tuple(int(p) for p in v.split(".")) for v in re.findall(r"GLIBC_([0-9]+(?:\.[0-9]+)+)", out)}
     return max(versions, default=None)
-
 
 
 class Loader(yaml.SafeLoader):
@@ -76,7 +79,11 @@ for name in functions:
         bad.append(f"{name}: needs glibc {'.'.join(map(str, glibc))}, the runtime has {'.'.join(map(str, RUNTIME_GLIBC))}")
         continue
     needs = f", needs glibc {'.'.join(map(str, glibc))}" if glibc else ""
-    print(f"sam-build: {name:<20} {path} ({path.stat().st_size / 1e6:.1f} MB, arm64 ELF{needs})")
+    init = bench_lambda.init_section_kib(path)
+    if not init:
+        bad.append(f"{name}: {path} has no .text.init: its init code was not linked first (init-order.ld)")
+        continue
+    print(f"sam-build: {name:<20} {path} ({path.stat().st_size / 1e6:.1f} MB, arm64 ELF{needs}, init's code {init:.0f} KiB first)")
 if not functions:
     bad.append("template.yaml has no rust-cargolambda functions")
 if bad:

@@ -18,5 +18,17 @@ fn main() {
     let linux = env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "linux");
     if linux && script.is_file() {
         println!("cargo::rustc-link-arg-bins=-Wl,-T,{}", script.display());
+        // RUSTFLAGS in the environment replaces .cargo/config.toml's flags: without v0 names,
+        // the script's patterns find the standard library's functions only.
+        let flags = env::var("CARGO_ENCODED_RUSTFLAGS").unwrap_or_default();
+        let v0 = flags
+            .split('\x1f')
+            .any(|flag| flag.ends_with("symbol-mangling-version=v0"));
+        if !v0 {
+            println!(
+                "cargo::warning=init's code will be only partly linked first: add `-C \
+                 symbol-mangling-version=v0` to RUSTFLAGS (see .cargo/config.toml)"
+            );
+        }
     }
 }

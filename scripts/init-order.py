@@ -46,7 +46,8 @@ spec.loader.exec_module(bench_lambda)
 # which moves when a hash before it is longer or shorter. After the function's path may come
 # the crate that instantiated it (generic code is copied into each crate that uses it, and
 # LTO keeps whichever copy inlining left) and a number LTO gave it (`.6102`) when names
-# clashed. A v0 path delimits itself, so `<path>*` matches that function and nothing else.
+# clashed. A v0 path delimits itself, so `<path>*` matches any copy of that function, and
+# no other function.
 CRATE_HASH = re.compile(r"Cs[0-9A-Za-z]*_")
 BACK_REFERENCE = re.compile(r"B[0-9A-Za-z]*_")
 LTO_NUMBER = re.compile(r"\.[0-9]+$")

@@ -2,12 +2,12 @@
 //! rest of the binary, so a cold start maps few pages of it.
 //!
 //! A function's `init-order.ld` (made by `scripts/init-order.py`, which runs the function's
-//! init under callgrind) names the functions init ran, by their symbols with the parts
-//! that differ between builds and targets (crate hashes) wildcarded; linked with it, lld
-//! gathers them in one output section, `.text.init`, in front of `.text`. Unordered, the
-//! same code is spread over a 7 MiB binary, and the kernel maps 64 KiB around every page
-//! that faults: twice the memory at the first `next` (docs/aws.md). The script only moves
-//! code; a symbol it names that no longer exists matches nothing.
+//! init under callgrind) names the functions init ran, by their symbols with the parts that
+//! differ between builds and targets (crate hashes, which crate's copy) wildcarded; linked
+//! with it, lld gathers them in one output section, `.text.init`, in front of `.text`.
+//! Unordered, the same code is spread over a 7 MiB binary, and the kernel maps 64 KiB
+//! around every page that faults: twice the memory at the first `next` (docs/aws.md). The
+//! script only moves code; a symbol it names that no longer exists matches nothing.
 use std::{env, path::PathBuf};
 
 fn main() {

@@ -10,7 +10,9 @@ plausible values, and what Lambda itself sets), and measures:
              `GET /2018-06-01/runtime/invocation/next` (init done, ready for an event);
   peak RSS   VmHWM from /proc/<pid>/status when that request arrives;
   size       each binary's file size, and the arm64 `bootstrap`s cargo-lambda and
-             `scripts/sam-build.sh` leave behind, if there are any.
+             `scripts/sam-build.sh` leave behind, if there are any;
+  init KiB   the size of its `.text.init`: the code init runs, linked ahead of the rest
+             (functions/link-init-first.rs).
 
 The goal (the issue's): each function within 1.5x of the hello world's start-up and RSS.
 Binaries run interleaved, round after round (hello, ingest, hello, deliver, ...), so machine

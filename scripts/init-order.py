@@ -11,7 +11,7 @@ For each function (scripts/bench-lambda.py's FUNCTIONS), this
 
 The build script every function shares (functions/link-init-first.rs) links with that file.
 Symbols are named with the parts that differ from build to build and from target to target
-wildcarded (v0 mangling's crate hashes and back references), so one file serves the x86_64
+wildcarded (the comment above `pattern` says which), so one file serves the x86_64
 build `make bench` measures and the arm64 one `sam build` ships; init runs the same Rust code
 on both. Run it again when init changes (a function's peak RSS in `make bench` creeps back
 towards twice the hello world's): the script prints how much of each binary it placed.

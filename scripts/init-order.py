@@ -78,7 +78,7 @@ def pattern(symbol: str) -> str:
 def text_symbols(binary: Path) -> dict[str, int]:
     """The binary's function symbols and their sizes (nm; the binary keeps its symbols)."""
     out = subprocess.run(
-        ["nm", "--defined-only", "--format=posix", "--size-sort", str(binary)],
+        ["nm", "--defined-only", "--format=posix", str(binary)],
         capture_output=True,
         text=True,
         check=True,
@@ -109,13 +109,18 @@ def profile(binary: str, bin_dir: Path, workdir: Path) -> Path:
     out = workdir / f"{binary}.callgrind"
     launcher = ["valgrind", "--tool=callgrind", "--demangle=no", f"--callgrind-out-file={out}"]
 
+    def dumps() -> list[Path]:  # callgrind numbers them: <file>.1
+        return list(workdir.glob(f"{out.name}.*"))
+
     def dump(pid: int) -> None:
         subprocess.run(["callgrind_control", "--dump", str(pid)], capture_output=True, check=True)
-        for _ in range(100):  # callgrind writes it (as <file>.1) when the client next runs
-            sizes = [p.stat().st_size for p in workdir.glob(f"{out.name}.*")]
+        size = 0
+        for _ in range(100):  # written when the client next runs: wait until it stops growing
             time.sleep(0.2)
-            if sizes and sizes[0] > 0 and sizes == [p.stat().st_size for p in workdir.glob(f"{out.name}.*")]:
+            now = sum(p.stat().st_size for p in dumps())
+            if now and now == size:
                 return
+            size = now
         sys.exit(f"init-order: callgrind wrote no dump for {binary}")
 
     template_vars = bench_lambda.template_variables(bench_lambda.TEMPLATE)
@@ -127,7 +132,7 @@ def profile(binary: str, bin_dir: Path, workdir: Path) -> Path:
         bench.close()
     if result.failure:
         sys.exit(f"init-order: {binary} under callgrind: {result.failure}")
-    return next(workdir.glob(f"{out.name}.*"))
+    return dumps()[0]
 
 
 def linker_script(binary: str, patterns: list[str], placed_kib: float, total_kib: float) -> str:

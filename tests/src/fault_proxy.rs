@@ -17,6 +17,10 @@
 //! Determinism: one `StdRng` seeded from the plan decides every request, in the order the
 //! requests arrive; a test that sends its requests one at a time sees the same faults for the
 //! same seed. [`FaultProxy::set_plan`] re-seeds it.
+//!
+//! Recording ([`FaultProxy::record_calls`]): every request, who signed it, what it asked and
+//! what it was answered, as a [`RecordedCall`]: what the least-privilege test checks against
+//! the template's policies (`tests/src/iam_policy.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -34,6 +38,7 @@ use axum::http::status::StatusCode;
 use axum::response::Response;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use serde_json::Value;
 
 /// Bodies larger than this are refused (413). SES v2 raw messages may be up to 40 MB.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -271,6 +276,22 @@ impl fmt::Display for FaultStats {
     }
 }
 
+/// One request as the proxy saw it, and its answer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordedCall {
+    /// The access key id it was signed with (SigV4's `Credential=`); empty if unsigned.
+    pub access_key: String,
+    pub service: Service,
+    /// As [`FaultPlan::spared`] names operations.
+    pub operation: String,
+    /// Its parameters: the JSON body (DynamoDB, SQS, SES v2), or an awsQuery form as an
+    /// object of strings.
+    pub params: Value,
+    /// The answer's status, and the error code it carried (`AccessDeniedException`, say).
+    pub status: u16,
+    pub error: Option<String>,
+}
+
 /// A running proxy on 127.0.0.1; dropping it (or [`FaultProxy::stop`]) stops it.
 pub struct FaultProxy {
     addr: std::net::SocketAddr,
@@ -295,6 +316,7 @@ impl FaultProxy {
             client,
             state: Mutex::new(Decider::new(plan)),
             next_request_id: AtomicU64::new(1),
+            recorded: Mutex::new(None),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -335,6 +357,16 @@ impl FaultProxy {
         self.shared.lock().stats.clone()
     }
 
+    /// From now on, keep every request as a [`RecordedCall`].
+    pub fn record_calls(&self) {
+        self.shared.recorded().get_or_insert_with(Vec::new);
+    }
+
+    /// The requests recorded so far, in the order they were answered.
+    pub fn calls(&self) -> Vec<RecordedCall> {
+        self.shared.recorded().clone().unwrap_or_default()
+    }
+
     /// Stop accepting; requests in flight finish, then their connections close.
     pub fn stop(&self) {
         let sender = self.shutdown.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -355,12 +387,37 @@ struct Shared {
     client: reqwest::Client,
     state: Mutex<Decider>,
     next_request_id: AtomicU64,
+    /// `Some` while recording.
+    recorded: Mutex<Option<Vec<RecordedCall>>>,
 }
 
 impl Shared {
     /// Never held across an await; a poisoned lock is still usable (the state is counters).
     fn lock(&self) -> MutexGuard<'_, Decider> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn recorded(&self) -> MutexGuard<'_, Option<Vec<RecordedCall>>> {
+        self.recorded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keep `call` and its answer, if recording.
+    fn record(&self, parts: &Parts, body: &[u8], call: &Call, answer: &Response, answer_body: &[u8]) {
+        let mut recorded = self.recorded();
+        let Some(calls) = recorded.as_mut() else {
+            return;
+        };
+        let status = answer.status();
+        calls.push(RecordedCall {
+            access_key: access_key(&parts.headers),
+            service: call.service,
+            operation: call.operation.clone(),
+            params: params(call, body),
+            status: status.as_u16(),
+            error: (status.is_client_error() || status.is_server_error())
+                .then(|| error_code(answer.headers(), answer_body))
+                .flatten(),
+        });
     }
 
     /// A request id for a synthetic answer, like the `x-amzn-RequestId` AWS sends.
@@ -700,8 +757,9 @@ fn plain(status: StatusCode, text: &str) -> Response {
     resp
 }
 
-/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus those
-/// the HTTP stacks set themselves from the new message (`host`, `content-length`).
+/// Headers that describe one connection, not the message (RFC 9110 §7.6.1), plus the one
+/// the HTTP stack sets itself from the new message (`content-length`). `host` goes through
+/// as the client sent it: SigV4 signs it, and moto enforcing IAM checks the signature.
 fn hop_by_hop(name: &HeaderName, connection_listed: &[String]) -> bool {
     matches!(
         name.as_str(),
@@ -714,7 +772,6 @@ fn hop_by_hop(name: &HeaderName, connection_listed: &[String]) -> bool {
             | "trailer"
             | "transfer-encoding"
             | "upgrade"
-            | "host"
             | "content-length"
             | "expect"
     ) || connection_listed.iter().any(|c| c == name.as_str())
@@ -749,15 +806,31 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         }
     };
     let call = classify(&parts, &body);
-    let decision = shared.lock().decide(&call);
+    let answer = respond(&shared, &parts, body.clone(), &call).await;
+    if shared.recorded().is_none() {
+        return answer;
+    }
+    // Every answer is whole in memory already: reading it back costs a copy.
+    let (head, answer_body) = answer.into_parts();
+    let answer_body = axum::body::to_bytes(answer_body, MAX_BODY_BYTES)
+        .await
+        .unwrap_or_default();
+    let answer = Response::from_parts(head, Body::from(answer_body.clone()));
+    shared.record(&parts, &body, &call, &answer, &answer_body);
+    answer
+}
+
+/// Fault the request or forward it, as the plan decides.
+async fn respond(shared: &Shared, parts: &Parts, body: Bytes, call: &Call) -> Response {
+    let decision = shared.lock().decide(call);
     if let Some(delay) = decision.delay {
         tokio::time::sleep(delay).await;
     }
     if let Some(kind @ (FaultKind::Throttle | FaultKind::ServerError)) = decision.fault {
         shared.lock().count(call.service, kind);
-        return fault_response(&call, kind, &shared.request_id());
+        return fault_response(call, kind, &shared.request_id());
     }
-    let upstream = match forward(&shared, &parts, body).await {
+    let upstream = match forward(shared, parts, body).await {
         Ok(resp) => resp,
         Err(e) => {
             shared.lock().stats.upstream_failures += 1;
@@ -771,9 +844,58 @@ async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
         // The upstream has applied the request and answered in full; the client never
         // learns that.
         shared.lock().count(call.service, FaultKind::LostResponse);
-        return fault_response(&call, FaultKind::ServerError, &shared.request_id());
+        return fault_response(call, FaultKind::ServerError, &shared.request_id());
     }
     upstream
+}
+
+/// The access key id of a SigV4 `Authorization` header (`... Credential=AKID/date/...`).
+fn access_key(headers: &HeaderMap) -> String {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split("Credential=").nth(1))
+        .and_then(|c| c.split('/').next())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// A request's parameters as JSON: its body, or its awsQuery form as an object.
+fn params(call: &Call, body: &[u8]) -> Value {
+    if call.protocol == Protocol::SqsQuery {
+        let pairs = url::form_urlencoded::parse(body);
+        return Value::Object(
+            pairs
+                .map(|(k, v)| (k.into_owned(), Value::String(v.into_owned())))
+                .collect(),
+        );
+    }
+    serde_json::from_slice(body).unwrap_or(Value::Null)
+}
+
+/// The error code of an AWS error answer, as the SDKs read it: the `x-amzn-query-error` or
+/// `x-amzn-errortype` header, else the JSON body's `__type` or `code`, else an XML `<Code>`;
+/// cut at a `:` and after a `#`.
+fn error_code(headers: &HeaderMap, body: &[u8]) -> Option<String> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let json: Option<Value> = serde_json::from_slice(body).ok();
+    let from_json = || {
+        let json = json.as_ref()?;
+        json["__type"].as_str().or(json["code"].as_str()).map(str::to_owned)
+    };
+    let from_xml = || {
+        let text = std::str::from_utf8(body).ok()?;
+        let start = text.find("<Code>")? + "<Code>".len();
+        let end = text[start..].find('<')? + start;
+        Some(text[start..end].to_owned())
+    };
+    let code = header("x-amzn-query-error")
+        .map(|q| q.split(';').next().unwrap_or_default().to_owned())
+        .or_else(|| header("x-amzn-errortype"))
+        .or_else(from_json)
+        .or_else(from_xml)?;
+    let code = code.split(':').next().unwrap_or_default();
+    Some(code.rsplit('#').next().unwrap_or_default().to_owned())
 }
 
 /// Send the request on to the upstream and read its whole answer.

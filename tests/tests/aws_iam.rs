@@ -1,33 +1,39 @@
-//! Least privilege, exercised: the four function binaries (hosted by `cargo lambda watch`),
-//! each signing as an IAM user that holds only its template.yaml policy, on a moto server of
-//! this test's own that enforces IAM. Every path of every function runs: ingest and the API's
-//! reads and writes, a retry through the scheduler table, a delivery that dies and its email,
-//! a replay, a 410 that disables its subscription, and a redriven message the dead-letter
-//! function puts back on its schedule. A missing action is an `AccessDenied`, which a
-//! function reports as a failed batch or the API as a 5xx: the test fails on either.
+//! Least privilege, exercised and proven: the four function binaries (hosted by `cargo lambda
+//! watch`), each signing as an IAM user that holds only its template.yaml policy, on a moto
+//! server of this test's own that enforces IAM, behind a recording proxy. Every path of every
+//! function runs: ingest and the API's reads and writes, a retry through the scheduler table,
+//! a circuit breaker opening, probing, closing and releasing what it held, a rate-limited
+//! backlog, an auto-disable and its email, deliveries that die with an email and a digest,
+//! replays of a delivery and an event and a subscription's recovery, a 410 that disables its
+//! subscription, a redriven message the dead-letter function puts back on its schedule, and
+//! the scheduler's sweep of an overdue delivery.
 //!
-//! moto checks the action of every request, and for SQS the queue too; for DynamoDB and
-//! SES it checks actions only (resources are matched against `*`), so those statements are
-//! granted on `*` here. Their resources are checked statically, for wildcards, by
-//! `bootstrap.rs`'s template test. (moto server per test: enforcing is server-wide.)
+//! Then every AWS call each function made, as the proxy recorded it, is checked against that
+//! function's policy with its resource (`hookwise_tests::iam_policy`): moto checks the action
+//! of every request but matches DynamoDB and SES resources against `*`, so a call on a table,
+//! index or identity the policy does not name passes there and is refused on AWS. An answer of
+//! AccessDenied fails the test too, also one a function only logs. (moto server per test:
+//! enforcing is server-wide.)
 
 mod aws_support;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use aws_support::{AwsEnv, EventSources, Gateway, LambdaHost, SENDER};
-use hookwise_aws::{AwsAdapters, AwsClients, AwsConfig};
-use hookwise_core::model::Email;
-use hookwise_core::ports::SystemClock;
-use hookwise_core::services::{Config, Services};
+use chrono::{DateTime, Utc};
+use hookwise_aws::{env, AwsAdapters, AwsClients, AwsConfig};
+use hookwise_core::model::{DeliveryId, Email, SubscriptionId};
+use hookwise_core::ports::{Clock, DeliveryQueue, DeliveryTask, PortResult, SystemClock};
+use hookwise_core::services::{Config, Ports, Services};
 use hookwise_http::{HttpSender, SenderConfig};
+use hookwise_tests::fault_proxy::{FaultPlan, FaultProxy};
+use hookwise_tests::iam_policy::{self, function_policies, Need, Policy, Stack};
 use hookwise_tests::Receiver;
 use rand::SeedableRng;
 use serde_json::{json, Value};
-use serde_yaml_ng::Value as Yaml;
 
 const WAIT: Duration = Duration::from_secs(90);
 /// The queue's delay limit here: a 5 s retry is a delayed message, a 12 s one goes through
@@ -119,78 +125,130 @@ fn xml_field(xml: &str, name: &str) -> String {
     xml[start..end].to_owned()
 }
 
-/// Each function binary's policy in template.yaml, as an IAM policy document for moto: SQS
-/// statements on the provisioned queues, the others on `*` (see the module's comment).
-fn template_policies(queue_arns: &HashMap<String, String>) -> HashMap<String, Value> {
-    let yaml = std::fs::read_to_string(aws_support::workspace_root().join("template.yaml")).unwrap();
-    let doc: Yaml = serde_yaml_ng::from_str(&yaml).unwrap();
-    let mut policies = HashMap::new();
-    for (_, resource) in doc["Resources"].as_mapping().unwrap() {
-        if resource["Type"].as_str() != Some("AWS::Serverless::Function") {
-            continue;
-        }
-        let binary = resource["Metadata"]["BuildProperties"]["Binary"].as_str().unwrap();
-        // `Role: !GetAtt <role>.Arn`, and the role's inline policies.
-        let role = match &resource["Properties"]["Role"] {
-            Yaml::Tagged(t) => t.value.as_str().unwrap().trim_end_matches(".Arn"),
-            other => panic!("{binary}'s Role: {other:?}"),
-        };
-        let mut statements = Vec::new();
-        for policy in doc["Resources"][role]["Properties"]["Policies"].as_sequence().unwrap() {
-            for statement in policy["PolicyDocument"]["Statement"].as_sequence().unwrap() {
-                let mut actions: Vec<&str> = statement["Action"]
-                    .as_sequence()
-                    .unwrap()
-                    .iter()
-                    .map(|a| a.as_str().unwrap())
-                    .collect();
-                // moto names an operation's action after the operation; AWS authorises
-                // SendMessageBatch as sqs:SendMessage, and TransactWriteItems by its items'
-                // actions. So moto gets its own names for those two.
-                if actions.contains(&"sqs:SendMessage") {
-                    actions.push("sqs:SendMessageBatch");
-                }
-                if actions
-                    .iter()
-                    .any(|a| ["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"].contains(a))
-                {
-                    actions.push("dynamodb:TransactWriteItems");
-                }
-                let resource = if actions.iter().all(|a| a.starts_with("sqs:")) {
-                    let named: Vec<&Yaml> = match &statement["Resource"] {
-                        Yaml::Sequence(list) => list.iter().collect(),
-                        one => vec![one],
-                    };
-                    json!(named.iter().map(|r| queue_arn(r, queue_arns)).collect::<Vec<_>>())
-                } else {
-                    json!("*")
-                };
-                statements.push(json!({"Effect": "Allow", "Action": actions, "Resource": resource}));
+/// A function's template policy as a document for moto, which matches DynamoDB and SES
+/// requests against `*` (see the module's comment): SQS statements keep their queues, the
+/// others are granted on `*`. moto names an operation's action after the operation, where
+/// AWS authorises SendMessageBatch as sqs:SendMessage and TransactWriteItems by its items'
+/// actions: moto gets its own names for those two.
+fn moto_policy(policy: &Policy) -> Value {
+    let statements: Vec<Value> = policy
+        .statements
+        .iter()
+        .map(|s| {
+            let mut actions = s.actions.clone();
+            if actions.iter().any(|a| a == "sqs:SendMessage") {
+                actions.push("sqs:SendMessageBatch".into());
             }
-        }
-        policies.insert(
-            binary.to_owned(),
-            json!({"Version": "2012-10-17", "Statement": statements}),
-        );
-    }
-    policies
-}
-
-/// `!GetAtt SomeQueue.Arn` as the provisioned queue's ARN.
-fn queue_arn(resource: &Yaml, queue_arns: &HashMap<String, String>) -> String {
-    let Yaml::Tagged(tagged) = resource else {
-        panic!("an SQS resource is !GetAtt <queue>.Arn: {resource:?}")
-    };
-    let target = tagged.value.as_str().and_then(|t| t.strip_suffix(".Arn")).unwrap();
-    queue_arns
-        .get(target)
-        .unwrap_or_else(|| panic!("no queue {target} provisioned"))
-        .clone()
+            if actions
+                .iter()
+                .any(|a| ["dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"].contains(&a.as_str()))
+            {
+                actions.push("dynamodb:TransactWriteItems".into());
+            }
+            let resource = match actions.iter().all(|a| a.starts_with("sqs:")) {
+                true => json!(s.resources),
+                false => json!("*"),
+            };
+            let effect = if s.allow { "Allow" } else { "Deny" };
+            json!({"Effect": effect, "Action": actions, "Resource": resource})
+        })
+        .collect();
+    json!({"Version": "2012-10-17", "Statement": statements})
 }
 
 async fn clients_as(url: &str, (id, secret): &(String, String)) -> AwsClients {
     AwsClients::for_endpoint_as(url, id, secret, None).await
 }
+
+/// A queue that takes every message and sends none: to the sweep, a delivery stored while
+/// its message was lost (a crash between the two).
+struct LostMessages;
+
+#[async_trait::async_trait]
+impl DeliveryQueue for LostMessages {
+    fn max_delay_seconds(&self) -> u32 {
+        MAX_DELAY
+    }
+    async fn enqueue(&self, _: &[(DeliveryTask, u32)]) -> PortResult<()> {
+        Ok(())
+    }
+    async fn dead_letter(&self, _: &[DeliveryTask]) -> PortResult<()> {
+        Ok(())
+    }
+}
+
+/// The wall clock, `behind` late.
+struct Behind(chrono::Duration);
+
+#[async_trait::async_trait]
+impl Clock for Behind {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now() - self.0
+    }
+    async fn sleep_until(&self, _: DateTime<Utc>) {}
+}
+
+/// Each function's (action, resource) that only the scenarios below make: that they were
+/// recorded shows each path ran. Resources by logical id (`Table/index/name` for an index).
+const PATHS: &[(&str, &str, &str, &str)] = &[
+    ("hookwise-ingest", "sqs:SendMessage", "DeliveryQueue", "ingest"),
+    (
+        "hookwise-ingest",
+        "dynamodb:Query",
+        "MainTable/index/by-subscription",
+        "the API's listings",
+    ),
+    (
+        "hookwise-deliver",
+        "dynamodb:PutItem",
+        "SchedulerTable",
+        "a breaker holding an attempt",
+    ),
+    (
+        "hookwise-deliver",
+        "dynamodb:Query",
+        "SchedulerTable",
+        "a closing breaker reading what it held",
+    ),
+    (
+        "hookwise-deliver",
+        "dynamodb:BatchWriteItem",
+        "SchedulerTable",
+        "a closing breaker releasing a page",
+    ),
+    ("hookwise-deliver", "ses:SendEmail", "sender", "an auto-disable's email"),
+    (
+        "hookwise-deliver",
+        "sqs:SendMessage",
+        "DeadLetterQueue",
+        "a delivery dying",
+    ),
+    (
+        "hookwise-scheduler",
+        "dynamodb:Query",
+        "MainTable/index/overdue",
+        "the sweep",
+    ),
+    (
+        "hookwise-scheduler",
+        "sqs:SendMessage",
+        "DeliveryQueue",
+        "moving retries and the sweep's re-queue",
+    ),
+    ("hookwise-scheduler", "ses:SendEmail", "sender", "a digest"),
+    (
+        "hookwise-dead-letter",
+        "ses:SendEmail",
+        "sender",
+        "a dead delivery's email",
+    ),
+    (
+        "hookwise-dead-letter",
+        "sqs:SendMessage",
+        "DeliveryQueue",
+        "a redriven delivery put back",
+    ),
+];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn given_each_function_holding_only_its_template_policy_then_every_path_of_it_succeeds() {
@@ -200,24 +258,25 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     if aws_support::endpoint(aws_support::MOTO_URL).is_none() {
         return; // moto is not installed (aws_support decided whether that fails)
     }
+    let started = Utc::now();
     let moto = Moto::start().await;
+    // The functions reach moto through the proxy, which records each call and its answer.
+    let proxy = FaultProxy::start(&moto.url, FaultPlan::none()).await;
+    proxy.record_calls();
     let env = AwsEnv::at(moto.url.clone(), moto.url.clone(), "iam", None).await;
     let p = &env.provisioned;
-    let queue_arns: HashMap<String, String> = [
-        ("DeliveryQueue", &p.delivery_queue_url),
-        ("DeadLetterQueue", &p.dead_letter_queue_url),
-    ]
-    .into_iter()
-    .map(|(id, url)| {
-        let name = url.rsplit('/').next().unwrap();
-        (id.to_owned(), format!("arn:aws:sqs:us-east-1:123456789012:{name}"))
-    })
-    .collect();
-    let policies = template_policies(&queue_arns);
+    let stack = Stack::new("us-east-1", "123456789012", "iam")
+        .parameter("SenderEmail", SENDER)
+        .table("MainTable", &p.table)
+        .table("SchedulerTable", &p.scheduler_table)
+        .queue("DeliveryQueue", &p.delivery_queue_url)
+        .queue("DeadLetterQueue", &p.dead_letter_queue_url);
+    let template = std::fs::read_to_string(aws_support::workspace_root().join("template.yaml")).unwrap();
+    let policies = function_policies(&template, &stack);
     assert_eq!(policies.len(), 4);
     let mut keys = HashMap::new();
     for (binary, policy) in &policies {
-        keys.insert(binary.clone(), moto.user(binary, policy).await);
+        keys.insert(binary.clone(), moto.user(binary, &moto_policy(policy)).await);
     }
     // The operator (this test: the tenant, the event sources' receive and delete) may do all.
     let operator = moto
@@ -237,20 +296,24 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         allow_cidrs: vec!["127.0.0.0/8".parse().unwrap()],
         ..SenderConfig::default()
     };
-    let local = Services::new(
-        AwsAdapters::new(&admin, &config).ports(Arc::new(HttpSender::new(loopback).unwrap()), Arc::new(SystemClock)),
-        Config::default(),
-        rand::rngs::StdRng::from_os_rng(),
-    );
+    let ports =
+        AwsAdapters::new(&admin, &config).ports(Arc::new(HttpSender::new(loopback).unwrap()), Arc::new(SystemClock));
+    let local = Services::new(ports.clone(), Config::default(), rand::rngs::StdRng::from_os_rng());
     let owner = format!("{}@owner.example", aws_support::unique_prefix("o"));
-    let (_, key) = local
+    let (tenant, key) = local
         .create_tenant("iam", Email::parse(&owner).unwrap())
         .await
         .expect("the operator creates the tenant");
 
-    // The functions sign as their own users, tables and queues on this moto.
+    // The functions sign as their own users, tables and queues on this moto, through the proxy.
     let mut fn_env = env.function_env(MAX_DELAY);
-    fn_env.retain(|(k, _)| !k.starts_with("AWS_ACCESS_KEY_ID") && !k.starts_with("AWS_SECRET_ACCESS_KEY"));
+    fn_env.retain(|(k, _)| {
+        !k.starts_with("AWS_ACCESS_KEY_ID")
+            && !k.starts_with("AWS_SECRET_ACCESS_KEY")
+            && !k.starts_with("AWS_ENDPOINT_URL")
+    });
+    fn_env.push(("AWS_ENDPOINT_URL".into(), proxy.url()));
+    fn_env.push((env::DIGEST_WINDOW_SECONDS.into(), DIGEST_WINDOW_SECONDS.to_string()));
     let host = Arc::new(
         LambdaHost::start_with(&fn_env, |function| {
             let (id, secret) = keys[function].clone();
@@ -270,38 +333,42 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         assert!((200..300).contains(&status), "{what}: {status} {body}");
         body
     };
+    let subscribe = |body: Value| api.post("/v1/subscriptions", body);
 
     // Subscriptions: two that fail once (a 5 s retry on the queue, a 12 s one through the
-    // scheduler table), one always down (dead, emailed, replayed), one gone (410: disabled by
-    // the deliver side).
+    // scheduler table), one always down (dead, emailed, a digest, replayed), one gone (410:
+    // disabled by the deliver side), one whose breaker opens, one rate-limited, and one
+    // failing long enough to be disabled.
     let flaky = Receiver::start(1).await;
     let later = Receiver::start(1).await;
     let down = Receiver::start(u32::MAX).await;
     let gone = Receiver::start(0).await;
     gone.answer_with(410);
-    let flaky_sub = api
-        .post(
-            "/v1/subscriptions",
-            json!({"url": flaky.url("/f"), "event_types": ["order.*"], "retry_policy": {"schedule_seconds": [5]}}),
-        )
-        .await;
-    api.post(
-        "/v1/subscriptions",
-        json!({"url": later.url("/l"), "event_types": ["refund.*"], "retry_policy": {"schedule_seconds": [12]}}),
+    let tripped = Receiver::start(u32::MAX).await;
+    let limited = Receiver::start(0).await;
+    let failing = Receiver::start(u32::MAX).await;
+    let no_breaker = json!({"enabled": false});
+    let flaky_sub = subscribe(
+        json!({"url": flaky.url("/f"), "event_types": ["order.*"], "retry_policy": {"schedule_seconds": [5]}}),
     )
     .await;
-    let down_sub = api
-        .post(
-            "/v1/subscriptions",
-            json!({"url": down.url("/d"), "event_types": ["invoice.*"], "retry_policy": {"schedule_seconds": [1]}}),
-        )
+    subscribe(json!({"url": later.url("/l"), "event_types": ["refund.*"], "retry_policy": {"schedule_seconds": [12]}}))
         .await;
-    let gone_sub = api
-        .post(
-            "/v1/subscriptions",
-            json!({"url": gone.url("/g"), "event_types": ["user.*"]}),
-        )
-        .await;
+    let down_sub = subscribe(json!({"url": down.url("/d"), "event_types": ["invoice.*"],
+        "retry_policy": {"schedule_seconds": [1]}, "circuit_breaker": no_breaker}))
+    .await;
+    let gone_sub = subscribe(json!({"url": gone.url("/g"), "event_types": ["user.*"]})).await;
+    subscribe(
+        json!({"url": tripped.url("/t"), "event_types": ["breaker.*"], "auto_disable_after_hours": null,
+        "retry_policy": {"schedule_seconds": [2, 2, 2, 2, 2, 2, 2, 2, 2, 2]},
+        "circuit_breaker": {"failure_threshold": 2, "probe_interval_seconds": 3}}),
+    )
+    .await;
+    subscribe(json!({"url": limited.url("/r"), "event_types": ["limited.*"], "rate_limit_per_second": 1})).await;
+    let disabled_owner = format!("{}@owner.example", aws_support::unique_prefix("d"));
+    let failing_sub = subscribe(json!({"url": failing.url("/x"), "event_types": ["failing.*"],
+        "owner_email": disabled_owner, "auto_disable_after_hours": 1, "circuit_breaker": no_breaker}))
+    .await;
     let flaky_id = flaky_sub["id"].as_str().unwrap();
     ok(
         api.call(
@@ -322,6 +389,24 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         "rotate the secret",
     );
 
+    // The failing subscription has been active for two hours (the operator moves its start
+    // back): its next failed attempt disables it.
+    let failing_id = SubscriptionId::parse(failing_sub["id"].as_str().unwrap()).unwrap();
+    let mut sub = ports
+        .store
+        .get_subscription(&tenant.id, &failing_id)
+        .await
+        .unwrap()
+        .expect("the failing subscription");
+    let read_at = sub.updated_at;
+    sub.active_since = Some(Utc::now() - chrono::Duration::hours(2));
+    sub.updated_at = Utc::now();
+    ports
+        .store
+        .replace_subscription(&sub, read_at)
+        .await
+        .expect("moved back");
+
     // Ingest: keyed events in a batch, the batch again (answered from the store), one event.
     let keyed = json!({"events": [
         {"type": "order.paid", "payload": {"order": 1}, "idempotency_key": "o-1"},
@@ -340,17 +425,27 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     assert_eq!(again["results"][0]["replayed"], true, "{again}");
     api.post("/v1/events", json!({"type": "user.deleted", "payload": {"user": 3}}))
         .await;
+    let first_of = |ingested: &Value| ingested["deliveries"][0]["id"].as_str().unwrap().to_owned();
     let order = batch["results"][0].clone();
-    let order_delivery = order["deliveries"][0]["id"].as_str().unwrap().to_owned();
-    let down_delivery = batch["results"][1]["deliveries"][0]["id"].as_str().unwrap().to_owned();
-    let refund_delivery = batch["results"][2]["deliveries"][0]["id"].as_str().unwrap().to_owned();
+    let order_delivery = first_of(&order);
+    let down_delivery = first_of(&batch["results"][1]);
+    let refund_delivery = first_of(&batch["results"][2]);
+    let events = |kind: &str, n: usize| {
+        let events: Vec<Value> = (0..n)
+            .map(|i| json!({"type": format!("{kind}.happened"), "payload": {"n": i}}))
+            .collect();
+        ok_batch(&api, json!({ "events": events }))
+    };
+    let tripped_deliveries = events("breaker", 4).await;
+    let limited_deliveries = events("limited", 5).await;
+    let failing_delivery = events("failing", 1).await.remove(0);
 
     // While the order's delivery waits for its retry (5 s), SQS redrives a message for that
     // attempt to the dead-letter queue: the dead-letter function puts it back on its
     // schedule, a delayed message on the delivery queue.
     api.wait_status(&order_delivery, "retrying", WAIT).await;
-    let redriven = hookwise_aws::encode_task(&hookwise_core::ports::DeliveryTask {
-        delivery_id: hookwise_core::model::DeliveryId::parse(&order_delivery).unwrap(),
+    let redriven = hookwise_aws::encode_task(&DeliveryTask {
+        delivery_id: DeliveryId::parse(&order_delivery).unwrap(),
         round: 0,
         attempt: 2,
         queued_at: None,
@@ -369,24 +464,82 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     api.wait_status(&order_delivery, "delivered", WAIT).await;
     api.wait_status(&refund_delivery, "delivered", WAIT).await;
 
-    // Dead, emailed, replayed.
+    // Dead and emailed at once; two more die within the digest window, and go out together
+    // in one digest when it has passed.
     api.wait_status(&down_delivery, "dead", WAIT).await;
-    let start = Instant::now();
-    while aws_support::moto_mail_to(&moto.url, &owner).await.is_empty() {
-        assert!(start.elapsed() < WAIT, "no email to {owner}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
+    wait_mail(&moto.url, &owner, 1).await;
+    let digested = events("invoice", 3).await;
+    for d in &digested {
+        api.wait_status(d, "dead", WAIT).await;
     }
+    wait_mail(&moto.url, &owner, 2).await;
+
+    // The breaker: opened by the first failures, the rest held, probes failing; the endpoint
+    // recovers, a probe closes it and what it held is released.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    tripped.recover();
+    for d in &tripped_deliveries {
+        api.wait_status(d, "delivered", WAIT).await;
+    }
+
+    // The rate-limited backlog drains at its rate.
+    for d in &limited_deliveries {
+        api.wait_status(d, "delivered", WAIT).await;
+    }
+
+    // Disabled for failing, its owner told.
+    api.wait_status(&failing_delivery, "dead", WAIT).await;
+    let disabled = ok(
+        api.call("GET", &format!("/v1/subscriptions/{failing_id}"), None).await,
+        "the failing subscription",
+    );
+    assert_eq!(disabled["status"], "disabled", "{disabled}");
+    wait_mail(&moto.url, &disabled_owner, 1).await;
+
+    // Replayed four ways: a delivery, an event, the subscription's recovery, and one whose
+    // replay was stored ten minutes ago and its message lost (a crash between the two): the
+    // scheduler's sweep finds it overdue and queues it again.
     down.recover();
+    let lost = Services::new(
+        Ports {
+            queue: Arc::new(LostMessages),
+            clock: Arc::new(Behind(chrono::Duration::minutes(10))),
+            ..ports.clone()
+        },
+        Config::default(),
+        rand::rngs::StdRng::from_os_rng(),
+    );
+    lost.replay_delivery(&tenant, &DeliveryId::parse(&down_delivery).unwrap())
+        .await
+        .expect("a replay whose message is lost");
     ok(
         api.call(
             "POST",
-            &format!("/v1/deliveries/{down_delivery}/replay"),
+            &format!("/v1/deliveries/{}/replay", digested[0]),
             Some(json!({})),
         )
         .await,
-        "replay",
+        "replay a delivery",
     );
-    api.wait_status(&down_delivery, "delivered", WAIT).await;
+    let digested_event = event_of(&api, &digested[1]).await;
+    ok(
+        api.call("POST", &format!("/v1/events/{digested_event}/replay"), Some(json!({})))
+            .await,
+        "replay an event",
+    );
+    let down_id = down_sub["id"].as_str().unwrap();
+    ok(
+        api.call(
+            "POST",
+            &format!("/v1/subscriptions/{down_id}/recover"),
+            Some(json!({"since": started.to_rfc3339()})),
+        )
+        .await,
+        "recover a subscription",
+    );
+    for d in [&down_delivery].into_iter().chain(&digested) {
+        api.wait_status(d, "delivered", WAIT).await;
+    }
 
     // 410: the subscription is disabled.
     let gone_id = gone_sub["id"].as_str().unwrap();
@@ -404,7 +557,6 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     }
 
     // The API's reads: every listing index, an event, a delivery with its attempts.
-    let down_id = down_sub["id"].as_str().unwrap();
     for path in [
         "/v1/subscriptions".to_owned(),
         "/v1/deliveries".to_owned(),
@@ -421,14 +573,109 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         "DELETE",
     );
 
+    // Judged from outside: each receiver got the event of each delivery made to it.
+    for (receiver, deliveries) in [
+        (&tripped, tripped_deliveries.clone()),
+        (&limited, limited_deliveries.clone()),
+        (&down, [vec![down_delivery.clone()], digested.clone()].concat()),
+    ] {
+        let got = received_events(receiver);
+        for d in &deliveries {
+            let event = event_of(&api, d).await;
+            assert!(got.contains(&event), "{d} (event {event}) never reached its endpoint");
+        }
+    }
     assert!(
         sources.moved_by_scheduler() > 0,
         "the scheduler moved no retry from its table"
     );
-    assert!(
-        sources.log.lock().unwrap().failures.is_empty(),
-        "a function failed a batch (an action its policy lacks?): {:?}",
-        sources.log.lock().unwrap().failures
-    );
+    let failures = sources.log.lock().unwrap().failures.clone();
     sources.stop().await;
+
+    // Every call each function made, checked against its policy, resource included.
+    let functions: BTreeMap<String, String> = keys.iter().map(|(f, (id, _))| (id.clone(), f.clone())).collect();
+    let (seen, problems) = iam_policy::check(&proxy.calls(), &functions, &policies, &stack);
+    println!("function            action                   calls  resource");
+    for ((function, need), n) in &seen {
+        println!("{function:<19} {:<24} {n:>5}  {}", need.action, need.resource);
+    }
+    let arn = |logical: &str| match logical.split_once("/index/") {
+        _ if logical == "sender" => format!("arn:aws:ses:us-east-1:123456789012:identity/{SENDER}"),
+        Some((table, index)) => format!("{}/index/{index}", stack_arn(&stack, table, p)),
+        None => stack_arn(&stack, logical, p),
+    };
+    let missing: Vec<String> = PATHS
+        .iter()
+        .filter(|(function, action, logical, _)| {
+            let need = Need {
+                action: (*action).to_owned(),
+                resource: arn(logical),
+            };
+            !seen.contains_key(&((*function).to_owned(), need))
+        })
+        .map(|(function, action, logical, path)| format!("{function} made no {action} on {logical} ({path})"))
+        .collect();
+    assert!(
+        problems.is_empty(),
+        "calls the template's policies do not allow:\n{}",
+        problems.join("\n")
+    );
+    assert!(missing.is_empty(), "paths that did not run:\n{}", missing.join("\n"));
+    assert!(failures.is_empty(), "a function failed a batch: {failures:?}");
+}
+
+/// The digest window the functions run with here.
+const DIGEST_WINDOW_SECONDS: u64 = 3;
+
+/// A provisioned table's or queue's ARN, by logical id.
+fn stack_arn(stack: &Stack, logical: &str, p: &hookwise_aws::bootstrap::Provisioned) -> String {
+    let (region, account) = (&stack.region, &stack.account);
+    let queue = |url: &str| format!("arn:aws:sqs:{region}:{account}:{}", url.rsplit('/').next().unwrap());
+    let table = |name: &str| format!("arn:aws:dynamodb:{region}:{account}:table/{name}");
+    match logical {
+        "MainTable" => table(&p.table),
+        "SchedulerTable" => table(&p.scheduler_table),
+        "DeliveryQueue" => queue(&p.delivery_queue_url),
+        "DeadLetterQueue" => queue(&p.dead_letter_queue_url),
+        other => panic!("no ARN for {other}"),
+    }
+}
+
+/// POST a batch; the first delivery's id of each event.
+async fn ok_batch(api: &Gateway, batch: Value) -> Vec<String> {
+    let out = api.post("/v1/events/batch", batch).await;
+    assert_eq!(out["failed"], 0, "{out}");
+    out["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["deliveries"][0]["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The event a delivery is of.
+async fn event_of(api: &Gateway, delivery: &str) -> String {
+    let d = api.delivery(delivery).await;
+    d["event_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no event_id: {d}"))
+        .to_owned()
+}
+
+/// Wait until `to` has been sent `n` emails.
+async fn wait_mail(moto_url: &str, to: &str, n: usize) {
+    let start = Instant::now();
+    while aws_support::moto_mail_to(moto_url, to).await.len() < n {
+        assert!(start.elapsed() < WAIT, "fewer than {n} emails to {to}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The event ids (`webhook-id`) a receiver got.
+fn received_events(receiver: &Receiver) -> Vec<String> {
+    receiver
+        .requests()
+        .iter()
+        .filter_map(|r| r.header("webhook-id").map(str::to_owned))
+        .collect()
 }

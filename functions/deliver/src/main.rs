@@ -17,7 +17,7 @@ async fn main() -> Result<(), Error> {
         ..Default::default()
     })?;
     // Metrics as embedded metric format, one log line per invocation.
-    let metrics = Arc::new(hookwise_aws::metrics::EmfMetrics::new("deliver"));
+    let metrics = Arc::new(hookwise_aws::metrics::EmfMetrics::new(&config.service, "deliver"));
     let services = Arc::new(config.services(Arc::new(sender)).await.with_metrics(metrics));
     run(service_fn(move |event: LambdaEvent<SqsEvent>| {
         let services = services.clone();

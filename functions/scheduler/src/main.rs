@@ -10,14 +10,10 @@ use serde_json::Value;
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     tracing::init_default_subscriber();
+    let config = FunctionConfig::from_env()?;
     // Metrics as embedded metric format, one log line per invocation.
-    let metrics = Arc::new(hookwise_aws::metrics::EmfMetrics::new("scheduler"));
-    let services = Arc::new(
-        FunctionConfig::from_env()?
-            .services(Arc::new(NoSender))
-            .await
-            .with_metrics(metrics),
-    );
+    let metrics = Arc::new(hookwise_aws::metrics::EmfMetrics::new(&config.service, "scheduler"));
+    let services = Arc::new(config.services(Arc::new(NoSender)).await.with_metrics(metrics));
     run(service_fn(move |event: LambdaEvent<Value>| {
         let services = services.clone();
         async move {

@@ -35,6 +35,7 @@ pub mod env {
     pub const ALLOWED_TARGET_CIDRS: &str = "HOOKWISE_ALLOWED_TARGET_CIDRS";
     pub const PUBLIC_API_URL: &str = "HOOKWISE_PUBLIC_API_URL";
     pub const DIGEST_WINDOW_SECONDS: &str = "HOOKWISE_DIGEST_WINDOW_SECONDS";
+    pub const SERVICE: &str = "HOOKWISE_SERVICE";
 }
 
 pub const ENV_PREFIX: &str = "HOOKWISE_";
@@ -85,6 +86,10 @@ pub struct FunctionConfig {
     /// An owner gets at most one dead-delivery email per this many seconds.
     #[serde(default = "default_digest_window")]
     pub digest_window_seconds: u64,
+    /// The deployment's name (the template sets its stack's): its metrics' `Service`
+    /// dimension, so two stacks in one account keep their metrics and alarms apart.
+    #[serde(default = "hookwise")]
+    pub service: String,
 }
 
 fn sqs_max_delay() -> u32 {
@@ -98,6 +103,9 @@ fn default_digest_window() -> u64 {
 }
 fn standard() -> String {
     "standard".into()
+}
+fn hookwise() -> String {
+    "hookwise".into()
 }
 
 /// `a, b` as a list; empty as none.

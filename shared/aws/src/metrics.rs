@@ -1,7 +1,7 @@
 //! The services' metrics as CloudWatch embedded metric format: one JSON line on standard
 //! output per Lambda invocation, which CloudWatch Logs turns into metrics in the `Hookwise`
-//! namespace, with the function as their dimension (no API call, no permission beyond the
-//! logs'). Counts go out as one value each; durations as the values observed, in
+//! namespace, with the deployment (`Service`, its stack's name) and the function as their
+//! dimensions (no API call, no permission beyond the logs'). Counts go out as one value each; durations as the values observed, in
 //! milliseconds (an array of at most 100, so CloudWatch has their percentiles).
 //!
 //! The line carries the function's own application log level (`AWS_LAMBDA_LOG_LEVEL`, which
@@ -32,21 +32,24 @@ struct Recorded {
 /// Records one function's metrics; [`Recorder::flush`] prints them.
 #[derive(Debug)]
 pub struct EmfMetrics {
+    service: String,
     function: String,
     level: String,
     recorded: Mutex<Recorded>,
 }
 
 impl EmfMetrics {
-    /// `function`: the dimension's value (`deliver`, `dead-letter`, `scheduler`); the line's
-    /// level is the function's (`AWS_LAMBDA_LOG_LEVEL`, else INFO).
-    pub fn new(function: &str) -> Self {
+    /// The dimensions' values: `service`, the deployment's name (`FunctionConfig::service`),
+    /// and `function` (`deliver`, `dead-letter`, `scheduler`); the line's level is the
+    /// function's (`AWS_LAMBDA_LOG_LEVEL`, else INFO).
+    pub fn new(service: &str, function: &str) -> Self {
         let level = std::env::var("AWS_LAMBDA_LOG_LEVEL").unwrap_or_else(|_| "INFO".into());
-        Self::at_level(function, &level)
+        Self::at_level(service, function, &level)
     }
 
-    fn at_level(function: &str, level: &str) -> Self {
+    fn at_level(service: &str, function: &str, level: &str) -> Self {
         Self {
+            service: service.to_owned(),
             function: function.to_owned(),
             level: level.to_owned(),
             recorded: Mutex::new(Recorded::default()),
@@ -63,6 +66,7 @@ impl EmfMetrics {
         let mut metrics = Vec::new();
         let mut doc = serde_json::Map::new();
         doc.insert("level".into(), json!(self.level));
+        doc.insert("Service".into(), json!(self.service));
         doc.insert("Function".into(), json!(self.function));
         for (name, n) in &recorded.counts {
             metrics.push(json!({"Name": name, "Unit": "Count"}));
@@ -76,7 +80,7 @@ impl EmfMetrics {
             "_aws".into(),
             json!({
                 "Timestamp": timestamp_ms,
-                "CloudWatchMetrics": [{"Namespace": NAMESPACE, "Dimensions": [["Function"]], "Metrics": metrics}],
+                "CloudWatchMetrics": [{"Namespace": NAMESPACE, "Dimensions": [["Service", "Function"]], "Metrics": metrics}],
             }),
         );
         Some(Value::Object(doc))
@@ -127,7 +131,7 @@ mod tests {
 
     #[test]
     fn an_invocations_metrics_are_one_emf_document_then_nothing() {
-        let m = EmfMetrics::at_level("deliver", "WARN");
+        let m = EmfMetrics::at_level("hookwise-prod", "deliver", "WARN");
         assert_eq!(m.take_line(1), None);
         m.count(DELIVERED, 2);
         m.count(DELIVERED, 1);
@@ -140,6 +144,7 @@ mod tests {
             line,
             json!({
                 "level": "WARN",
+                "Service": "hookwise-prod",
                 "Function": "deliver",
                 "Delivered": 3,
                 "AttemptLatency": [35.3, 120.0, 120.0],
@@ -147,7 +152,7 @@ mod tests {
                     "Timestamp": 1_700_000_000_000i64,
                     "CloudWatchMetrics": [{
                         "Namespace": "Hookwise",
-                        "Dimensions": [["Function"]],
+                        "Dimensions": [["Service", "Function"]],
                         "Metrics": [
                             {"Name": "Delivered", "Unit": "Count"},
                             {"Name": "AttemptLatency", "Unit": "Milliseconds"},
@@ -161,7 +166,7 @@ mod tests {
 
     #[test]
     fn many_durations_go_out_as_a_hundred_quantiles() {
-        let m = EmfMetrics::at_level("deliver", "INFO");
+        let m = EmfMetrics::at_level("hookwise-prod", "deliver", "INFO");
         for ms in 0..1000 {
             m.time(ATTEMPT_LATENCY, Duration::from_millis(999 - ms));
         }

@@ -28,6 +28,9 @@ pub const RATE_LIMITED: &str = "RateLimited";
 pub const HELD: &str = "Held";
 pub const BREAKER_OPENED: &str = "BreakerOpened";
 pub const RELEASED: &str = "Released";
+/// Writes the delivery path makes best effort, failed and only logged: a circuit breaker's
+/// change, an endpoint's health. A steady count is a store (or a permission) failing.
+pub const BEST_EFFORT_FAILURES: &str = "BestEffortFailures";
 /// Messages given back to the queue on an infrastructure failure.
 pub const REDELIVERED: &str = "Redelivered";
 /// How long a POST took, from its start to its answer (or timeout).
@@ -39,6 +42,9 @@ pub const QUEUE_LAG: &str = "QueueLag";
 pub const DEAD_LETTERS: &str = "DeadLetters";
 pub const NOTICES: &str = "Notices";
 pub const EMAILS: &str = "Emails";
+/// Owners' emails (dead deliveries, digests, disablings) SES refused or did not answer: each
+/// is tried again, but a steady count is mail not reaching owners.
+pub const EMAIL_FAILURES: &str = "EmailFailures";
 pub const RESCHEDULED: &str = "Rescheduled";
 /// Retries the scheduler moved from its table to the queue, and overdue deliveries it
 /// queued again.

@@ -1409,6 +1409,80 @@ impl hookwise_core::metrics::Recorder for Recorded {
 }
 
 #[tokio::test]
+async fn given_a_breaker_write_failing_then_the_delivery_goes_on_and_the_failure_is_counted() {
+    let recorded = std::sync::Arc::new(Recorded::default());
+    let h = Harness::new(ScriptedSender::always(500));
+    let h = Harness {
+        services: h.services.with_metrics(recorded.clone()),
+        ..h
+    };
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let mut sub = new_sub("https://down.example.com/", &["*"], None);
+    sub.circuit_breaker = Some(hookwise_core::circuit::CircuitBreaker {
+        failure_threshold: 1,
+        ..hookwise_core::circuit::CircuitBreaker::on()
+    });
+    h.services.create_subscription(&tenant, sub).await.unwrap();
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    // The failed attempt opens the breaker (threshold 1): that write fails.
+    h.store
+        .failing_circuit_writes
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    for r in h.services.deliver_batch(&h.queue.take_visible()).await {
+        r.expect("the attempt is recorded whatever the breaker's write did");
+    }
+    let (delivery, _) = h
+        .services
+        .get_delivery(&tenant, &ingested.deliveries[0].id)
+        .await
+        .unwrap();
+    assert_eq!(delivery.attempts, 1, "{delivery:?}");
+    let counts = recorded.counts.lock().unwrap().clone();
+    assert_eq!(
+        counts.get(hookwise_core::metrics::BEST_EFFORT_FAILURES),
+        Some(&1),
+        "{counts:?}"
+    );
+}
+
+#[tokio::test]
+async fn given_ses_refusing_an_owners_email_then_the_failure_is_counted_and_the_next_try_sends_it() {
+    let recorded = std::sync::Arc::new(Recorded::default());
+    let h = Harness::new(ScriptedSender::always(500));
+    let h = Harness {
+        services: h.services.with_metrics(recorded.clone()),
+        ..h
+    };
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.mailer
+        .refusing_once
+        .lock()
+        .unwrap()
+        .insert("owner@example.com".into());
+    h.services
+        .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![])))
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    let failures = || {
+        recorded
+            .counts
+            .lock()
+            .unwrap()
+            .get(hookwise_core::metrics::EMAIL_FAILURES)
+            .copied()
+    };
+    assert_eq!(failures(), Some(1));
+    assert!(h.mailer.sent.lock().unwrap().is_empty());
+    // Tried again by the scheduler once the retry time has come.
+    h.run_for(chrono::Duration::minutes(6), chrono::Duration::minutes(1))
+        .await;
+    assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);
+    assert_eq!(failures(), Some(1));
+}
+
+#[tokio::test]
 async fn given_a_recorder_then_deliveries_by_outcome_their_latency_queue_lag_and_dead_letters_are_recorded() {
     use hookwise_core::metrics::*;
     let recorded = std::sync::Arc::new(Recorded::default());

@@ -168,6 +168,7 @@ impl Services {
         success: bool,
     ) {
         if let Err(err) = self.move_breaker(sub, circuit, probe, success).await {
+            self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
             tracing::warn!(error = %err, subscription_id = %sub.id, "could not update the circuit breaker");
         }
     }

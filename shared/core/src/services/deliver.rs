@@ -497,10 +497,7 @@ impl Services {
             .or_else(|| tenant.map(|t| t.owner_email.clone()))
         {
             let hours = sub.auto_disable_after_hours.unwrap_or(DEFAULT_AUTO_DISABLE_HOURS);
-            self.ports
-                .mailer
-                .send(&self.disabled_email(&sub, to, since, hours))
-                .await?;
+            self.send_email(&self.disabled_email(&sub, to, since, hours)).await?;
         }
         let read_at = sub.updated_at;
         sub.disable_notice_pending = false;

@@ -28,6 +28,7 @@ use super::Services;
 use crate::auth::hash_api_key;
 use crate::error::Result;
 use crate::health::{EndpointHealth, HealthSample};
+use crate::metrics;
 use crate::model::*;
 
 /// Entries a map holds before it starts afresh (a bound on memory, not a tuning knob).
@@ -278,6 +279,7 @@ impl Services {
         };
         if due {
             if let Err(err) = self.save_health(sub, now).await {
+                self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
                 tracing::warn!(error = %err, subscription_id = %sub, "could not save endpoint health");
             }
         }

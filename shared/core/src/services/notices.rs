@@ -17,6 +17,7 @@ use chrono::{DateTime, Utc};
 
 use super::Services;
 use crate::error::Result;
+use crate::metrics;
 use crate::model::*;
 use crate::ports::{DeadNotice, DigestClaim, OutgoingEmail};
 
@@ -37,7 +38,7 @@ impl Services {
             return Ok(None);
         };
         let sent = match self.notice_email(&claim).await {
-            Ok(email) => self.ports.mailer.send(&email).await.map_err(Into::into),
+            Ok(email) => self.send_email(&email).await,
             Err(error) => Err(error),
         };
         match sent {
@@ -75,6 +76,16 @@ impl Services {
             }
         }
         Ok(emails)
+    }
+
+    /// Send one email, counting a failure ([`metrics::EMAIL_FAILURES`]): every email an
+    /// owner gets goes through here.
+    pub(crate) async fn send_email(&self, email: &OutgoingEmail) -> Result<()> {
+        let sent = self.ports.mailer.send(email).await;
+        if sent.is_err() {
+            self.metrics.count(metrics::EMAIL_FAILURES, 1);
+        }
+        Ok(sent?)
     }
 
     /// Now, the start of a window ending now, and the time before which a claim is stale.

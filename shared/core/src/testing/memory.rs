@@ -54,6 +54,8 @@ pub struct MemoryStore {
     pub failing_subscription_writes: std::sync::atomic::AtomicU32,
     /// The next this many event writes fail (retryable), writing nothing.
     pub failing_event_writes: std::sync::atomic::AtomicU32,
+    /// The next this many circuit breaker writes fail (retryable), writing nothing.
+    pub failing_circuit_writes: std::sync::atomic::AtomicU32,
     /// Lookups of API keys so far.
     pub api_key_reads: std::sync::atomic::AtomicU32,
 }
@@ -302,6 +304,12 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).circuits.get(sub).cloned())
     }
     async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()> {
+        if take_one(&self.failing_circuit_writes) {
+            return Err(PortError::retryable(
+                "put circuit",
+                "throttled (failing_circuit_writes)",
+            ));
+        }
         let mut d = lock(&self.data);
         if d.circuits.get(sub).map(|c| c.version) != read.map(|r| r.version) {
             return Err(PortError::ConditionFailed(

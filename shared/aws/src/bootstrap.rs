@@ -460,6 +460,45 @@ mod tests {
         assert!(template_number("DeadLetterQueue", "VisibilityTimeout") >= 6 * dead_letter);
     }
 
+    /// Every function that emails owners points their replay instructions at the deployed
+    /// API, not at the local default: the ones whose role may send email.
+    #[test]
+    fn the_templates_functions_that_send_email_know_the_public_api_url() {
+        let doc = the_template();
+        let resources = doc["Resources"].as_mapping().unwrap();
+        let mut senders = Vec::new();
+        for (id, resource) in resources {
+            if resource["Type"].as_str() != Some("AWS::Serverless::Function") {
+                continue;
+            }
+            let role = match &resource["Properties"]["Role"] {
+                Value::Tagged(t) => t.value.as_str().unwrap().trim_end_matches(".Arn").to_owned(),
+                other => panic!("{id:?}'s Role: {other:?}"),
+            };
+            let sends = doc["Resources"][role.as_str()]["Properties"]["Policies"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .flat_map(|p| p["PolicyDocument"]["Statement"].as_sequence().unwrap())
+                .any(|s| {
+                    seq(Some(&s["Action"]))
+                        .iter()
+                        .any(|a| a.as_str() == Some("ses:SendEmail"))
+                });
+            if sends {
+                let id = id.as_str().unwrap().to_owned();
+                let vars = &resource["Properties"]["Environment"]["Variables"];
+                assert!(
+                    !vars[crate::config::env::PUBLIC_API_URL].is_null(),
+                    "{id} sends email but its replay links would point at the local default"
+                );
+                senders.push(id);
+            }
+        }
+        senders.sort();
+        assert_eq!(senders, ["DeadLetterFunction", "DeliverFunction", "SchedulerFunction"]);
+    }
+
     /// Least privilege: every function has a role of the template's own, with no managed
     /// policy (SAM's, and the ones it attaches to a function without a role, grant more than a
     /// function calls: `DynamoDBCrudPolicy` every write on every index, the SQS execution role

@@ -1408,14 +1408,19 @@ impl hookwise_core::metrics::Recorder for Recorded {
     }
 }
 
-#[tokio::test]
-async fn given_a_breaker_write_failing_then_the_delivery_goes_on_and_the_failure_is_counted() {
+/// The harness with its services' metrics recorded.
+fn recording(h: Harness) -> (Harness, std::sync::Arc<Recorded>) {
     let recorded = std::sync::Arc::new(Recorded::default());
-    let h = Harness::new(ScriptedSender::always(500));
     let h = Harness {
         services: h.services.with_metrics(recorded.clone()),
         ..h
     };
+    (h, recorded)
+}
+
+#[tokio::test]
+async fn given_a_breaker_write_failing_then_the_delivery_goes_on_and_the_failure_is_counted() {
+    let (h, recorded) = recording(Harness::new(ScriptedSender::always(500)));
     let (tenant, _) = h.tenant("owner@example.com").await;
     let mut sub = new_sub("https://down.example.com/", &["*"], None);
     sub.circuit_breaker = Some(hookwise_core::circuit::CircuitBreaker {
@@ -1447,12 +1452,7 @@ async fn given_a_breaker_write_failing_then_the_delivery_goes_on_and_the_failure
 
 #[tokio::test]
 async fn given_ses_refusing_an_owners_email_then_the_failure_is_counted_and_the_next_try_sends_it() {
-    let recorded = std::sync::Arc::new(Recorded::default());
-    let h = Harness::new(ScriptedSender::always(500));
-    let h = Harness {
-        services: h.services.with_metrics(recorded.clone()),
-        ..h
-    };
+    let (h, recorded) = recording(Harness::new(ScriptedSender::always(500)));
     let (tenant, _) = h.tenant("owner@example.com").await;
     h.mailer
         .refusing_once
@@ -1485,14 +1485,9 @@ async fn given_ses_refusing_an_owners_email_then_the_failure_is_counted_and_the_
 #[tokio::test]
 async fn given_a_recorder_then_deliveries_by_outcome_their_latency_queue_lag_and_dead_letters_are_recorded() {
     use hookwise_core::metrics::*;
-    let recorded = std::sync::Arc::new(Recorded::default());
-    let h = Harness::new(ScriptedSender::new(|url, _| {
+    let (h, recorded) = recording(Harness::new(ScriptedSender::new(|url, _| {
         status_outcome(if url.contains("down") { 500 } else { 200 })
-    }));
-    let h = Harness {
-        services: h.services.with_metrics(recorded.clone()),
-        ..h
-    };
+    })));
     let (tenant, _) = h.tenant("owner@example.com").await;
     h.services
         .create_subscription(&tenant, new_sub("https://up.example.com/", &["*"], None))

@@ -188,8 +188,11 @@ impl Clock for Behind {
     async fn sleep_until(&self, _: DateTime<Utc>) {}
 }
 
-/// Each function's (action, resource) that only the scenarios below make: that they were
-/// recorded shows each path ran. Resources by logical id (`Table/index/name` for an index).
+/// Each function's (action, resource) that the scenarios below need made: that they were
+/// recorded shows each path reached AWS (a breaker's release, an auto-disable's email, a
+/// digest...). Where a call is made on every tick anyway (the sweep's query), the receivers
+/// judge the path: the replay whose message was lost reaches its endpoint only if the
+/// sweep re-queued it. Resources by logical id (`Table/index/name` for an index).
 const PATHS: &[(&str, &str, &str, &str)] = &[
     ("hookwise-ingest", "sqs:SendMessage", "DeliveryQueue", "ingest"),
     (
@@ -202,7 +205,7 @@ const PATHS: &[(&str, &str, &str, &str)] = &[
         "hookwise-deliver",
         "dynamodb:PutItem",
         "SchedulerTable",
-        "a breaker holding an attempt",
+        "a retry or a held attempt parked in the scheduler table",
     ),
     (
         "hookwise-deliver",
@@ -227,7 +230,7 @@ const PATHS: &[(&str, &str, &str, &str)] = &[
         "hookwise-scheduler",
         "dynamodb:Query",
         "MainTable/index/overdue",
-        "the sweep",
+        "the sweep's query",
     ),
     (
         "hookwise-scheduler",
@@ -312,7 +315,15 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
             && !k.starts_with("AWS_SECRET_ACCESS_KEY")
             && !k.starts_with("AWS_ENDPOINT_URL")
     });
-    fn_env.push(("AWS_ENDPOINT_URL".into(), proxy.url()));
+    // Every service through the proxy, whatever the environment says for one of them.
+    for var in [
+        "AWS_ENDPOINT_URL",
+        "AWS_ENDPOINT_URL_DYNAMODB",
+        "AWS_ENDPOINT_URL_SQS",
+        "AWS_ENDPOINT_URL_SESV2",
+    ] {
+        fn_env.push((var.into(), proxy.url()));
+    }
     fn_env.push((env::DIGEST_WINDOW_SECONDS.into(), DIGEST_WINDOW_SECONDS.to_string()));
     let host = Arc::new(
         LambdaHost::start_with(&fn_env, |function| {
@@ -335,8 +346,8 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     };
     let subscribe = |body: Value| api.post("/v1/subscriptions", body);
 
-    // Subscriptions: two that fail once (a 5 s retry on the queue, a 12 s one through the
-    // scheduler table), one always down (dead, emailed, a digest, replayed), one gone (410:
+    // Subscriptions: two that fail once (10 s and 12 s retries, through the scheduler table:
+    // the queue's limit here is 8 s), one always down (its 1 s retries on the queue) (dead, emailed, a digest, replayed), one gone (410:
     // disabled by the deliver side), one whose breaker opens, one rate-limited, and one
     // failing long enough to be disabled.
     let flaky = Receiver::start(1).await;
@@ -349,7 +360,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     let failing = Receiver::start(u32::MAX).await;
     let no_breaker = json!({"enabled": false});
     let flaky_sub = subscribe(
-        json!({"url": flaky.url("/f"), "event_types": ["order.*"], "retry_policy": {"schedule_seconds": [5]}}),
+        json!({"url": flaky.url("/f"), "event_types": ["order.*"], "retry_policy": {"schedule_seconds": [10]}}),
     )
     .await;
     subscribe(json!({"url": later.url("/l"), "event_types": ["refund.*"], "retry_policy": {"schedule_seconds": [12]}}))
@@ -358,9 +369,9 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         "retry_policy": {"schedule_seconds": [1]}, "circuit_breaker": no_breaker}))
     .await;
     let gone_sub = subscribe(json!({"url": gone.url("/g"), "event_types": ["user.*"]})).await;
-    subscribe(
+    let tripped_sub = subscribe(
         json!({"url": tripped.url("/t"), "event_types": ["breaker.*"], "auto_disable_after_hours": null,
-        "retry_policy": {"schedule_seconds": [2, 2, 2, 2, 2, 2, 2, 2, 2, 2]},
+        "retry_policy": {"schedule_seconds": [3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3]},
         "circuit_breaker": {"failure_threshold": 2, "probe_interval_seconds": 3}}),
     )
     .await;
@@ -440,7 +451,31 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     let limited_deliveries = events("limited", 5).await;
     let failing_delivery = events("failing", 1).await.remove(0);
 
-    // While the order's delivery waits for its retry (5 s), SQS redrives a message for that
+    // The breaker: opened by the first two failures, the other attempts held (a held one
+    // gives up after its schedule's 60 s), a probe failing; then the endpoint recovers, a
+    // probe closes the breaker and what it held is released.
+    let tripped_id = &tripped_sub["id"];
+    let start = Instant::now();
+    loop {
+        let sub = ok(
+            api.call(
+                "GET",
+                &format!("/v1/subscriptions/{}", tripped_id.as_str().unwrap()),
+                None,
+            )
+            .await,
+            "the breaker's subscription",
+        );
+        if sub["circuit"]["state"] != "closed" {
+            break;
+        }
+        assert!(start.elapsed() < WAIT, "the breaker never opened: {sub}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    tripped.recover();
+
+    // While the order's delivery waits for its retry (10 s), SQS redrives a message for that
     // attempt to the dead-letter queue: the dead-letter function puts it back on its
     // schedule, a delayed message on the delivery queue.
     api.wait_status(&order_delivery, "retrying", WAIT).await;
@@ -464,8 +499,8 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     api.wait_status(&order_delivery, "delivered", WAIT).await;
     api.wait_status(&refund_delivery, "delivered", WAIT).await;
 
-    // Dead and emailed at once; two more die within the digest window, and go out together
-    // in one digest when it has passed.
+    // Dead and emailed at once; three more die within the digest window that email opened,
+    // and go out together in one digest, sent by the scheduler when the window has passed.
     api.wait_status(&down_delivery, "dead", WAIT).await;
     wait_mail(&moto.url, &owner, 1).await;
     let digested = events("invoice", 3).await;
@@ -474,10 +509,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     }
     wait_mail(&moto.url, &owner, 2).await;
 
-    // The breaker: opened by the first failures, the rest held, probes failing; the endpoint
-    // recovers, a probe closes it and what it held is released.
-    tokio::time::sleep(Duration::from_secs(6)).await;
-    tripped.recover();
+    // The breaker's held attempts were released.
     for d in &tripped_deliveries {
         api.wait_status(d, "delivered", WAIT).await;
     }
@@ -625,7 +657,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
 }
 
 /// The digest window the functions run with here.
-const DIGEST_WINDOW_SECONDS: u64 = 3;
+const DIGEST_WINDOW_SECONDS: u64 = 15;
 
 /// A provisioned table's or queue's ARN, by logical id.
 fn stack_arn(stack: &Stack, logical: &str, p: &hookwise_aws::bootstrap::Provisioned) -> String {

@@ -460,6 +460,30 @@ mod tests {
         assert!(template_number("DeadLetterQueue", "VisibilityTimeout") >= 6 * dead_letter);
     }
 
+    /// An alarm that adds several metrics fills each with 0: CloudWatch's metric math has no
+    /// value where one series has none (an idle function emits no `Errors`, a metric that
+    /// counts only failures none at all), and the sum would be missing, the alarm never raised.
+    #[test]
+    fn the_templates_alarms_that_add_metrics_fill_each_one() {
+        let doc = the_template();
+        for (id, resource) in doc["Resources"].as_mapping().unwrap() {
+            let metrics = seq(Some(&resource["Properties"]["Metrics"]));
+            let Some(expression) = metrics.iter().find_map(|m| m["Expression"].as_str()) else {
+                continue;
+            };
+            if !expression.contains('+') {
+                continue;
+            }
+            for term in expression.split('+').map(str::trim) {
+                let filled = term
+                    .strip_prefix("FILL(")
+                    .and_then(|t| t.strip_suffix(", 0)"))
+                    .is_some_and(|inner| metrics.iter().any(|m| m["Id"].as_str() == Some(inner)));
+                assert!(filled, "{id:?}: `{term}` in `{expression}` is not FILL(<metric id>, 0)");
+            }
+        }
+    }
+
     /// Every function that emails owners points their replay instructions at the deployed
     /// API, not at the local default: the ones whose role may send email.
     #[test]

@@ -30,7 +30,11 @@ scripts/lint-template.sh
 step "sam build of the four functions for arm64 with cargo-lambda (dev profile)"
 scripts/sam-build.sh --debug
 
-step "Rust tests, then the chaos suite and seed 003's storm end to end with their figures, with moto, DynamoDB Local and LocalStack's SQS running"
+step "qemu-user and the aarch64 C library, to run the arm64 artifacts just built"
+export HOOKWISE_TEST_ARM64_SYSROOT="$(scripts/qemu-arm64.sh)"
+export HOOKWISE_TEST_ARM64_BUILD="$PWD/.aws-sam/build"
+
+step "Rust tests (the arm64 artifacts among them, under qemu), then the chaos suite and seed 003's storm end to end with their figures, with moto, DynamoDB Local and LocalStack's SQS running"
 scripts/aws-test-services.sh run -- scripts/localstack.sh run -- bash -c '
   cargo test --workspace --locked -- --skip chaos_ --skip storm_e2e_ &&
   cargo test --workspace --locked --test chaos -- --nocapture &&

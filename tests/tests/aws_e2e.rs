@@ -11,7 +11,7 @@ mod aws_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use aws_support::{AwsEnv, EventSources, Gateway, LambdaHost};
+use aws_support::{AwsEnv, EventSources, Gateway, LambdaHost, Launcher};
 use hookwise_aws::decode_task;
 use hookwise_core::model::Email;
 use hookwise_core::ports::DeliveryTask;
@@ -33,6 +33,27 @@ async fn moto_mail(moto_url: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_and_duplicated_deliveries_behave() {
+    flaky_dead_replayed_and_duplicated(Launcher::Native).await;
+}
+
+/// The artifact `sam deploy` ships, run: each function's arm64 `bootstrap` as `sam build`
+/// made it, under qemu-user, with the template's environment, through the same paths (an
+/// API request for ingest, SQS batches for deliver POSTing to a receiver and for the
+/// dead-letter function emailing, the scheduler's ticks moving a retry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn given_the_arm64_artifacts_under_qemu_then_flaky_dead_replayed_and_duplicated_deliveries_behave() {
+    let Some(launcher) = Launcher::arm64() else {
+        return;
+    };
+    let started = Instant::now();
+    flaky_dead_replayed_and_duplicated(launcher).await;
+    eprintln!(
+        "the arm64 artifacts under qemu: {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+async fn flaky_dead_replayed_and_duplicated(launcher: Launcher) {
     let Some(()) = aws_support::cargo_lambda() else {
         return;
     };
@@ -46,7 +67,7 @@ async fn given_the_functions_under_cargo_lambda_watch_then_flaky_dead_replayed_a
         .await
         .expect("tenant");
 
-    let host = Arc::new(LambdaHost::start(&env.function_env(MAX_DELAY)).await);
+    let host = Arc::new(LambdaHost::start_launched(&launcher, &env.function_env(MAX_DELAY), |_| Vec::new()).await);
     let sources = EventSources::start(host.clone(), (*env.clients.sqs).clone(), &env.provisioned).await;
     let api = Gateway {
         host: host.clone(),

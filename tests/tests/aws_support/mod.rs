@@ -231,6 +231,66 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// How [`LambdaHost`] starts a function's process.
+#[derive(Debug, Clone)]
+pub enum Launcher {
+    /// The binary of this machine's shared debug build ([`function_bins`]).
+    Native,
+    /// The arm64 `bootstrap` that `sam build` made for the function, as `sam deploy` ships
+    /// it (`<build>/<LogicalId>/bootstrap`), under qemu-user with the aarch64 C library.
+    Arm64 { build: PathBuf, sysroot: PathBuf },
+}
+
+impl Launcher {
+    /// The artifacts the test command's `sam build` step made, and qemu's sysroot
+    /// (`HOOKWISE_TEST_ARM64_BUILD`, `HOOKWISE_TEST_ARM64_SYSROOT`, set by scripts/test.sh);
+    /// `None` (the test skips) where they are not named.
+    pub fn arm64() -> Option<Self> {
+        let (Ok(build), Ok(sysroot)) = (
+            std::env::var("HOOKWISE_TEST_ARM64_BUILD"),
+            std::env::var("HOOKWISE_TEST_ARM64_SYSROOT"),
+        ) else {
+            eprintln!("SKIPPED: HOOKWISE_TEST_ARM64_BUILD is not set; scripts/test.sh runs the arm64 artifacts");
+            return None;
+        };
+        Some(Launcher::Arm64 {
+            build: build.into(),
+            sysroot: sysroot.into(),
+        })
+    }
+
+    fn command(&self, function: &str) -> Command {
+        match self {
+            Launcher::Native => Command::new(function_bins().join(function)),
+            Launcher::Arm64 { build, sysroot } => {
+                let bootstrap = build.join(logical_id(function)).join("bootstrap");
+                assert!(
+                    bootstrap.is_file(),
+                    "no {} (scripts/sam-build.sh makes it)",
+                    bootstrap.display()
+                );
+                let mut cmd = Command::new("qemu-aarch64");
+                cmd.arg("-L").arg(sysroot).arg(bootstrap);
+                cmd
+            }
+        }
+    }
+}
+
+/// The template's logical id of the function built as `binary`.
+fn logical_id(binary: &str) -> String {
+    let yaml = std::fs::read_to_string(workspace_root().join("template.yaml")).unwrap();
+    let doc: serde_yaml_ng::Value = serde_yaml_ng::from_str(&yaml).unwrap();
+    doc["Resources"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .find(|(_, r)| r["Metadata"]["BuildProperties"]["Binary"].as_str() == Some(binary))
+        .and_then(|(id, _)| id.as_str())
+        .unwrap_or_else(|| panic!("no function in template.yaml builds {binary}"))
+        .to_owned()
+}
+
 /// `cargo lambda watch` and the four functions attached to it.
 pub struct LambdaHost {
     watch: Child,
@@ -246,7 +306,15 @@ impl LambdaHost {
 
     /// [`Self::start`], with `own(function)` set for that function over `fn_env`.
     pub async fn start_with(fn_env: &[(String, String)], own: impl Fn(&str) -> Vec<(String, String)>) -> Self {
-        let bins = function_bins();
+        Self::start_launched(&Launcher::Native, fn_env, own).await
+    }
+
+    /// [`Self::start_with`], each function's process started by `launcher`.
+    pub async fn start_launched(
+        launcher: &Launcher,
+        fn_env: &[(String, String)],
+        own: impl Fn(&str) -> Vec<(String, String)>,
+    ) -> Self {
         let port = free_port();
         let watch = Command::new(env!("CARGO"))
             .args([
@@ -279,7 +347,8 @@ impl LambdaHost {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         for name in FUNCTIONS {
-            let child = Command::new(bins.join(name))
+            let child = launcher
+                .command(name)
                 .envs(fn_env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .envs(own(name))
                 .env("AWS_LAMBDA_RUNTIME_API", format!("http://127.0.0.1:{port}/.rt/{name}"))

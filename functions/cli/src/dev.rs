@@ -15,6 +15,10 @@ use rand::SeedableRng;
 
 use crate::dev_host::{ensure_tenant, serve, CommonArgs, Ready};
 
+/// The scheduler's lease holder of `hookwise dev` (local and `--aws`): one name, so a dev
+/// restarted after a crash takes back the lease its last run held, without waiting for it.
+pub(crate) const DEV_SCHEDULER: &str = "hookwise dev";
+
 /// Where `hookwise dev` keeps the key of its default tenant.
 const DEV_KEY_FILE: &str = "dev-api-key";
 /// How long an idle worker waits for a message before looking again (and for shutdown).
@@ -85,6 +89,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
         deliver_concurrency: args.concurrency,
         public_api_url: format!("http://{addr}"),
         digest_window: args.digest_window.map_or(defaults.digest_window, Duration::from_secs),
+        scheduler_holder: Some(DEV_SCHEDULER.into()),
         ..defaults
     };
     let services = Arc::new(Services::new(ports, config, rand::rngs::StdRng::from_os_rng()));

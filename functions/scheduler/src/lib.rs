@@ -10,7 +10,8 @@
 use hookwise_core::services::Services;
 use serde_json::{json, Value};
 
-/// One tick; answers what it did, e.g. `{"moved": 3, "requeued": 0, "emails": 1}`.
+/// One tick; answers what it did, e.g. `{"skipped": false, "moved": 3, "requeued": 0,
+/// "emails": 1}` (`skipped`: another tick held the lease).
 pub async fn handle(services: &Services, event: &Value) -> Result<Value, hookwise_core::Error> {
     let report = services.run_scheduler().await.inspect_err(|err| {
         let tick = event.get("id").and_then(|v| v.as_str()).unwrap_or("-");
@@ -18,7 +19,7 @@ pub async fn handle(services: &Services, event: &Value) -> Result<Value, hookwis
     });
     services.flush_metrics();
     let report = report?;
-    Ok(json!({"moved": report.moved, "requeued": report.requeued, "emails": report.emails}))
+    Ok(json!({"skipped": report.skipped, "moved": report.moved, "requeued": report.requeued, "emails": report.emails}))
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! | task   | due minute and shard `2026-11-30T05:07#3` | `{due}#{delivery}#{round}#{attempt}` |
 //! | cursor | `#CURSOR#3`                           | `#CURSOR`: `pending` (string set of the minutes that may hold tasks), `version` |
 //! | held   | `HELD#{subscription}`                 | `{due}#{delivery}#{round}#{attempt}` |
+//! | lease  | `#LEASE`                              | `#LEASE`: `holder`, `lease_until` (the scheduler's one-at-a-time) |
 //!
 //! A delivery's tasks go to one of [`SHARDS`] shards (by its id), each with its own cursor
 //! and its own partition per minute, so a burst of long retries spreads over eight keys
@@ -43,6 +44,7 @@ use crate::lazy_client::LazyClient;
 pub const PARTITION_KEY: &str = "bucket";
 pub const SORT_KEY: &str = "due_key";
 const CURSOR: &str = "#CURSOR";
+const LEASE: &str = "#LEASE";
 /// Shards of the table's keys.
 pub const SHARDS: u32 = 8;
 /// DynamoDB's limit on one `BatchWriteItem`.
@@ -163,6 +165,11 @@ fn task_attributes(mut record: Item, item: &ScheduledTask) -> Item {
 }
 
 /// A held attempt's key: the one due to give up soonest sorts first.
+/// The scheduler's lease item.
+fn lease_key() -> Item {
+    HashMap::from([(PARTITION_KEY.to_owned(), s(LEASE)), (SORT_KEY.to_owned(), s(LEASE))])
+}
+
 fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
     HashMap::from([
         (PARTITION_KEY.to_owned(), s(format!("HELD#{sub}"))),
@@ -469,6 +476,49 @@ impl SchedulerTable for DynamoScheduler {
         let mut keys: Vec<Item> = items.iter().map(|i| held_key(sub, i)).collect();
         keys.dedup();
         self.delete_all(keys).await
+    }
+
+    async fn take_lease(&self, holder: &str, now: DateTime<Utc>, until: DateTime<Utc>) -> PortResult<bool> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(lease_key()))
+            .update_expression("SET #h = :h, #u = :until")
+            .condition_expression("attribute_not_exists(#h) OR #h = :h OR #u <= :now")
+            .expression_attribute_names("#h", "holder")
+            .expression_attribute_names("#u", "lease_until")
+            .expression_attribute_values(":h", s(holder))
+            .expression_attribute_values(":until", s(sortable_time(until)))
+            .expression_attribute_values(":now", s(sortable_time(now)))
+            .send()
+            .await;
+        match result.map_err(|e| classify("take the scheduler's lease", e)) {
+            Ok(_) => Ok(true),
+            Err(PortError::ConditionFailed(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn end_lease(&self, holder: &str, now: DateTime<Utc>) -> PortResult<()> {
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(lease_key()))
+            .update_expression("SET #u = :now")
+            .condition_expression("#h = :h")
+            .expression_attribute_names("#h", "holder")
+            .expression_attribute_names("#u", "lease_until")
+            .expression_attribute_values(":h", s(holder))
+            .expression_attribute_values(":now", s(sortable_time(now)))
+            .send()
+            .await;
+        match result.map_err(|e| classify("end the scheduler's lease", e)) {
+            // Another tick took it over meanwhile: it is theirs.
+            Ok(_) | Err(PortError::ConditionFailed(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 

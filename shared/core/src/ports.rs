@@ -339,6 +339,13 @@ pub trait SchedulerTable: Send + Sync {
     async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>>;
     /// No longer held (their scheduled copies stay, and find them moved on when due).
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()>;
+
+    /// Take the scheduler's lease for `holder` until `until`, unless someone else holds it
+    /// past `now`; `false` if they do. A lease that expired is anyone's, so a tick that died
+    /// holding it stops nobody for longer than its lease. One tick at a time runs on it.
+    async fn take_lease(&self, holder: &str, now: DateTime<Utc>, until: DateTime<Utc>) -> PortResult<bool>;
+    /// Give the lease back at `now`, if `holder` still holds it (else nothing changes).
+    async fn end_lease(&self, holder: &str, now: DateTime<Utc>) -> PortResult<()>;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -1899,3 +1899,59 @@ async fn disabled_after_an_hour(h: &Harness, tenant: &Tenant) -> Subscription {
     };
     h.services.create_subscription(tenant, new).await.unwrap()
 }
+
+#[tokio::test]
+async fn given_another_tick_holding_the_lease_then_a_tick_does_nothing_until_the_lease_expires() {
+    use hookwise_core::ports::SchedulerTable;
+    let h = Harness::with_config(ScriptedSender::always(500), Config::default(), 60);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![300])))
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
+    for r in h.services.deliver_batch(&h.queue.take_visible()).await {
+        r.unwrap();
+    }
+    // The retry waits in the scheduler table (the queue holds 60 s); it comes near.
+    h.clock.advance(Duration::seconds(250));
+    let now = h.clock.now();
+    assert!(h
+        .scheduler
+        .take_lease("another tick", now, now + Duration::seconds(90))
+        .await
+        .unwrap());
+    let report = h.services.run_scheduler().await.unwrap();
+    assert!(report.skipped, "{report:?}");
+    assert_eq!(report.moved, 0);
+    assert!(
+        h.queue.take_visible().is_empty(),
+        "nothing moved while the lease was held"
+    );
+
+    // That tick died holding it: once the lease expires, the next tick runs.
+    h.clock.advance(Duration::seconds(91));
+    let report = h.services.run_scheduler().await.unwrap();
+    assert!(!report.skipped);
+    assert_eq!(report.moved, 1, "{report:?}");
+    // And gave it back: the tick after it runs too.
+    assert!(!h.services.run_scheduler().await.unwrap().skipped);
+}
+
+#[tokio::test]
+async fn given_a_named_holder_then_a_restarted_process_takes_back_the_lease_its_last_run_held() {
+    use hookwise_core::ports::SchedulerTable;
+    let config = Config {
+        scheduler_holder: Some("hookwise dev".into()),
+        ..Config::default()
+    };
+    let h = Harness::with_config(ScriptedSender::always(200), config, 900);
+    let now = h.clock.now();
+    // The last run died in a tick, holding the lease.
+    assert!(h
+        .scheduler
+        .take_lease("hookwise dev", now, now + Duration::seconds(90))
+        .await
+        .unwrap());
+    assert!(!h.services.run_scheduler().await.unwrap().skipped);
+}

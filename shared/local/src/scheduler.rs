@@ -135,4 +135,32 @@ impl SchedulerTable for LocalBackend {
         })
         .await
     }
+
+    async fn take_lease(&self, holder: &str, now: DateTime<Utc>, until: DateTime<Utc>) -> PortResult<bool> {
+        let (holder, now, until) = (holder.to_owned(), nanos(now), nanos(until));
+        self.with_conn("take the scheduler's lease", move |conn| {
+            // Taken (a row changed) unless another holder's lease runs past now.
+            let changed = conn
+                .prepare_cached(
+                    "INSERT INTO leases (name, holder, until) VALUES ('scheduler', ?1, ?2) \
+                     ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until = excluded.until \
+                     WHERE leases.holder = excluded.holder OR leases.until <= ?3",
+                )
+                .and_then(|mut s| s.execute(params![holder, until, now]))
+                .map_err(|e| db_err("take the scheduler's lease", e))?;
+            Ok(changed == 1)
+        })
+        .await
+    }
+
+    async fn end_lease(&self, holder: &str, now: DateTime<Utc>) -> PortResult<()> {
+        let (holder, now) = (holder.to_owned(), nanos(now));
+        self.with_conn("end the scheduler's lease", move |conn| {
+            conn.prepare_cached("UPDATE leases SET until = ?2 WHERE name = 'scheduler' AND holder = ?1")
+                .and_then(|mut s| s.execute(params![holder, now]))
+                .map_err(|e| db_err("end the scheduler's lease", e))?;
+            Ok(())
+        })
+        .await
+    }
 }

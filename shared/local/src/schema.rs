@@ -147,6 +147,13 @@ CREATE TABLE IF NOT EXISTS scheduled (
     PRIMARY KEY (due, delivery_id, round, attempt)
 ) WITHOUT ROWID;
 
+-- The scheduler's lease (`SchedulerTable::take_lease`): one row, `scheduler`.
+CREATE TABLE IF NOT EXISTS leases (
+    name    TEXT PRIMARY KEY,
+    holder  TEXT NOT NULL,
+    until   INTEGER NOT NULL
+) WITHOUT ROWID;
+
 CREATE TABLE IF NOT EXISTS outbox (
     id          INTEGER PRIMARY KEY,
     message_id  TEXT NOT NULL,

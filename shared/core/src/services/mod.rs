@@ -63,6 +63,14 @@ pub struct Config {
     /// How long one scheduler tick may go on moving retries and sweeping, page after page
     /// (the Scheduler function has 60 s).
     pub scheduler_budget: Duration,
+    /// How long a tick holds the scheduler's lease (one tick at a time): longer than a tick
+    /// can run (the Scheduler function's 60 s timeout), so a live tick never loses it, and a
+    /// tick that died holds up the next ones no longer than this.
+    pub scheduler_lease: Duration,
+    /// Who holds that lease: a fixed name lets a process that died holding it take it back
+    /// at once when it starts again (`hookwise dev`, the one process of its data dir); none,
+    /// a fresh name per tick (the Scheduler function, whose invocations are strangers).
+    pub scheduler_holder: Option<String>,
     /// Deliveries handled at once in a batch.
     pub deliver_concurrency: usize,
     /// What a delivery keeps back from its host's deadline (a Lambda invocation's) for the
@@ -94,6 +102,8 @@ impl Default for Config {
             sweep_grace: Duration::from_secs(5 * 60),
             requeue_wait: Duration::from_secs(30 * 60),
             scheduler_budget: Duration::from_secs(40),
+            scheduler_lease: Duration::from_secs(90),
+            scheduler_holder: None,
             deliver_concurrency: 32,
             deadline_margin: DEADLINE_MARGIN,
             digest_window: Duration::from_secs(5 * 60),

@@ -2,11 +2,16 @@
 //! scheduler table to the queue with their residual delay, then re-queue deliveries left
 //! pending or retrying past their due time (an enqueue that failed after a write), each
 //! within the tick's time budget; last, send the owners' emails whose digest window has opened.
+//! One tick at a time: a tick runs only while it holds the scheduler's lease (a conditional
+//! write with an expiry, `SchedulerTable::take_lease`), so a slow tick and the next minute's
+//! never overlap, without reserving Lambda concurrency.
 
 use std::time::Instant;
 
 use chrono::Duration;
 use futures::{StreamExt, TryStreamExt};
+
+use rand::Rng;
 
 use super::Services;
 use crate::error::{PortError, Result};
@@ -22,6 +27,8 @@ const SWEEP_CONCURRENCY: usize = 16;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SchedulerReport {
+    /// Another tick held the lease: this one did nothing.
+    pub skipped: bool,
     /// Scheduled retries moved to the queue.
     pub moved: usize,
     /// Overdue deliveries re-queued by the sweep.
@@ -33,6 +40,28 @@ pub struct SchedulerReport {
 impl Services {
     #[tracing::instrument(name = "scheduler_tick", skip_all, err)]
     pub async fn run_scheduler(&self) -> Result<SchedulerReport> {
+        let holder = match &self.config.scheduler_holder {
+            Some(name) => name.clone(),
+            None => format!("{:032x}", self.rng().random::<u128>()),
+        };
+        let now = self.now();
+        let lease = Duration::from_std(self.config.scheduler_lease).unwrap_or(Duration::seconds(90));
+        if !self.ports.scheduler.take_lease(&holder, now, now + lease).await? {
+            tracing::info!("another scheduler tick holds the lease; this one does nothing");
+            return Ok(SchedulerReport {
+                skipped: true,
+                ..SchedulerReport::default()
+            });
+        }
+        let report = self.tick().await;
+        if let Err(error) = self.ports.scheduler.end_lease(&holder, self.now()).await {
+            // The lease expires by itself: the next tick may wait for that, no longer.
+            tracing::warn!(%error, "could not give the scheduler's lease back");
+        }
+        report
+    }
+
+    async fn tick(&self) -> Result<SchedulerReport> {
         let until = Instant::now() + self.config.scheduler_budget;
         let moved = self.move_due_retries(until).await?;
         let requeued = self.sweep_overdue(until).await?;
@@ -46,6 +75,7 @@ impl Services {
         self.metrics.count(metrics::REQUEUED, requeued as u64);
         self.metrics.count(metrics::EMAILS, emails as u64);
         Ok(SchedulerReport {
+            skipped: false,
             moved,
             requeued,
             emails,

@@ -102,6 +102,7 @@ macro_rules! store_contract_tests {
             removed_scheduled_items_are_no_longer_due,
             a_circuit_is_written_only_over_the_version_read,
             held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_are_also_scheduled,
+            the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_back,
         }
     };
 }
@@ -1806,4 +1807,42 @@ pub async fn held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_ar
         .await
         .expect("releasing twice is fine");
     assert!(scheduler.held(&subs[0], 10).await.expect("held").is_empty());
+}
+
+pub async fn the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_back(b: &dyn ContractBackend) {
+    let scheduler = b.scheduler();
+    let (t, until) = (t0(), t0() + minutes(1));
+    assert!(
+        scheduler.take_lease("a", t, until).await.expect("take"),
+        "free: a takes it"
+    );
+    assert!(!scheduler.take_lease("b", t, until).await.expect("take"), "held by a");
+    assert!(
+        scheduler.take_lease("a", t, until + minutes(1)).await.expect("take"),
+        "its holder may take it again (longer)"
+    );
+    assert!(
+        !scheduler
+            .take_lease("b", until + minutes(1) - chrono::Duration::milliseconds(1), until)
+            .await
+            .expect("take"),
+        "held until its new expiry"
+    );
+    scheduler.end_lease("b", t).await.expect("not b's: nothing changes");
+    assert!(!scheduler.take_lease("b", t, until).await.expect("take"), "still a's");
+    // Expired: anyone's (a tick that died holding it stops nobody for longer).
+    assert!(scheduler
+        .take_lease("b", until + minutes(1), until + minutes(2))
+        .await
+        .expect("take"));
+    assert!(!scheduler
+        .take_lease("a", until + minutes(1), until + minutes(3))
+        .await
+        .expect("take"));
+    // Given back: free at once.
+    scheduler.end_lease("b", until + minutes(1)).await.expect("end");
+    assert!(scheduler
+        .take_lease("a", until + minutes(1), until + minutes(3))
+        .await
+        .expect("take"));
 }

@@ -500,6 +500,8 @@ impl DeliveryQueue for MemoryQueue {
 pub struct MemoryScheduler {
     pub items: Mutex<Vec<ScheduledTask>>,
     pub held: Mutex<Vec<(SubscriptionId, ScheduledTask)>>,
+    /// The scheduler's lease: its holder, and until when.
+    pub lease: Mutex<Option<(String, DateTime<Utc>)>>,
 }
 
 #[async_trait]
@@ -546,6 +548,25 @@ impl SchedulerTable for MemoryScheduler {
     }
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
         lock(&self.held).retain(|(s, i)| !(s == sub && items.contains(i)));
+        Ok(())
+    }
+
+    async fn take_lease(&self, holder: &str, now: DateTime<Utc>, until: DateTime<Utc>) -> PortResult<bool> {
+        let mut lease = lock(&self.lease);
+        if lease.as_ref().is_some_and(|(h, u)| h != holder && *u > now) {
+            return Ok(false);
+        }
+        *lease = Some((holder.to_owned(), until));
+        Ok(true)
+    }
+
+    async fn end_lease(&self, holder: &str, now: DateTime<Utc>) -> PortResult<()> {
+        let mut lease = lock(&self.lease);
+        if let Some((h, until)) = lease.as_mut() {
+            if h == holder {
+                *until = now;
+            }
+        }
         Ok(())
     }
 }

@@ -460,6 +460,39 @@ mod tests {
         assert!(template_number("DeadLetterQueue", "VisibilityTimeout") >= 6 * dead_letter);
     }
 
+    /// A stack deletes whole unless its data is protected: tables and queues are kept when the
+    /// stack goes (or a change replaces them) only where `TableDeletionProtection` is on, and
+    /// the log groups, whose names the next deploy of the stack takes again, never are.
+    #[test]
+    fn the_templates_data_is_kept_only_when_protected_and_its_log_groups_never() {
+        let doc = the_template();
+        let protected: Value = serde_yaml_ng::from_str("!If [Protected, Retain, Delete]").unwrap();
+        assert_eq!(
+            serde_yaml_ng::to_string(&doc["Conditions"]["Protected"]).unwrap().trim(),
+            "!Equals\n- !Ref TableDeletionProtection\n- 'true'"
+        );
+        let mut kept = Vec::new();
+        for (id, resource) in doc["Resources"].as_mapping().unwrap() {
+            let id = id.as_str().unwrap();
+            let policies = (&resource["DeletionPolicy"], &resource["UpdateReplacePolicy"]);
+            match resource["Type"].as_str().unwrap() {
+                "AWS::DynamoDB::Table" | "AWS::SQS::Queue" => {
+                    assert_eq!(policies, (&protected, &protected), "{id}");
+                    kept.push(id);
+                }
+                "AWS::Logs::LogGroup" => {
+                    let delete = Value::String("Delete".into());
+                    assert!(
+                        [&delete, &Value::Null].contains(&policies.0) && [&delete, &Value::Null].contains(&policies.1),
+                        "{id} is kept: {policies:?}"
+                    );
+                }
+                _ => assert!(resource["DeletionPolicy"].is_null(), "{id} has a DeletionPolicy"),
+            }
+        }
+        assert_eq!(kept.len(), 5, "{kept:?}");
+    }
+
     /// An alarm that adds several metrics fills each with 0: CloudWatch's metric math has no
     /// value where one series has none (an idle function emits no `Errors`, a metric that
     /// counts only failures none at all), and the sum would be missing, the alarm never raised.

@@ -26,4 +26,23 @@ echo "lint-template: cfn-lint with the serverless rules"
 cfn-lint template.yaml --append-rules cfn_lint_serverless.rules
 echo "lint-template: sam validate --lint"
 sam validate --lint --template-file template.yaml --region "$AWS_DEFAULT_REGION"
+echo "lint-template: AllowedTargetCidrs takes private ranges and refuses loopback and link-local ones"
+"$PY" - <<'EOF'
+import re, sys
+import yaml  # PyYAML, which aws-sam-cli depends on
+
+class Loader(yaml.SafeLoader):
+    pass
+
+Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+pattern = yaml.load(open("template.yaml"), Loader=Loader)["Parameters"]["AllowedTargetCidrs"]["AllowedPattern"]
+allowed = ["", "10.0.0.0/8", "10.1.2.0/24, 192.168.0.0/16", "172.16.0.0/12", "100.64.0.0/10",
+           "169.253.0.0/16", "fd00::/16", "2001:db8::/32"]
+refused = ["127.0.0.0/8", "127.0.0.1/32", "169.254.169.254/32", "169.254.0.0/16", "169.0.0.0/8",
+           "0.0.0.0/0", "126.0.0.0/7", "::1/128", "fe80::/10", "fe80::1/128", "febf::/16", "::/0",
+           "8000::/1", "10.0.0.0/8,127.0.0.1/32", "10.0.0.0"]
+wrong = [c for c in allowed if not re.fullmatch(pattern, c)] + [c for c in refused if re.fullmatch(pattern, c)]
+if wrong:
+    sys.exit(f"lint-template: AllowedTargetCidrs' pattern is wrong about {wrong}")
+EOF
 echo "lint-template: template.yaml is clean"

@@ -45,4 +45,26 @@ wrong = [c for c in allowed if not re.fullmatch(pattern, c)] + [c for c in refus
 if wrong:
     sys.exit(f"lint-template: AllowedTargetCidrs' pattern is wrong about {wrong}")
 EOF
+echo "lint-template: SenderEmail and AlarmEmail refuse samconfig.toml's placeholders"
+"$PY" - <<'EOF'
+import re, sys, tomllib
+import yaml
+
+class Loader(yaml.SafeLoader):
+    pass
+
+Loader.add_multi_constructor("!", lambda loader, suffix, node: None)
+params = yaml.load(open("template.yaml"), Loader=Loader)["Parameters"]
+overrides = tomllib.load(open("samconfig.toml", "rb"))["prod"]["deploy"]["parameters"]["parameter_overrides"]
+placeholders = dict(o.split("=", 1) for o in overrides if o.split("=", 1)[0] in ("SenderEmail", "AlarmEmail"))
+wrong = [f"{name}={value} is taken" for name, value in placeholders.items()
+         if re.fullmatch(params[name]["AllowedPattern"], value)]
+wrong += [f"{name}={value} is refused" for name in ("SenderEmail", "AlarmEmail")
+          for value in ("hooks@acme.io", "ops+alarms@mail.acme.co.uk")
+          if not re.fullmatch(params[name]["AllowedPattern"], value)]
+if re.fullmatch(params["AlarmEmail"]["AllowedPattern"], "") is None:
+    wrong.append("AlarmEmail= (none) is refused")
+if len(placeholders) != 2 or wrong:
+    sys.exit(f"lint-template: the address patterns are wrong: {placeholders} {wrong}")
+EOF
 echo "lint-template: template.yaml is clean"

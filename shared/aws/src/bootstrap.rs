@@ -518,7 +518,8 @@ mod tests {
     }
 
     /// Every function that emails owners points their replay instructions at the deployed
-    /// API, not at the local default: the ones whose role may send email.
+    /// API (its custom domain, where it has one), not at the local default: the ones whose
+    /// role may send email.
     #[test]
     fn the_templates_functions_that_send_email_know_the_public_api_url() {
         let doc = the_template();
@@ -545,9 +546,10 @@ mod tests {
             if sends {
                 let id = id.as_str().unwrap().to_owned();
                 let vars = &resource["Properties"]["Environment"]["Variables"];
-                assert!(
-                    !vars[crate::config::env::PUBLIC_API_URL].is_null(),
-                    "{id} sends email but its replay links would point at the local default"
+                assert_eq!(
+                    vars[crate::config::env::PUBLIC_API_URL],
+                    doc["Outputs"]["ApiUrl"]["Value"],
+                    "{id} sends email: its replay links must point where the stack says its API is"
                 );
                 senders.push(id);
             }

@@ -468,7 +468,9 @@ mod tests {
         let doc = the_template();
         let protected: Value = serde_yaml_ng::from_str("!If [Protected, Retain, Delete]").unwrap();
         assert_eq!(
-            serde_yaml_ng::to_string(&doc["Conditions"]["Protected"]).unwrap().trim(),
+            serde_yaml_ng::to_string(&doc["Conditions"]["Protected"])
+                .unwrap()
+                .trim(),
             "!Equals\n- !Ref TableDeletionProtection\n- 'true'"
         );
         let mut kept = Vec::new();

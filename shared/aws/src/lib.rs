@@ -54,7 +54,11 @@ impl AwsAdapters {
     pub fn new(clients: &AwsClients, config: &AwsConfig) -> Self {
         Self {
             store: Arc::new(DynamoStore::new(clients.dynamodb.clone(), config).with_counter(clients.counter.clone())),
-            scheduler: Arc::new(DynamoScheduler::new(clients.dynamodb.clone(), &config.scheduler_table)),
+            scheduler: Arc::new(DynamoScheduler::new(
+                clients.dynamodb.clone(),
+                &config.scheduler_table,
+                config.retention,
+            )),
             queue: Arc::new(SqsQueue::new(clients.sqs.clone(), config)),
             mailer: Arc::new(SesMailer::new(clients.sesv2.clone(), &config.sender_email)),
         }

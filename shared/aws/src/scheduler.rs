@@ -20,6 +20,10 @@
 //! A held attempt (its endpoint's circuit breaker is open) is a `HELD#` item, which its
 //! release queries by the endpoint, and a task due when it gives up.
 //!
+//! Tasks and held items carry `expires_at` (epoch seconds), the table's TTL: their due time
+//! plus the retention of the deliveries they are of, so one orphaned (its delivery gone) does
+//! not stay for ever; the cursors and the lease have none.
+//!
 //! A table written before the shards has one cursor, `#CURSOR`, and partitions named by the
 //! minute alone: `due` reads it as one more shard, so its tasks come due as before and it
 //! empties as they are removed.
@@ -146,8 +150,11 @@ fn time(t: DateTime<Utc>) -> AttributeValue {
 }
 
 /// The attributes of a task, beside its keys.
-fn task_attributes(mut record: Item, item: &ScheduledTask) -> Item {
+fn task_attributes(mut record: Item, item: &ScheduledTask, retention: std::time::Duration) -> Item {
     let task = &item.task;
+    let retention = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
+    let expires = item.due.timestamp().saturating_add(retention);
+    record.insert(crate::store::TTL_ATTRIBUTE.into(), n(expires));
     record.insert("due".into(), time(item.due));
     record.insert("delivery_id".into(), s(task.delivery_id.as_str()));
     record.insert("round".into(), n(task.round));
@@ -181,15 +188,18 @@ fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
 pub struct DynamoScheduler {
     client: LazyClient<Client>,
     table: String,
+    /// How long after its due time an item expires (the deliveries' retention).
+    retention: std::time::Duration,
     /// Tasks `due` found in unsharded partitions, by `due_key`, so `remove` deletes those.
     unsharded: Arc<Mutex<HashSet<String>>>,
 }
 
 impl DynamoScheduler {
-    pub fn new(client: impl Into<LazyClient<Client>>, table: &str) -> Self {
+    pub fn new(client: impl Into<LazyClient<Client>>, table: &str, retention: std::time::Duration) -> Self {
         Self {
             client: client.into(),
             table: table.to_owned(),
+            retention,
             unsharded: Arc::default(),
         }
     }
@@ -356,7 +366,7 @@ impl DynamoScheduler {
 impl SchedulerTable for DynamoScheduler {
     async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
         let shard = Shard::of(&item.task);
-        let record = task_attributes(key(shard, item), item);
+        let record = task_attributes(key(shard, item), item, self.retention);
         self.client
             .put_item()
             .table_name(&self.table)
@@ -457,7 +467,7 @@ impl SchedulerTable for DynamoScheduler {
     }
 
     async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
-        let record = task_attributes(held_key(sub, item), item);
+        let record = task_attributes(held_key(sub, item), item, self.retention);
         self.client
             .put_item()
             .table_name(&self.table)

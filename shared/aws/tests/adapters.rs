@@ -248,6 +248,61 @@ async fn scheduler_never_skips_a_minute(dynamodb_url: &str, moto_url: &str) {
     assert!(pending.is_none(), "the emptied minute left the old cursor: {pending:?}");
 }
 
+/// The scheduler table's TTL: a task and a held attempt expire their retention after they
+/// were due; the lease and the cursors never.
+#[tokio::test]
+async fn given_a_task_and_a_held_attempt_then_each_expires_its_retention_after_it_is_due() {
+    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+        return;
+    };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
+    let env = support::env(&moto, &dynamodb, None).await;
+    let scheduler = &env.adapters.scheduler;
+    let t0 = Utc.with_ymd_and_hms(2031, 1, 1, 8, 0, 0).unwrap();
+    let scheduled = task(t0 + Duration::minutes(20));
+    scheduler.schedule(&scheduled).await.expect("schedule");
+    let sub = hookwise_core::model::SubscriptionId::parse("sub_01KZZZZZZZZZZZZZZZZZZZZZZZ").unwrap();
+    let held = task(t0 + Duration::hours(5));
+    scheduler.hold(&sub, &held).await.expect("hold");
+    assert!(scheduler
+        .take_lease("t", t0, t0 + Duration::seconds(90))
+        .await
+        .expect("lease"));
+
+    let retention = hookwise_aws::config::retention_days(hookwise_aws::config::DEFAULT_RETENTION_DAYS).as_secs() as i64;
+    let items = env
+        .clients
+        .dynamodb
+        .scan()
+        .table_name(scheduler.table_name())
+        .send()
+        .await
+        .expect("scan the scheduler table");
+    let mut seen = 0;
+    for item in items.items() {
+        let key = |k: &str| item.get(k).and_then(|v| v.as_s().ok()).cloned().unwrap_or_default();
+        let (bucket, due_key) = (key("bucket"), key("due_key"));
+        let expires = item
+            .get("expires_at")
+            .and_then(|v| v.as_n().ok())
+            .map(|n| n.parse::<i64>().unwrap());
+        if bucket.starts_with('#') {
+            assert_eq!(expires, None, "{bucket}: the cursors and the lease do not expire");
+            continue;
+        }
+        let due = if due_key.contains(held.task.delivery_id.as_str()) {
+            held.due
+        } else {
+            scheduled.due
+        };
+        assert_eq!(expires, Some(due.timestamp() + retention), "{bucket} {due_key}");
+        seen += 1;
+    }
+    assert_eq!(seen, 3, "the task, the held item and its scheduled copy");
+}
+
 #[tokio::test]
 async fn given_a_task_in_a_minute_no_tick_looked_at_then_a_later_tick_finds_it_on_moto() {
     let Some(moto) = support::endpoint(support::MOTO_URL) else {

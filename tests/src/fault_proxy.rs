@@ -940,15 +940,20 @@ mod tests {
                     h.fetch_add(1, Ordering::SeqCst);
                     let (parts, body) = req.into_parts();
                     let body = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
-                    let echo = format!(
-                        "{} {} x-custom={} body={}",
-                        parts.method,
-                        parts.uri,
+                    let header = |name: &str| {
                         parts
                             .headers
-                            .get("x-custom")
+                            .get(name)
                             .and_then(|v| v.to_str().ok())
-                            .unwrap_or("-"),
+                            .unwrap_or("-")
+                            .to_owned()
+                    };
+                    let echo = format!(
+                        "{} {} x-custom={} host={} body={}",
+                        parts.method,
+                        parts.uri,
+                        header("x-custom"),
+                        header("host"),
                         String::from_utf8_lossy(&body)
                     );
                     (StatusCode::CREATED, [("x-upstream", "yes")], echo)
@@ -1018,9 +1023,11 @@ mod tests {
             .unwrap();
         assert_eq!(resp.status(), 201);
         assert_eq!(header(&resp, "x-upstream"), "yes");
+        // `host` as the client sent it: SigV4 signs it.
+        let host = proxy.url().trim_start_matches("http://").to_owned();
         assert_eq!(
             resp.text().await.unwrap(),
-            "PUT /some/path?a=1&b=two x-custom=kept body=hello"
+            format!("PUT /some/path?a=1&b=two x-custom=kept host={host} body=hello")
         );
 
         let resp = dynamodb(&proxy, "PutItem").await;
@@ -1028,6 +1035,49 @@ mod tests {
         assert!(resp.text().await.unwrap().ends_with(r#"body={"TableName":"t"}"#));
         assert_eq!(up.hits(), 2);
         assert_eq!(proxy.stats().total_faults(), 0);
+    }
+
+    #[tokio::test]
+    async fn recorded_calls_name_their_signer_parameters_and_answers_error_code() {
+        let up = Upstream::start().await;
+        let proxy = FaultProxy::start(&up.url, FaultPlan::none().throttle(Service::Sqs, 1.0)).await;
+        dynamodb(&proxy, "GetItem").await;
+        assert!(proxy.calls().is_empty(), "nothing is kept before recording starts");
+        proxy.record_calls();
+        client()
+            .post(format!("{}/", proxy.url()))
+            .header("x-amz-target", "DynamoDB_20120810.Query")
+            .header(
+                "authorization",
+                "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20260101/us-east-1/dynamodb/aws4_request, SignedHeaders=host, Signature=0",
+            )
+            .body(r#"{"TableName":"t","IndexName":"i"}"#)
+            .send()
+            .await
+            .unwrap();
+        sqs(&proxy, "SendMessage").await;
+        client()
+            .post(format!("{}/", proxy.url()))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("Action=DeleteMessage&Version=2012-11-05&QueueUrl=http%3A%2F%2Fq%2F1%2Fa+b")
+            .send()
+            .await
+            .unwrap();
+        let calls = proxy.calls();
+        assert_eq!(calls.len(), 3, "{calls:?}");
+        assert_eq!(
+            (
+                calls[0].access_key.as_str(),
+                calls[0].operation.as_str(),
+                calls[0].status
+            ),
+            ("AKIDEXAMPLE", "Query", 201)
+        );
+        assert_eq!(calls[0].params, serde_json::json!({"TableName": "t", "IndexName": "i"}));
+        assert_eq!(calls[0].error, None);
+        assert_eq!((calls[1].service, calls[1].access_key.as_str()), (Service::Sqs, ""));
+        assert_eq!(calls[1].error.as_deref(), Some("RequestThrottled"), "the fault's code");
+        assert_eq!(calls[2].params["QueueUrl"], "http://q/1/a b", "a form, decoded");
     }
 
     #[tokio::test]

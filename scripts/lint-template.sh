@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Lint template.yaml with cfn-lint, cfn-lint with the serverless rules of cfn-lint-serverless,
-# and `sam validate --lint`; all must be clean (a suppression in the template names its rule
+# `sam validate --lint`, and what neither sees (scripts/template-cycles.py: no dependency cycle
+# after SAM's transform; the parameters' patterns on examples); all must be clean (a suppression in the template names its rule
 # and says why). Installs what is missing from PyPI into the current Python. Needs no AWS
 # credentials: sam only needs a region.
 set -euo pipefail
@@ -26,6 +27,8 @@ echo "lint-template: cfn-lint with the serverless rules"
 cfn-lint template.yaml --append-rules cfn_lint_serverless.rules
 echo "lint-template: sam validate --lint"
 sam validate --lint --template-file template.yaml --region "$AWS_DEFAULT_REGION"
+echo "lint-template: no dependency cycle after SAM's transform"
+"$PY" scripts/template-cycles.py template.yaml 2> >(grep -v "Feature Toggle Config" >&2)
 echo "lint-template: AllowedTargetCidrs takes private ranges and refuses loopback and link-local ones"
 "$PY" - <<'EOF'
 import re, sys

@@ -31,7 +31,8 @@ step "sam build of the four functions for arm64 with cargo-lambda (dev profile)"
 scripts/sam-build.sh --debug
 
 step "qemu-user and the aarch64 C library, to run the arm64 artifacts just built"
-export HOOKWISE_TEST_ARM64_SYSROOT="$(scripts/qemu-arm64.sh)"
+sysroot="$(scripts/qemu-arm64.sh)"  # (apart from the export, so a failure stops the run)
+export HOOKWISE_TEST_ARM64_SYSROOT="$sysroot"
 export HOOKWISE_TEST_ARM64_BUILD="$PWD/.aws-sam/build"
 
 step "Rust tests (the arm64 artifacts among them, under qemu), then the chaos suite and seed 003's storm end to end with their figures, with moto, DynamoDB Local and LocalStack's SQS running"

@@ -351,7 +351,8 @@ async fn wait_queue_empty(clients: &AwsClients, url: &str, within: Duration) {
 }
 
 /// The scheduler table: the sum of its cursors' versions (`#CURSOR#{shard}`, bumped
-/// by every `schedule`; `None` if nothing was ever scheduled) and the tasks still waiting.
+/// by every `schedule`; `None` if nothing was ever scheduled) and the tasks still waiting
+/// (every item but the cursors and the scheduler's lease, `#LEASE`).
 async fn scheduler_table(clients: &AwsClients, table: &str) -> (Option<u64>, usize) {
     let out = clients
         .dynamodb
@@ -364,11 +365,11 @@ async fn scheduler_table(clients: &AwsClients, table: &str) -> (Option<u64>, usi
     let mut cursor = None;
     let mut tasks = 0;
     for item in out.items() {
-        if item
-            .get("bucket")
-            .and_then(|b| b.as_s().ok())
-            .is_some_and(|b| b.starts_with("#CURSOR"))
-        {
+        let bucket = item.get("bucket").and_then(|b| b.as_s().ok());
+        if bucket.is_some_and(|b| b == "#LEASE") {
+            continue;
+        }
+        if bucket.is_some_and(|b| b.starts_with("#CURSOR")) {
             let version: u64 = item
                 .get("version")
                 .and_then(|v| v.as_n().ok())

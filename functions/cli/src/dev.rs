@@ -15,9 +15,19 @@ use rand::SeedableRng;
 
 use crate::dev_host::{ensure_tenant, serve, CommonArgs, Ready};
 
-/// The scheduler's lease holder of `hookwise dev` (local and `--aws`): one name, so a dev
-/// restarted after a crash takes back the lease its last run held, without waiting for it.
-pub(crate) const DEV_SCHEDULER: &str = "hookwise dev";
+/// The scheduler's lease holder of `hookwise dev` (local and `--aws`): one name per machine,
+/// so a dev restarted after a crash takes back the lease its last run held, without waiting
+/// for it. Locally one process owns the data dir; with `--aws`, two devs on one machine and
+/// one stack's tables would share the name, and so the lease.
+pub(crate) fn dev_scheduler_holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "this machine".into());
+    format!("hookwise dev on {host}")
+}
 
 /// Where `hookwise dev` keeps the key of its default tenant.
 const DEV_KEY_FILE: &str = "dev-api-key";
@@ -89,7 +99,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
         deliver_concurrency: args.concurrency,
         public_api_url: format!("http://{addr}"),
         digest_window: args.digest_window.map_or(defaults.digest_window, Duration::from_secs),
-        scheduler_holder: Some(DEV_SCHEDULER.into()),
+        scheduler_holder: Some(dev_scheduler_holder()),
         ..defaults
     };
     let services = Arc::new(Services::new(ports, config, rand::rngs::StdRng::from_os_rng()));

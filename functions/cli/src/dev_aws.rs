@@ -97,7 +97,7 @@ pub async fn run(args: CommonArgs, aws: AwsArgs) -> anyhow::Result<ExitCode> {
     let core = Config {
         deliver_concurrency: args.concurrency,
         public_api_url,
-        scheduler_holder: Some(crate::dev::DEV_SCHEDULER.into()),
+        scheduler_holder: Some(crate::dev::dev_scheduler_holder()),
         digest_window: args
             .digest_window
             .map_or(service_config.digest_window, Duration::from_secs),

@@ -73,14 +73,14 @@ mod tests {
         h.clock.set(h.clock.now() + Duration::seconds(1));
         assert_eq!(
             handle(&h.services, &tick).await.unwrap(),
-            json!({"moved": 0, "requeued": 0, "emails": 0})
+            json!({"skipped": false, "moved": 0, "requeued": 0, "emails": 0})
         );
         assert_eq!(h.scheduler.items.lock().unwrap().len(), 1);
         // 50 s to go: within the queue's limit, moved with the whole residual delay.
         h.clock.set(h.clock.now() + Duration::seconds(249));
         assert_eq!(
             handle(&h.services, &tick).await.unwrap(),
-            json!({"moved": 1, "requeued": 0, "emails": 0})
+            json!({"skipped": false, "moved": 1, "requeued": 0, "emails": 0})
         );
         assert!(h.scheduler.items.lock().unwrap().is_empty());
         let (task, delay) = h.queue.log.lock().unwrap().last().cloned().unwrap();
@@ -91,7 +91,7 @@ mod tests {
         );
         assert_eq!(
             handle(&h.services, &json!({})).await.unwrap(),
-            json!({"moved": 0, "requeued": 0, "emails": 0})
+            json!({"skipped": false, "moved": 0, "requeued": 0, "emails": 0})
         );
     }
 }

@@ -458,6 +458,12 @@ mod tests {
         assert!(template_number("DeliveryQueue", "VisibilityTimeout") >= 6 * deliver);
         let dead_letter = template_number("DeadLetterFunction", "Timeout");
         assert!(template_number("DeadLetterQueue", "VisibilityTimeout") >= 6 * dead_letter);
+        // A tick never outlives its lease: the function is stopped before the lease expires.
+        let lease = hookwise_core::services::Config::default().scheduler_lease.as_secs();
+        assert!(
+            lease > template_number("SchedulerFunction", "Timeout"),
+            "the scheduler's lease ({lease} s) outlasts its function's timeout"
+        );
     }
 
     /// A stack deletes whole unless its data is protected: tables and queues are kept when the
@@ -629,15 +635,24 @@ mod tests {
         assert_eq!(functions, 4);
     }
 
-    /// Every alarm tells the topic, and the dashboard's body is JSON once `!Sub` has put the
-    /// names in (CloudFormation would take a broken body and the console show nothing).
+    /// Every alarm tells the topic, but the ones CodeDeploy watches during a deployment (a
+    /// function's `DeploymentPreference` names them: they go off on one error, which the
+    /// errors alarm reports when it lasts); and the dashboard's body is JSON once `!Sub` has
+    /// put the names in (CloudFormation would take a broken body and the console show nothing).
     #[test]
     fn the_templates_alarms_reach_the_topic_and_its_dashboard_is_json() {
         let doc = the_template();
         let resources = doc["Resources"].as_mapping().unwrap();
+        let rollbacks: Vec<&str> = resources
+            .values()
+            .flat_map(|r| seq(Some(&r["Properties"]["DeploymentPreference"]["Alarms"])))
+            .filter_map(|a| untag(a).as_str())
+            .collect();
+        assert_eq!(rollbacks.len(), 4, "each function's deployment watches an alarm");
         let mut alarms = 0;
         for (id, resource) in resources {
             match resource["Type"].as_str() {
+                Some("AWS::CloudWatch::Alarm") if rollbacks.contains(&id.as_str().unwrap()) => {}
                 Some("AWS::CloudWatch::Alarm") => {
                     alarms += 1;
                     let actions = resource["Properties"]["AlarmActions"].as_sequence();

@@ -49,6 +49,9 @@ pub const RESCHEDULED: &str = "Rescheduled";
 /// Retries the scheduler moved from its table to the queue, and overdue deliveries it
 /// queued again.
 pub const RETRIES_MOVED: &str = "RetriesMoved";
+/// Scheduler ticks that ran (held the lease): none for minutes is a scheduler stopped, or
+/// kept from its lease.
+pub const TICKS: &str = "Ticks";
 pub const REQUEUED: &str = "Requeued";
 
 /// Records nothing.

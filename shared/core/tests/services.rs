@@ -1903,7 +1903,15 @@ async fn disabled_after_an_hour(h: &Harness, tenant: &Tenant) -> Subscription {
 #[tokio::test]
 async fn given_another_tick_holding_the_lease_then_a_tick_does_nothing_until_the_lease_expires() {
     use hookwise_core::ports::SchedulerTable;
-    let h = Harness::with_config(ScriptedSender::always(500), Config::default(), 60);
+    let (h, recorded) = recording(Harness::with_config(ScriptedSender::always(500), Config::default(), 60));
+    let ticks = || {
+        recorded
+            .counts
+            .lock()
+            .unwrap()
+            .get(hookwise_core::metrics::TICKS)
+            .copied()
+    };
     let (tenant, _) = h.tenant("owner@example.com").await;
     h.services
         .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![300])))
@@ -1928,6 +1936,7 @@ async fn given_another_tick_holding_the_lease_then_a_tick_does_nothing_until_the
         h.queue.take_visible().is_empty(),
         "nothing moved while the lease was held"
     );
+    assert_eq!(ticks(), None, "a skipped tick is not a tick");
 
     // That tick died holding it: once the lease expires, the next tick runs.
     h.clock.advance(Duration::seconds(91));
@@ -1936,6 +1945,7 @@ async fn given_another_tick_holding_the_lease_then_a_tick_does_nothing_until_the
     assert_eq!(report.moved, 1, "{report:?}");
     // And gave it back: the tick after it runs too.
     assert!(!h.services.run_scheduler().await.unwrap().skipped);
+    assert_eq!(ticks(), Some(2));
 }
 
 #[tokio::test]

@@ -68,8 +68,8 @@ pub struct Config {
     /// tick that died holds up the next ones no longer than this.
     pub scheduler_lease: Duration,
     /// Who holds that lease: a fixed name lets a process that died holding it take it back
-    /// at once when it starts again (`hookwise dev`, the one process of its data dir); none,
-    /// a fresh name per tick (the Scheduler function, whose invocations are strangers).
+    /// at once when it starts again (`hookwise dev`, one name per machine); none, a fresh name
+    /// per tick (the Scheduler function, whose invocations are strangers).
     pub scheduler_holder: Option<String>,
     /// Deliveries handled at once in a batch.
     pub deliver_concurrency: usize,

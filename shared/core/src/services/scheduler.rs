@@ -53,6 +53,7 @@ impl Services {
                 ..SchedulerReport::default()
             });
         }
+        self.metrics.count(metrics::TICKS, 1);
         let report = self.tick().await;
         if let Err(error) = self.ports.scheduler.end_lease(&holder, self.now()).await {
             // The lease expires by itself: the next tick may wait for that, no longer.

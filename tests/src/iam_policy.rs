@@ -68,6 +68,15 @@ impl Stack {
         self
     }
 
+    /// The ARN of a table or queue this stack was told of.
+    pub fn arn(&self, logical_id: &str) -> String {
+        self.resources
+            .get(logical_id)
+            .and_then(|(_, attrs)| attrs.get("Arn"))
+            .unwrap_or_else(|| panic!("{logical_id} was not provisioned"))
+            .clone()
+    }
+
     fn pseudo(&self, name: &str) -> Option<String> {
         Some(match name {
             "AWS::Region" => self.region.clone(),

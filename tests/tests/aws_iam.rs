@@ -633,8 +633,8 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     }
     let arn = |logical: &str| match logical.split_once("/index/") {
         _ if logical == "sender" => format!("arn:aws:ses:us-east-1:123456789012:identity/{SENDER}"),
-        Some((table, index)) => format!("{}/index/{index}", stack_arn(&stack, table, p)),
-        None => stack_arn(&stack, logical, p),
+        Some((table, index)) => format!("{}/index/{index}", stack.arn(table)),
+        None => stack.arn(logical),
     };
     let missing: Vec<String> = PATHS
         .iter()
@@ -658,20 +658,6 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
 
 /// The digest window the functions run with here.
 const DIGEST_WINDOW_SECONDS: u64 = 15;
-
-/// A provisioned table's or queue's ARN, by logical id.
-fn stack_arn(stack: &Stack, logical: &str, p: &hookwise_aws::bootstrap::Provisioned) -> String {
-    let (region, account) = (&stack.region, &stack.account);
-    let queue = |url: &str| format!("arn:aws:sqs:{region}:{account}:{}", url.rsplit('/').next().unwrap());
-    let table = |name: &str| format!("arn:aws:dynamodb:{region}:{account}:table/{name}");
-    match logical {
-        "MainTable" => table(&p.table),
-        "SchedulerTable" => table(&p.scheduler_table),
-        "DeliveryQueue" => queue(&p.delivery_queue_url),
-        "DeadLetterQueue" => queue(&p.dead_letter_queue_url),
-        other => panic!("no ARN for {other}"),
-    }
-}
 
 /// POST a batch; the first delivery's id of each event.
 async fn ok_batch(api: &Gateway, batch: Value) -> Vec<String> {

@@ -434,6 +434,15 @@ mod tests {
         serde_yaml_ng::from_str(&yaml).unwrap()
     }
 
+    /// A function's role (`Role: !GetAtt <role>.Arn`): its logical id, and the role.
+    fn role_of<'a>(doc: &'a Value, id: &str, function: &'a Value) -> (&'a str, &'a Value) {
+        let role_id = untag(&function["Properties"]["Role"])
+            .as_str()
+            .and_then(|r| r.strip_suffix(".Arn"))
+            .unwrap_or_else(|| panic!("{id} has `Role: !GetAtt <role>.Arn`"));
+        (role_id, &doc["Resources"][role_id])
+    }
+
     /// A property of a resource in the real template.yaml, as a number.
     fn template_number(resource: &str, property: &str) -> u64 {
         the_template()["Resources"][resource]["Properties"][property]
@@ -537,11 +546,9 @@ mod tests {
             if resource["Type"].as_str() != Some("AWS::Serverless::Function") {
                 continue;
             }
-            let role = match &resource["Properties"]["Role"] {
-                Value::Tagged(t) => t.value.as_str().unwrap().trim_end_matches(".Arn").to_owned(),
-                other => panic!("{id:?}'s Role: {other:?}"),
-            };
-            let sends = doc["Resources"][role.as_str()]["Properties"]["Policies"]
+            let id = id.as_str().unwrap().to_owned();
+            let (_, role) = role_of(&doc, &id, resource);
+            let sends = role["Properties"]["Policies"]
                 .as_sequence()
                 .unwrap()
                 .iter()
@@ -552,7 +559,6 @@ mod tests {
                         .any(|a| a.as_str() == Some("ses:SendEmail"))
                 });
             if sends {
-                let id = id.as_str().unwrap().to_owned();
                 let vars = &resource["Properties"]["Environment"]["Variables"];
                 assert_eq!(
                     vars[crate::config::env::PUBLIC_API_URL],
@@ -586,11 +592,7 @@ mod tests {
                 resource["Properties"]["Policies"].is_null(),
                 "{id}: Policies beside its role"
             );
-            let role_ref = untag(&resource["Properties"]["Role"]).as_str();
-            let role_id = role_ref
-                .and_then(|r| r.strip_suffix(".Arn"))
-                .unwrap_or_else(|| panic!("{id} has `Role: !GetAtt <role>.Arn`"));
-            let role = &doc["Resources"][role_id];
+            let (role_id, role) = role_of(&doc, id, resource);
             assert_eq!(role["Type"].as_str(), Some("AWS::IAM::Role"), "{id}'s role");
             assert!(
                 role["Properties"]["ManagedPolicyArns"].is_null(),

@@ -30,6 +30,16 @@ pub(crate) fn spread(id: &str, shards: u32) -> u32 {
     (h % u64::from(shards)) as u32
 }
 
+/// A retention as the TTL arithmetic takes it (a month, if it does not fit).
+pub(crate) fn ttl_retention(retention: std::time::Duration) -> chrono::Duration {
+    chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::days(30))
+}
+
+/// The TTL attribute's value of an item kept `retention` after `from`: epoch seconds.
+pub(crate) fn expires_at(from: DateTime<Utc>, retention: chrono::Duration) -> AttributeValue {
+    n((from + retention).timestamp())
+}
+
 /// A fixed-width UTC time (nanoseconds), so times sort as strings in keys.
 pub(crate) fn sortable_time(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%dT%H:%M:%S%.9fZ").to_string()

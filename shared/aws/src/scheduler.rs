@@ -42,7 +42,7 @@ use hookwise_core::ports::{DeliveryTask, PortResult, ScheduledTask, SchedulerTab
 use hookwise_core::PortError;
 
 use crate::error::classify;
-use crate::item::{corrupt, get_n, get_s, n, s, sortable_time, spread, Item};
+use crate::item::{corrupt, expires_at, get_n, get_s, n, s, sortable_time, spread, ttl_retention, Item};
 use crate::lazy_client::LazyClient;
 
 pub const PARTITION_KEY: &str = "bucket";
@@ -150,11 +150,9 @@ fn time(t: DateTime<Utc>) -> AttributeValue {
 }
 
 /// The attributes of a task, beside its keys.
-fn task_attributes(mut record: Item, item: &ScheduledTask, retention: std::time::Duration) -> Item {
+fn task_attributes(mut record: Item, item: &ScheduledTask, retention: chrono::Duration) -> Item {
     let task = &item.task;
-    let retention = i64::try_from(retention.as_secs()).unwrap_or(i64::MAX);
-    let expires = item.due.timestamp().saturating_add(retention);
-    record.insert(crate::store::TTL_ATTRIBUTE.into(), n(expires));
+    record.insert(crate::store::TTL_ATTRIBUTE.into(), expires_at(item.due, retention));
     record.insert("due".into(), time(item.due));
     record.insert("delivery_id".into(), s(task.delivery_id.as_str()));
     record.insert("round".into(), n(task.round));
@@ -171,12 +169,12 @@ fn task_attributes(mut record: Item, item: &ScheduledTask, retention: std::time:
     record
 }
 
-/// A held attempt's key: the one due to give up soonest sorts first.
 /// The scheduler's lease item.
 fn lease_key() -> Item {
     HashMap::from([(PARTITION_KEY.to_owned(), s(LEASE)), (SORT_KEY.to_owned(), s(LEASE))])
 }
 
+/// A held attempt's key: the one due to give up soonest sorts first.
 fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
     HashMap::from([
         (PARTITION_KEY.to_owned(), s(format!("HELD#{sub}"))),
@@ -189,7 +187,7 @@ pub struct DynamoScheduler {
     client: LazyClient<Client>,
     table: String,
     /// How long after its due time an item expires (the deliveries' retention).
-    retention: std::time::Duration,
+    retention: chrono::Duration,
     /// Tasks `due` found in unsharded partitions, by `due_key`, so `remove` deletes those.
     unsharded: Arc<Mutex<HashSet<String>>>,
 }
@@ -199,8 +197,37 @@ impl DynamoScheduler {
         Self {
             client: client.into(),
             table: table.to_owned(),
-            retention,
+            retention: ttl_retention(retention),
             unsharded: Arc::default(),
+        }
+    }
+
+    /// One conditional write of the lease item (`#h` its holder, `#u` until when); `false`
+    /// if its condition did not hold.
+    async fn write_lease(
+        &self,
+        what: &'static str,
+        update: &str,
+        condition: &str,
+        values: &[(&str, AttributeValue)],
+    ) -> PortResult<bool> {
+        let values = values.iter().map(|(k, v)| ((*k).to_owned(), v.clone())).collect();
+        let result = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(lease_key()))
+            .update_expression(update)
+            .condition_expression(condition)
+            .expression_attribute_names("#h", "holder")
+            .expression_attribute_names("#u", "lease_until")
+            .set_expression_attribute_values(Some(values))
+            .send()
+            .await;
+        match result.map_err(|e| classify(what, e)) {
+            Ok(_) => Ok(true),
+            Err(PortError::ConditionFailed(_)) => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -489,46 +516,26 @@ impl SchedulerTable for DynamoScheduler {
     }
 
     async fn take_lease(&self, holder: &str, now: DateTime<Utc>, until: DateTime<Utc>) -> PortResult<bool> {
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(lease_key()))
-            .update_expression("SET #h = :h, #u = :until")
-            .condition_expression("attribute_not_exists(#h) OR #h = :h OR #u <= :now")
-            .expression_attribute_names("#h", "holder")
-            .expression_attribute_names("#u", "lease_until")
-            .expression_attribute_values(":h", s(holder))
-            .expression_attribute_values(":until", s(sortable_time(until)))
-            .expression_attribute_values(":now", s(sortable_time(now)))
-            .send()
-            .await;
-        match result.map_err(|e| classify("take the scheduler's lease", e)) {
-            Ok(_) => Ok(true),
-            Err(PortError::ConditionFailed(_)) => Ok(false),
-            Err(e) => Err(e),
-        }
+        let values = [
+            (":h", s(holder)),
+            (":until", s(sortable_time(until))),
+            (":now", s(sortable_time(now))),
+        ];
+        self.write_lease(
+            "take the scheduler's lease",
+            "SET #h = :h, #u = :until",
+            "attribute_not_exists(#h) OR #h = :h OR #u <= :now",
+            &values,
+        )
+        .await
     }
 
     async fn end_lease(&self, holder: &str, now: DateTime<Utc>) -> PortResult<()> {
-        let result = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(lease_key()))
-            .update_expression("SET #u = :now")
-            .condition_expression("#h = :h")
-            .expression_attribute_names("#h", "holder")
-            .expression_attribute_names("#u", "lease_until")
-            .expression_attribute_values(":h", s(holder))
-            .expression_attribute_values(":now", s(sortable_time(now)))
-            .send()
-            .await;
-        match result.map_err(|e| classify("end the scheduler's lease", e)) {
-            // Another tick took it over meanwhile: it is theirs.
-            Ok(_) | Err(PortError::ConditionFailed(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        let values = [(":h", s(holder)), (":now", s(sortable_time(now)))];
+        // Not written: another tick took it over meanwhile, and it is theirs.
+        self.write_lease("end the scheduler's lease", "SET #u = :now", "#h = :h", &values)
+            .await
+            .map(|_| ())
     }
 }
 

@@ -259,7 +259,7 @@ impl DynamoStore {
         Self {
             client: client.into(),
             table: config.table.clone(),
-            retention: chrono::Duration::from_std(config.retention).unwrap_or(chrono::Duration::days(30)),
+            retention: crate::item::ttl_retention(config.retention),
             counter: None,
             recent_events: RecentEvents::default(),
             slots_seen: Default::default(),
@@ -292,7 +292,7 @@ impl DynamoStore {
     }
 
     fn expires_at(&self, from: DateTime<Utc>) -> AttributeValue {
-        n((from + self.retention).timestamp())
+        crate::item::expires_at(from, self.retention)
     }
 
     // --- items

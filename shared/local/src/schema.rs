@@ -209,9 +209,12 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
         ));
     }
     // The tables, each upgrade step and the new version in one transaction: a process killed
-    // half way leaves the database as it was, and the next start upgrades it again.
-    let tx = conn
-        .unchecked_transaction()
+    // half way leaves the database as it was, and the next start upgrades it again. It takes
+    // the write lock up front (IMMEDIATE), waiting out a running `hookwise dev`'s writes: a
+    // deferred one that read first could not upgrade to writing once that process had
+    // committed (SQLITE_BUSY at once, no wait), which the scheduler's lease, written every
+    // tick, made common for `hookwise tenant` beside a running dev.
+    let tx = rusqlite::Transaction::new_unchecked(conn, rusqlite::TransactionBehavior::Immediate)
         .map_err(|e| db_err("begin the schema upgrade", e))?;
     tx.execute_batch(SCHEMA).map_err(|e| db_err("create the tables", e))?;
     if version == 1 {

@@ -231,7 +231,8 @@ async fn run(profile: &Profile, logs: &LogBytes) -> Option<Figures> {
         services
             .create_subscription(&tenant, serde_json::from_value(sub).unwrap())
             .await
-            .unwrap();
+            .unwrap()
+            .subscription;
     }
     let event = |i: usize| NewEvent {
         event_type: EventType::parse("order.paid").unwrap(),

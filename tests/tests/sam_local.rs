@@ -237,7 +237,8 @@ async fn seed_subscription(services: &Services, tenant: &Tenant, id: &str, new: 
     let made = services
         .create_subscription(tenant, serde_json::from_value(new).unwrap())
         .await
-        .expect("a subscription");
+        .expect("a subscription")
+        .subscription;
     store.delete_subscription(&tenant.id, &made.id).await.expect("delete");
     let sub = Subscription {
         id: SubscriptionId::parse(id).unwrap(),

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use hookwise_core::ports::SystemClock;
-use hookwise_core::services::{Config, Ports, Services};
+use hookwise_core::services::{Config, Services};
 use hookwise_http::{HttpSender, SenderConfig};
 use hookwise_local::{DataDirLock, LocalBackend, LocalConfig, QueueName, Synchronous};
 use rand::SeedableRng;
@@ -84,16 +84,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
     })?;
     let (listener, addr) = args.bind().await?;
 
-    let shared = Arc::new(backend.clone());
-    let ports = Ports {
-        store: shared.clone(),
-        queue: shared.clone(),
-        store_with_queue: Some(shared.clone()),
-        scheduler: shared.clone(),
-        mailer: shared,
-        sender: Arc::new(sender),
-        clock: Arc::new(SystemClock),
-    };
+    let ports = backend.ports(Arc::new(sender), Arc::new(SystemClock));
     let defaults = Config::default();
     let config = Config {
         deliver_concurrency: args.concurrency,

@@ -13,7 +13,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use hookwise_aws::FunctionConfig;
 use hookwise_core::model::{Email, Tenant, TenantId};
 use hookwise_core::ports::{NoSender, SystemClock};
-use hookwise_core::services::{Config, KeyRef, Ports, Services, TenantPatch};
+use hookwise_core::services::{Config, KeyRef, Services, TenantPatch};
 use hookwise_local::LocalBackend;
 use rand::SeedableRng;
 use serde_json::json;
@@ -248,17 +248,8 @@ impl Backend {
 
 /// Services on a local data dir, for operator commands that don't deliver anything.
 fn local_services(data_dir: &std::path::Path) -> anyhow::Result<Services> {
-    let backend =
-        Arc::new(LocalBackend::open(data_dir).with_context(|| format!("open the data dir {}", data_dir.display()))?);
-    let ports = Ports {
-        store: backend.clone(),
-        queue: backend.clone(),
-        store_with_queue: Some(backend.clone()),
-        scheduler: backend.clone(),
-        mailer: backend,
-        sender: Arc::new(NoSender),
-        clock: Arc::new(SystemClock),
-    };
+    let backend = LocalBackend::open(data_dir).with_context(|| format!("open the data dir {}", data_dir.display()))?;
+    let ports = backend.ports(Arc::new(NoSender), Arc::new(SystemClock));
     Ok(Services::new(
         ports,
         Config::default(),

@@ -27,7 +27,8 @@ mod tests {
         h.services
             .create_subscription(&tenant, serde_json::from_value(sub).unwrap())
             .await
-            .unwrap();
+            .unwrap()
+            .subscription;
         let services = Arc::new(h.services);
 
         // API Gateway's payload 2.0, as lambda_http parses it on Lambda.

@@ -356,6 +356,8 @@ pub struct Provisioned {
     pub scheduler_table: String,
     pub delivery_queue_url: String,
     pub dead_letter_queue_url: String,
+    /// The ARN of the KMS key that seals signing secrets.
+    pub secrets_key: String,
 }
 
 impl Provisioned {
@@ -367,6 +369,7 @@ impl Provisioned {
             delivery_queue_url: self.delivery_queue_url.clone(),
             dead_letter_queue_url: self.dead_letter_queue_url.clone(),
             sender_email: sender_email.to_owned(),
+            secrets_key: self.secrets_key.clone(),
             queue_max_delay_seconds: crate::config::SQS_MAX_DELAY_SECONDS,
             retention: crate::config::retention_days(crate::config::DEFAULT_RETENTION_DAYS),
         }
@@ -374,8 +377,9 @@ impl Provisioned {
 }
 
 /// Both tables and the three queues as the template defines them, named `{prefix}-main`,
-/// `{prefix}-scheduler`, `{prefix}-delivery`, `{prefix}-dead-letter` and `{prefix}-parked`.
-/// The tables are created concurrently, then each queue after the one it redrives to.
+/// `{prefix}-scheduler`, `{prefix}-delivery`, `{prefix}-dead-letter` and `{prefix}-parked`,
+/// and a KMS key for the signing secrets. The tables are created concurrently, then each
+/// queue after the one it redrives to.
 pub async fn provision(
     clients: &AwsClients,
     resources: &TemplateResources,
@@ -391,6 +395,7 @@ pub async fn provision(
         scheduler_table: format!("{prefix}-scheduler"),
         delivery_queue_url: String::new(),
         dead_letter_queue_url: String::new(),
+        secrets_key: create_key(clients, prefix).await?,
     };
     let (a, b) = futures::join!(
         main.create(&clients.dynamodb, &names.table),
@@ -409,6 +414,21 @@ pub async fn provision(
         dead_letter_queue_url: dead_url,
         ..names
     })
+}
+
+/// A symmetric KMS key for the signing secrets (the template's `SecretsKey`): its ARN.
+async fn create_key(clients: &AwsClients, prefix: &str) -> Result<String, PortError> {
+    let out = clients
+        .kms
+        .create_key()
+        .description(format!("{prefix}: Hookwise signing secrets"))
+        .send()
+        .await
+        .map_err(|e| classify("create the secrets key", e))?;
+    out.key_metadata()
+        .and_then(|m| m.arn())
+        .map(str::to_owned)
+        .ok_or_else(|| PortError::permanent("create the secrets key", "KMS answered no key ARN"))
 }
 
 /// Make `email` a verified SES v2 identity (moto and LocalStack verify at once; real SES

@@ -29,6 +29,7 @@ pub mod env {
     pub const DELIVERY_QUEUE_URL: &str = "HOOKWISE_DELIVERY_QUEUE_URL";
     pub const DEAD_LETTER_QUEUE_URL: &str = "HOOKWISE_DEAD_LETTER_QUEUE_URL";
     pub const SENDER_EMAIL: &str = "HOOKWISE_SENDER_EMAIL";
+    pub const SECRETS_KEY: &str = "HOOKWISE_SECRETS_KEY";
     pub const QUEUE_MAX_DELAY_SECONDS: &str = "HOOKWISE_QUEUE_MAX_DELAY_SECONDS";
     pub const RETENTION_DAYS: &str = "HOOKWISE_RETENTION_DAYS";
     pub const DEFAULT_RETRY_POLICY: &str = "HOOKWISE_DEFAULT_RETRY_POLICY";
@@ -68,6 +69,8 @@ pub struct FunctionConfig {
     pub dead_letter_queue_url: String,
     /// The SES v2 identity dead-delivery emails come from.
     pub sender_email: String,
+    /// The KMS key (ARN) that seals the subscriptions' signing secrets.
+    pub secrets_key: String,
     /// Lower than 900 only in tests, so the scheduler-table path runs in seconds.
     #[serde(default = "sqs_max_delay")]
     pub queue_max_delay_seconds: u32,
@@ -142,6 +145,7 @@ impl FunctionConfig {
             (env::DELIVERY_QUEUE_URL, &self.delivery_queue_url),
             (env::DEAD_LETTER_QUEUE_URL, &self.dead_letter_queue_url),
             (env::SENDER_EMAIL, &self.sender_email),
+            (env::SECRETS_KEY, &self.secrets_key),
         ] {
             if value.trim().is_empty() {
                 return Err(ConfigError::Missing(name.into()));
@@ -186,6 +190,7 @@ impl FunctionConfig {
             delivery_queue_url: self.delivery_queue_url.clone(),
             dead_letter_queue_url: self.dead_letter_queue_url.clone(),
             sender_email: self.sender_email.clone(),
+            secrets_key: self.secrets_key.clone(),
             queue_max_delay_seconds: self.queue_max_delay_seconds,
             retention: retention_days(self.retention_days),
         }
@@ -214,6 +219,8 @@ pub struct AwsConfig {
     pub delivery_queue_url: String,
     pub dead_letter_queue_url: String,
     pub sender_email: String,
+    /// The KMS key that seals signing secrets.
+    pub secrets_key: String,
     /// At most 900 (SQS's limit); retries due later go through the scheduler table.
     pub queue_max_delay_seconds: u32,
     /// TTL of events, deliveries, attempts and notices after their last change.
@@ -282,12 +289,13 @@ pub async fn load_sdk_config() -> SdkConfig {
     loader.load().await
 }
 
-/// The three SDK clients, each made on its first use ([`LazyClient`]) and shared from then on.
+/// The four SDK clients, each made on its first use ([`LazyClient`]) and shared from then on.
 #[derive(Clone, Debug)]
 pub struct AwsClients {
     pub dynamodb: LazyClient<aws_sdk_dynamodb::Client>,
     pub sqs: LazyClient<aws_sdk_sqs::Client>,
     pub sesv2: LazyClient<aws_sdk_sesv2::Client>,
+    pub kms: LazyClient<aws_sdk_kms::Client>,
     /// Counting the clients' requests, when built with a counter.
     pub counter: Option<RequestCounter>,
 }
@@ -302,15 +310,18 @@ impl AwsClients {
         let mut ddb = aws_sdk_dynamodb::config::Builder::from(config);
         let mut sqs = aws_sdk_sqs::config::Builder::from(config);
         let mut ses = aws_sdk_sesv2::config::Builder::from(config);
+        let mut kms = aws_sdk_kms::config::Builder::from(config);
         if let Some(c) = counter {
             ddb = ddb.interceptor(c.clone());
             sqs = sqs.interceptor(c.clone());
             ses = ses.interceptor(c.clone());
+            kms = kms.interceptor(c.clone());
         }
         Self {
             dynamodb: LazyClient::new(move || aws_sdk_dynamodb::Client::from_conf(ddb.build())),
             sqs: LazyClient::new(move || aws_sdk_sqs::Client::from_conf(sqs.build())),
             sesv2: LazyClient::new(move || aws_sdk_sesv2::Client::from_conf(ses.build())),
+            kms: LazyClient::new(move || aws_sdk_kms::Client::from_conf(kms.build())),
             counter: counter.cloned(),
         }
     }
@@ -357,6 +368,7 @@ mod tests {
             (env::DELIVERY_QUEUE_URL, "http://q/delivery"),
             (env::DEAD_LETTER_QUEUE_URL, "http://q/dlq"),
             (env::SENDER_EMAIL, "hooks@example.com"),
+            (env::SECRETS_KEY, "arn:aws:kms:eu-west-1:123456789012:key/k"),
             ("PATH", "/usr/bin"),
         ]
         .into_iter()
@@ -384,6 +396,8 @@ mod tests {
     fn given_a_missing_or_out_of_range_variable_then_the_error_names_it() {
         let err = FunctionConfig::from_vars(vars(&[], &[env::SCHEDULER_TABLE])).unwrap_err();
         assert!(err.to_string().contains(env::SCHEDULER_TABLE), "{err}");
+        let err = FunctionConfig::from_vars(vars(&[], &[env::SECRETS_KEY])).unwrap_err();
+        assert!(err.to_string().contains(env::SECRETS_KEY), "{err}");
         let err = FunctionConfig::from_vars(vars(&[(env::TABLE, " ")], &[])).unwrap_err();
         assert!(err.to_string().contains(env::TABLE), "{err}");
         let err = FunctionConfig::from_vars(vars(&[(env::QUEUE_MAX_DELAY_SECONDS, "901")], &[])).unwrap_err();

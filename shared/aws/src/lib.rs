@@ -4,6 +4,7 @@
 //! - [`DynamoScheduler`]: the scheduler table, one partition per due minute.
 //! - [`SqsQueue`]: the delivery queue (`DelaySeconds` up to 900) and its dead-letter queue.
 //! - [`SesMailer`]: SES v2 `SendEmail` from a configured address.
+//! - [`KmsSecrets`]: signing secrets sealed with the stack's KMS key.
 //!
 //! Build the SDK clients once per Lambda container with [`AwsClients::from_env`], the
 //! adapters with [`AwsAdapters::new`], and hand [`AwsAdapters::ports`] to the services.
@@ -23,6 +24,7 @@ pub mod metrics;
 pub mod queue;
 mod recent;
 pub mod scheduler;
+pub mod secrets;
 pub mod services;
 pub mod sqs_event;
 pub mod store;
@@ -38,16 +40,18 @@ pub use lazy_client::LazyClient;
 pub use mailer::SesMailer;
 pub use queue::{decode_task, encode_task, SqsConsumer, SqsQueue};
 pub use scheduler::DynamoScheduler;
+pub use secrets::KmsSecrets;
 pub use sqs_event::handle_sqs_event;
 pub use store::DynamoStore;
 
-/// The four AWS adapters, built once and shared.
+/// The AWS adapters, built once and shared.
 #[derive(Clone)]
 pub struct AwsAdapters {
     pub store: Arc<DynamoStore>,
     pub scheduler: Arc<DynamoScheduler>,
     pub queue: Arc<SqsQueue>,
     pub mailer: Arc<SesMailer>,
+    pub secrets: Arc<KmsSecrets>,
 }
 
 impl AwsAdapters {
@@ -61,6 +65,7 @@ impl AwsAdapters {
             )),
             queue: Arc::new(SqsQueue::new(clients.sqs.clone(), config)),
             mailer: Arc::new(SesMailer::new(clients.sesv2.clone(), &config.sender_email)),
+            secrets: Arc::new(KmsSecrets::new(clients.kms.clone(), &config.secrets_key)),
         }
     }
 
@@ -73,6 +78,7 @@ impl AwsAdapters {
             store_with_queue: None,
             scheduler: self.scheduler.clone(),
             mailer: self.mailer.clone(),
+            secrets: self.secrets.clone(),
             sender,
             clock,
         }

@@ -132,6 +132,7 @@ async fn given_a_missing_table_the_error_is_permanent_and_given_no_server_it_is_
         delivery_queue_url: format!("{moto}/123456789012/no-such-queue"),
         dead_letter_queue_url: format!("{moto}/123456789012/no-such-queue"),
         sender_email: support::SENDER.into(),
+        secrets_key: "no-such-key".into(),
         queue_max_delay_seconds: 900,
         retention: std::time::Duration::from_secs(30 * 86_400),
     };

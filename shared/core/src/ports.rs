@@ -360,6 +360,42 @@ pub trait Mailer: Send + Sync {
     async fn send(&self, email: &OutgoingEmail) -> PortResult<()>;
 }
 
+/// Whose a sealed signing secret is. The keeper binds the envelope to it (KMS's encryption
+/// context, AES-GCM's associated data): sealed for one subscription, it opens for no other.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretContext {
+    pub tenant: TenantId,
+    pub subscription: SubscriptionId,
+}
+
+impl SecretContext {
+    pub fn of(sub: &Subscription) -> Self {
+        Self {
+            tenant: sub.tenant_id.clone(),
+            subscription: sub.id.clone(),
+        }
+    }
+
+    /// The context as names and values, in this order.
+    pub fn pairs(&self) -> [(&'static str, &str); 2] {
+        [
+            ("tenant", self.tenant.as_str()),
+            ("subscription", self.subscription.as_str()),
+        ]
+    }
+}
+
+/// Keeps signing secrets sealed at rest: KMS on AWS, a key file in the data dir locally.
+/// Only signing opens a secret; the API shows one only when it makes it.
+#[async_trait]
+pub trait SecretKeeper: Send + Sync {
+    /// `secret` sealed under `context`, as an envelope that names its scheme.
+    async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret>;
+    /// The secret in an envelope this keeper sealed under `context`. `Permanent` if it was
+    /// sealed under another context or key, or is damaged.
+    async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret>;
+}
+
 /// One signed POST, ready to go.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WebhookRequest {

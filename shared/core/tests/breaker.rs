@@ -57,7 +57,8 @@ async fn given_a_failing_endpoint_then_the_breaker_holds_its_attempts_probes_onc
         .services
         .create_subscription(&tenant, subscription(vec![10; 20], None, CircuitBreaker::on()))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     for _ in 0..40 {
         h.services.ingest(&tenant, event(), None).await.unwrap();
     }
@@ -112,7 +113,8 @@ async fn given_an_open_breaker_then_what_it_released_goes_out_on_a_ramp_without_
     h.services
         .create_subscription(&tenant, subscription(vec![600; 5], None, breaker))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     for _ in 0..100 {
         h.services.ingest(&tenant, event(), None).await.unwrap();
     }
@@ -144,7 +146,8 @@ async fn given_a_breaker_open_past_the_retry_schedule_then_its_held_deliveries_m
     h.services
         .create_subscription(&tenant, subscription(vec![30, 60, 120], None, breaker))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     for _ in 0..10 {
         h.services.ingest(&tenant, event(), None).await.unwrap();
     }
@@ -181,7 +184,8 @@ async fn assert_every_attempt_made(status: u16, breaker: CircuitBreaker) {
         .services
         .create_subscription(&tenant, subscription(vec![10], None, breaker))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     for _ in 0..20 {
         h.services.ingest(&tenant, event(), None).await.unwrap();
     }

@@ -4,14 +4,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult, SchedulerTable, Store};
+use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult, SchedulerTable, SecretKeeper, Store};
 use hookwise_core::testing::contract::ContractBackend;
-use hookwise_core::testing::memory::{ManualClock, MemoryQueue, MemoryScheduler, MemoryStore};
+use hookwise_core::testing::memory::{ManualClock, MemoryQueue, MemoryScheduler, MemorySecrets, MemoryStore};
 
 struct Memory {
     store: MemoryStore,
     queue: MemoryQueue,
     scheduler: MemoryScheduler,
+    secrets: MemorySecrets,
     clock: Arc<ManualClock>,
 }
 
@@ -21,6 +22,7 @@ async fn memory() -> Memory {
         store: MemoryStore::default(),
         queue: MemoryQueue::new(clock.clone(), 900),
         scheduler: MemoryScheduler::default(),
+        secrets: MemorySecrets::default(),
         clock,
     }
 }
@@ -35,6 +37,9 @@ impl ContractBackend for Memory {
     }
     fn scheduler(&self) -> &dyn SchedulerTable {
         &self.scheduler
+    }
+    fn secrets(&self) -> &dyn SecretKeeper {
+        &self.secrets
     }
     async fn take_visible(&self) -> PortResult<Vec<DeliveryTask>> {
         Ok(self.queue.take_visible())

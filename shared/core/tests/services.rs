@@ -41,7 +41,8 @@ async fn subscribed(h: &Harness, url: &str, schedule: Option<Vec<u64>>) -> (Tena
         .services
         .create_subscription(&tenant, new_sub(url, &["*"], schedule))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     (tenant, sub)
 }
 
@@ -60,16 +61,19 @@ async fn given_three_subscriptions_when_an_event_arrives_then_it_fans_out_to_the
         .services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let invoices = h
         .services
         .create_subscription(&tenant, new_sub("https://b.example.com/", &["invoice.*"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     h.services
         .create_subscription(&tenant, new_sub("https://c.example.com/", &["user.created"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
 
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let mut subs: Vec<_> = ingested.deliveries.iter().map(|d| d.subscription_id.clone()).collect();
@@ -88,7 +92,8 @@ async fn given_an_idempotency_key_when_sent_twice_then_one_event_and_one_deliver
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let first = h
         .services
         .ingest(&tenant, event("invoice.paid"), Some("key-1".into()))
@@ -117,7 +122,8 @@ async fn given_an_endpoint_failing_twice_then_it_is_delivered_on_the_third_attem
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![1, 1, 1])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.run_for(Duration::seconds(10), Duration::seconds(1)).await;
 
@@ -145,7 +151,8 @@ async fn given_an_always_failing_endpoint_then_it_dies_after_the_schedule_and_th
             new_sub("https://down.example.com/hook", &["*"], Some(vec![1, 2])),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.run_for(Duration::seconds(20), Duration::seconds(1)).await;
 
@@ -193,7 +200,8 @@ async fn given_a_dead_delivery_when_replayed_then_a_fresh_attempt_1_delivers_it(
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let id = &ingested.deliveries[0].id;
@@ -228,7 +236,8 @@ async fn given_dead_deliveries_when_the_event_or_subscription_is_recovered_then_
         .services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let start = h.clock.now();
     let e1 = h.services.ingest(&tenant, event("a.one"), None).await.unwrap();
     h.services.ingest(&tenant, event("a.two"), None).await.unwrap();
@@ -259,7 +268,8 @@ async fn given_a_retry_beyond_the_queue_delay_limit_then_it_waits_in_the_schedul
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![3_600])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     assert_eq!(
@@ -302,7 +312,8 @@ async fn given_a_queue_delay_limit_below_the_horizon_then_a_retry_is_moved_no_ea
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![600])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     assert_eq!(
@@ -334,7 +345,8 @@ async fn given_a_duplicated_message_then_no_second_attempt_is_made_or_recorded()
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![60])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let task = h.queue.take_visible().pop().unwrap();
     assert!(matches!(
@@ -359,7 +371,8 @@ async fn given_retries_switched_off_for_the_tenant_then_the_first_failure_is_fin
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let (delivery, attempts) = h
@@ -378,7 +391,8 @@ async fn given_an_endpoint_answering_410_then_the_delivery_dies_and_the_subscrip
         .services
         .create_subscription(&tenant, new_sub("https://gone.example.com/", &["*"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let sub = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
@@ -399,7 +413,8 @@ async fn given_many_deaths_for_one_owner_in_a_batch_then_one_digest_email() {
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     for _ in 0..5 {
         h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     }
@@ -421,7 +436,8 @@ async fn given_two_tenants_then_neither_reads_or_replays_the_others_deliveries()
     h.services
         .create_subscription(&alice, new_sub("https://a.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let ingested = h.services.ingest(&alice, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let id = &ingested.deliveries[0].id;
@@ -485,43 +501,58 @@ async fn given_a_webhook_then_it_carries_standard_webhooks_headers_that_verify()
         h.services.authenticate("hwk_wrong").await,
         Err(Error::Unauthorized)
     ));
-    let sub = h
+    let made = h
         .services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
         .await
         .unwrap();
+    let sub = made.subscription;
+    assert_eq!(sub.secret.plain(), None, "stored sealed");
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let req = h.sender.requests.lock().unwrap()[0].clone();
-    let header = |name: &str| {
+    let header = |req: &hookwise_core::ports::WebhookRequest, name: &str| {
         req.headers
             .iter()
             .find(|(k, _)| k == name)
             .map(|(_, v)| v.clone())
             .unwrap()
     };
-    assert_eq!(header("webhook-id"), ingested.event.id.as_str());
-    assert_eq!(header("idempotency-key"), ingested.event.id.as_str());
+    assert_eq!(header(&req, "webhook-id"), ingested.event.id.as_str());
+    assert_eq!(header(&req, "idempotency-key"), ingested.event.id.as_str());
     let body: serde_json::Value = serde_json::from_slice(&req.body).unwrap();
     assert_eq!(body["type"], "invoice.paid");
     assert_eq!(body["data"], serde_json::json!({"amount": 42}));
-    let now = h.clock.now().timestamp();
-    signing::verify(
-        &sub.secret,
-        &header("webhook-id"),
-        &header("webhook-timestamp"),
-        &header("webhook-signature"),
-        &req.body,
-        now,
-        300,
-    )
-    .unwrap();
+    let verifies = |req: &hookwise_core::ports::WebhookRequest, secret: &Secret| {
+        signing::verify(
+            secret,
+            &header(req, "webhook-id"),
+            &header(req, "webhook-timestamp"),
+            &header(req, "webhook-signature"),
+            &req.body,
+            h.clock.now().timestamp(),
+            300,
+        )
+        .is_ok()
+    };
+    assert!(verifies(&req, &made.secret));
 
-    // After a rotation both secrets verify during the grace period.
+    // A rotation moves the sealed secret aside without opening it; both sign during the grace
+    // period, the new one alone after it.
+    let opens = h.secrets.opens.load(std::sync::atomic::Ordering::SeqCst);
     let rotated = h.services.rotate_secret(&tenant, &sub.id).await.unwrap();
-    assert_ne!(rotated.secret, sub.secret);
-    assert_eq!(rotated.signing_secrets(h.clock.now()).len(), 2);
-    assert_eq!(rotated.signing_secrets(h.clock.now() + Duration::hours(25)).len(), 1);
+    assert_eq!(h.secrets.opens.load(std::sync::atomic::Ordering::SeqCst), opens, "rotation opened a secret");
+    assert_ne!(rotated.secret, made.secret);
+    assert_eq!(rotated.subscription.previous_secret.as_ref(), Some(&sub.secret));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    let req = h.sender.requests.lock().unwrap()[1].clone();
+    assert!(verifies(&req, &made.secret) && verifies(&req, &rotated.secret));
+    h.clock.advance(Duration::hours(25));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    let req = h.sender.requests.lock().unwrap()[2].clone();
+    assert!(!verifies(&req, &made.secret) && verifies(&req, &rotated.secret));
 }
 
 #[tokio::test]
@@ -558,7 +589,8 @@ async fn given_a_429_with_retry_after_then_the_retry_waits_as_asked() {
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![10, 600])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let start = h.clock.now();
     h.drain_now().await;
@@ -651,7 +683,8 @@ async fn given_a_retention_shorter_than_a_policy_can_retry_then_the_policy_is_re
         .services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let patch = serde_json::from_value(serde_json::json!({"retry_policy": {"schedule_seconds": [2_592_000]}})).unwrap();
     let err = h
         .services
@@ -704,7 +737,7 @@ async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_to
     for owner in ["a@example.com", "b@example.com"] {
         let mut sub = new_sub("https://down.example.com/", &["*"], Some(vec![]));
         sub.owner_email = Some(Email::parse(owner).unwrap());
-        h.services.create_subscription(&tenant, sub).await.unwrap();
+        h.services.create_subscription(&tenant, sub).await.unwrap().subscription;
     }
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let tasks = h.queue.take_visible();
@@ -849,10 +882,15 @@ async fn given_deaths_through_a_storm_then_an_owner_gets_at_most_one_email_per_w
             new_sub("https://down.example.com/", &["invoice.*"], Some(vec![])),
         )
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     let mut other = new_sub("https://other.example.com/", &["other.*"], Some(vec![]));
     other.owner_email = Some(Email::parse("other@example.com").unwrap());
-    h.services.create_subscription(&tenant, other).await.unwrap();
+    h.services
+        .create_subscription(&tenant, other)
+        .await
+        .unwrap()
+        .subscription;
     let sent = |h: &Harness| h.mailer.sent.lock().unwrap().clone();
     let to = |h: &Harness, who: &str| sent(h).into_iter().filter(|m| m.to.as_str() == who).collect::<Vec<_>>();
 
@@ -1026,7 +1064,8 @@ async fn given_a_subscription_deleted_by_another_process_then_it_receives_for_at
         .services
         .create_subscription(&tenant, new_sub("https://b.example.com/", &["*"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     assert_eq!(
         h.services
             .ingest(&tenant, event("a.b"), None)
@@ -1152,7 +1191,8 @@ async fn given_more_stranded_retries_than_a_page_then_one_tick_requeues_them_all
                 without_breaker(new_sub(&format!("https://a{i}.example.com/"), &["*"], Some(vec![60]))),
             )
             .await
-            .unwrap();
+            .unwrap()
+            .subscription;
     }
     a_retry_whose_message_is_lost(&h, &tenant, 100).await;
     h.clock.advance(Duration::minutes(6));
@@ -1350,7 +1390,8 @@ async fn given_more_subscriptions_than_a_page_then_they_are_listed_page_by_page_
             h.services
                 .create_subscription(&tenant, new_sub(&url, &["*"], None))
                 .await
-                .unwrap(),
+                .unwrap()
+                .subscription,
         );
         h.clock.advance(Duration::milliseconds(1));
     }
@@ -1427,7 +1468,7 @@ async fn given_a_breaker_write_failing_then_the_delivery_goes_on_and_the_failure
         failure_threshold: 1,
         ..hookwise_core::circuit::CircuitBreaker::on()
     });
-    h.services.create_subscription(&tenant, sub).await.unwrap();
+    h.services.create_subscription(&tenant, sub).await.unwrap().subscription;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     // The failed attempt opens the breaker (threshold 1): that write fails.
     h.store
@@ -1462,7 +1503,8 @@ async fn given_ses_refusing_an_owners_email_then_the_failure_is_counted_and_the_
     h.services
         .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let failures = || {
@@ -1492,11 +1534,13 @@ async fn given_a_recorder_then_deliveries_by_outcome_their_latency_queue_lag_and
     h.services
         .create_subscription(&tenant, new_sub("https://up.example.com/", &["*"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     h.services
         .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     // As the hosts do: each queue's batch through `handle_messages`.
     let messages = |tasks: Vec<DeliveryTask>| -> Vec<hookwise_core::ports::QueueMessage> {
@@ -1645,7 +1689,7 @@ async fn given_a_rate_limit_then_an_attempt_past_the_next_second_is_deferred_onc
         rate_limit_per_second: Some(1),
         ..new_sub("https://a.example.com/", &["*"], None)
     };
-    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    let sub = h.services.create_subscription(&tenant, new).await.unwrap().subscription;
     let t0 = h.clock.now();
     let mut ids = Vec::new();
     for _ in 0..4 {
@@ -1710,7 +1754,7 @@ async fn given_a_deferred_attempt_arriving_after_its_slot_went_by_then_it_reserv
         rate_limit_per_second: Some(1),
         ..new_sub("https://a.example.com/", &["*"], None)
     };
-    h.services.create_subscription(&tenant, new).await.unwrap();
+    h.services.create_subscription(&tenant, new).await.unwrap().subscription;
     let t0 = h.clock.now();
     for _ in 0..4 {
         h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
@@ -1764,7 +1808,7 @@ async fn given_a_rate_limit_out_of_range_then_the_subscription_is_refused_and_nu
         rate_limit_per_second: Some(10_000),
         ..new_sub("https://a.example.com/", &["*"], None)
     };
-    let sub = h.services.create_subscription(&tenant, new).await.unwrap();
+    let sub = h.services.create_subscription(&tenant, new).await.unwrap().subscription;
     let patch: hookwise_core::services::SubscriptionPatch =
         serde_json::from_value(serde_json::json!({"rate_limit_per_second": null})).unwrap();
     let changed = h.services.update_subscription(&tenant, &sub.id, patch).await.unwrap();
@@ -1846,13 +1890,19 @@ async fn given_a_success_within_the_auto_disable_hours_or_none_set_then_the_subs
         circuit_breaker: None,
         ..new_sub("https://b.example.com/", &["*"], Some(vec![]))
     };
-    let never = h.services.create_subscription(&tenant, never).await.unwrap();
+    let never = h
+        .services
+        .create_subscription(&tenant, never)
+        .await
+        .unwrap()
+        .subscription;
     assert_eq!(never.auto_disable_after_hours, None);
     let default = h
         .services
         .create_subscription(&tenant, new_sub("https://c.example.com/", &["*"], None))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     assert_eq!(default.auto_disable_after_hours, Some(DEFAULT_AUTO_DISABLE_HOURS));
 }
 
@@ -1897,7 +1947,7 @@ async fn disabled_after_an_hour(h: &Harness, tenant: &Tenant) -> Subscription {
         circuit_breaker: None,
         ..new_sub("https://a.example.com/", &["*"], Some(vec![]))
     };
-    h.services.create_subscription(tenant, new).await.unwrap()
+    h.services.create_subscription(tenant, new).await.unwrap().subscription
 }
 
 #[tokio::test]
@@ -1916,7 +1966,8 @@ async fn given_another_tick_holding_the_lease_then_a_tick_does_nothing_until_the
     h.services
         .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![300])))
         .await
-        .unwrap();
+        .unwrap()
+        .subscription;
     h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
     for r in h.services.deliver_batch(&h.queue.take_visible()).await {
         r.unwrap();

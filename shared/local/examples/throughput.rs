@@ -46,7 +46,7 @@ async fn main() {
         tenant_id: tenant.id.clone(),
         url: EndpointUrl::parse("http://127.0.0.1:9/").unwrap(),
         event_types: vec![EventTypeFilter::all()],
-        secret: Secret::generate(&mut rng),
+        secret: SealedSecret::unsealed(&Secret::generate(&mut rng)),
         previous_secret: None,
         previous_secret_expires_at: None,
         retry_policy: RetryPolicy::standard(),

@@ -3,7 +3,7 @@
 //! the email outbox (each mail also an `.eml` file).
 //!
 //! [`LocalBackend`] implements every core port ([`Store`], [`DeliveryQueue`],
-//! [`SchedulerTable`], [`Mailer`]); each queue's receiving end is a [`LocalConsumer`]
+//! [`SchedulerTable`], [`Mailer`], [`SecretKeeper`] with the key file `secrets.key`); each queue's receiving end is a [`LocalConsumer`]
 //! (the core's `QueueConsumer` port, which the runner's worker loop drains). A
 //! [`DataDirLock`] makes one process the owner of a data dir's queues.
 //!
@@ -22,12 +22,14 @@
 //! [`DeliveryQueue`]: hookwise_core::ports::DeliveryQueue
 //! [`SchedulerTable`]: hookwise_core::ports::SchedulerTable
 //! [`Mailer`]: hookwise_core::ports::Mailer
+//! [`SecretKeeper`]: hookwise_core::ports::SecretKeeper
 
 mod lock;
 mod outbox;
 mod queue;
 mod scheduler;
 mod schema;
+mod secrets;
 mod store;
 
 use std::panic::AssertUnwindSafe;
@@ -38,7 +40,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use hookwise_core::ports::{Clock, PortResult, SystemClock};
+use hookwise_core::ports::{Clock, PortResult, Sender, SystemClock};
+use hookwise_core::services::Ports;
 use hookwise_core::PortError;
 use rusqlite::{Connection, ErrorCode};
 use serde::de::DeserializeOwned;
@@ -48,6 +51,7 @@ use tokio::sync::{oneshot, Notify};
 pub use lock::DataDirLock;
 pub use outbox::SentEmail;
 pub use queue::{LocalConsumer, QueueName, Receipt, Received};
+pub use secrets::KEY_FILE;
 
 /// The database file inside the data dir.
 pub const DB_FILE: &str = "hookwise.db";
@@ -145,6 +149,7 @@ struct Inner {
     data_dir: Option<PathBuf>,
     delivery_ready: Notify,
     dead_ready: Notify,
+    secrets: secrets::SecretsKey,
     // Dropped after `Drop for Inner` has closed the connection.
     _temp: Option<TempDirGuard>,
 }
@@ -177,7 +182,7 @@ impl LocalBackend {
     pub fn open_in_memory_with(config: LocalConfig) -> PortResult<Self> {
         let conn = Connection::open_in_memory().map_err(|e| db_err("open an in-memory database", e))?;
         schema::prepare(&conn, config.synchronous)?;
-        Self::from_parts(conn, None, config, None, None, None)
+        Self::from_parts(conn, None, secrets::SecretsKey::random(), config, None, None, None)
     }
 
     /// A fresh data dir under the system's temp dir, removed when the last clone is
@@ -205,12 +210,14 @@ impl LocalBackend {
         let path = data_dir.join(DB_FILE);
         let conn = Connection::open(&path).map_err(|e| db_err("open the database", e))?;
         schema::prepare(&conn, config.synchronous)?;
+        let secrets = secrets::SecretsKey::load_or_create(data_dir, schema::holds_sealed_secrets(&conn)?)?;
         // Opened after `prepare`, so it finds the tables made and upgraded.
         let reader = Connection::open(&path).map_err(|e| db_err("open the database for reading", e))?;
         schema::prepare_reader(&reader)?;
         Self::from_parts(
             conn,
             Some(reader),
+            secrets,
             config,
             Some(outbox_dir),
             Some(data_dir.to_owned()),
@@ -221,6 +228,7 @@ impl LocalBackend {
     fn from_parts(
         conn: Connection,
         reader: Option<Connection>,
+        secrets: secrets::SecretsKey,
         config: LocalConfig,
         outbox_dir: Option<PathBuf>,
         data_dir: Option<PathBuf>,
@@ -253,9 +261,26 @@ impl LocalBackend {
                 data_dir,
                 delivery_ready: Notify::new(),
                 dead_ready: Notify::new(),
+                secrets,
                 _temp: temp,
             }),
         })
+    }
+
+    /// The services' ports: this backend for every one but the sender and the clock.
+    pub fn ports(&self, sender: Arc<dyn Sender>, clock: Arc<dyn Clock>) -> Ports {
+        let shared = Arc::new(self.clone());
+        Ports {
+            store: shared.clone(),
+            queue: shared.clone(),
+            // One SQLite transaction holds an event and its messages.
+            store_with_queue: Some(shared.clone()),
+            scheduler: shared.clone(),
+            mailer: shared.clone(),
+            secrets: shared,
+            sender,
+            clock,
+        }
     }
 
     /// The data dir, unless the database is in memory.

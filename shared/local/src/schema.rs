@@ -177,6 +177,17 @@ pub(crate) fn prepare_reader(conn: &Connection) -> PortResult<()> {
     Ok(())
 }
 
+/// Whether any subscription's secret is sealed (not plain `whsec_…`): then the data dir's
+/// key must be there to open it.
+pub(crate) fn holds_sealed_secrets(conn: &Connection) -> PortResult<bool> {
+    conn.query_row(
+        "SELECT EXISTS (SELECT 1 FROM subscriptions WHERE json_extract(doc, '$.secret') NOT LIKE 'whsec\\_%' ESCAPE '\\')",
+        [],
+        |row| row.get(0),
+    )
+    .map_err(|e| db_err("read the subscriptions' secrets", e))
+}
+
 /// Pragmas and tables. WAL lets readers in other processes work alongside; `synchronous`
 /// is `FULL` unless the config says otherwise (see [`Synchronous`]).
 pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult<()> {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult, SchedulerTable, Store};
+use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult, SchedulerTable, SecretKeeper, Store};
 use hookwise_core::testing::contract::ContractBackend;
 use hookwise_core::testing::memory::ManualClock;
 use hookwise_local::{LocalBackend, LocalConfig, QueueName};
@@ -60,6 +60,9 @@ impl ContractBackend for Sqlite {
         &self.backend
     }
     fn scheduler(&self) -> &dyn SchedulerTable {
+        &self.backend
+    }
+    fn secrets(&self) -> &dyn SecretKeeper {
         &self.backend
     }
     async fn take_visible(&self) -> PortResult<Vec<DeliveryTask>> {

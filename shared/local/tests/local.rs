@@ -65,7 +65,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         tenant_id: tenant.id.clone(),
         url: EndpointUrl::parse("http://127.0.0.1:9/hook").unwrap(),
         event_types: vec![EventTypeFilter::all()],
-        secret: Secret::generate(rng),
+        secret: SealedSecret::unsealed(&Secret::generate(rng)),
         previous_secret: None,
         previous_secret_expires_at: None,
         retry_policy: RetryPolicy::standard(),

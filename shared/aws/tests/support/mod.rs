@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use hookwise_aws::bootstrap::{provision, Provisioned, TemplateResources};
 use hookwise_aws::{decode_task, AwsAdapters, AwsClients, AwsConfig, RequestCounter};
-use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult, SchedulerTable, Store};
+use hookwise_core::ports::{DeliveryQueue, DeliveryTask, PortResult, SchedulerTable, SecretKeeper, Store};
 use hookwise_core::testing::contract::ContractBackend;
 use hookwise_core::PortError;
 
@@ -132,6 +132,9 @@ impl ContractBackend for AwsBackend {
     }
     fn scheduler(&self) -> &dyn SchedulerTable {
         &*self.env.adapters.scheduler
+    }
+    fn secrets(&self) -> &dyn SecretKeeper {
+        &*self.env.adapters.secrets
     }
     async fn take_visible(&self) -> PortResult<Vec<DeliveryTask>> {
         self.drain(&self.env.provisioned.delivery_queue_url).await

@@ -4,7 +4,7 @@ mod ids;
 mod parse;
 
 pub use ids::{DeliveryId, EventId, SubscriptionId, TenantId};
-pub use parse::{Email, EndpointUrl, EventType, EventTypeFilter, Secret};
+pub use parse::{Email, EndpointUrl, EventType, EventTypeFilter, SealedSecret, Secret};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -108,10 +108,10 @@ pub struct Subscription {
     pub tenant_id: TenantId,
     pub url: EndpointUrl,
     pub event_types: Vec<EventTypeFilter>,
-    /// The current signing secret.
-    pub secret: Secret,
+    /// The current signing secret, sealed.
+    pub secret: SealedSecret,
     /// The secret before the last rotation, still signing until `previous_secret_expires_at`.
-    pub previous_secret: Option<Secret>,
+    pub previous_secret: Option<SealedSecret>,
     pub previous_secret_expires_at: Option<DateTime<Utc>>,
     pub retry_policy: RetryPolicy,
     pub timeout_ms: u32,
@@ -165,13 +165,13 @@ impl Subscription {
         self.status == SubscriptionStatus::Active && self.event_types.iter().any(|f| f.matches(event_type))
     }
 
-    /// The secrets that sign a message sent at `now`: the current one, and the previous one
-    /// during its grace period.
-    pub fn signing_secrets(&self, now: DateTime<Utc>) -> Vec<Secret> {
-        let mut secrets = vec![self.secret.clone()];
+    /// The secrets that sign a message sent at `now`, sealed: the current one, and the
+    /// previous one during its grace period.
+    pub fn signing_secrets(&self, now: DateTime<Utc>) -> Vec<&SealedSecret> {
+        let mut secrets = vec![&self.secret];
         if let (Some(prev), Some(until)) = (&self.previous_secret, self.previous_secret_expires_at) {
             if now < until {
-                secrets.push(prev.clone());
+                secrets.push(prev);
             }
         }
         secrets

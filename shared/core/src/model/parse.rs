@@ -209,6 +209,45 @@ impl Secret {
     }
 }
 
+/// A signing secret as it is stored: an envelope a [`SecretKeeper`](crate::ports::SecretKeeper)
+/// sealed (`<scheme>:<ciphertext>`, the scheme the keeper's), or, stored before secrets were
+/// sealed, the secret itself (`whsec_…`), which is sealed on the subscription's next change.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SealedSecret(String);
+
+impl std::fmt::Debug for SealedSecret {
+    // The scheme only: an envelope is harmless, a legacy plain secret is not.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let scheme = self.0.split_once(':').map_or("whsec_", |(scheme, _)| scheme);
+        write!(f, "SealedSecret({scheme}…)")
+    }
+}
+
+impl SealedSecret {
+    /// An envelope a keeper made.
+    pub fn envelope(text: String) -> Self {
+        Self(text)
+    }
+
+    /// A secret stored as it was before secrets were sealed: in plain text.
+    pub fn unsealed(secret: &Secret) -> Self {
+        Self(secret.0.clone())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The secret, if it is stored in plain text (written before secrets were sealed).
+    pub fn plain(&self) -> Option<Secret> {
+        self.0
+            .starts_with(Secret::PREFIX)
+            .then(|| Secret::parse(&self.0).ok())
+            .flatten()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

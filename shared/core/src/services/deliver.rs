@@ -52,8 +52,9 @@ pub const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 /// A first attempt's message younger than this that finds no delivery is queued again.
 pub const INGEST_WINDOW: chrono::Duration = chrono::Duration::seconds(30);
 
-/// The headers and body a subscriber receives (Standard Webhooks, plus `Idempotency-Key`).
-pub fn webhook_request(sub: &Subscription, event: &Event, now: DateTime<Utc>) -> WebhookRequest {
+/// The headers and body a subscriber receives (Standard Webhooks, plus `Idempotency-Key`),
+/// signed with `secrets` (the subscription's, opened: [`Subscription::signing_secrets`]).
+pub fn webhook_request(sub: &Subscription, secrets: &[Secret], event: &Event, now: DateTime<Utc>) -> WebhookRequest {
     let body = serde_json::to_vec(&event.envelope()).expect("an envelope of JSON values serialises");
     let timestamp = now.timestamp();
     let id = event.id.as_str();
@@ -65,7 +66,7 @@ pub fn webhook_request(sub: &Subscription, event: &Event, now: DateTime<Utc>) ->
             ("webhook-timestamp".into(), timestamp.to_string()),
             (
                 "webhook-signature".into(),
-                signature_header(&sub.signing_secrets(now), id, timestamp, &body),
+                signature_header(secrets, id, timestamp, &body),
             ),
             ("idempotency-key".into(), id.to_owned()),
             (
@@ -164,8 +165,9 @@ impl Services {
             return Ok(DeliverOutcome::RateLimited { slot });
         }
 
+        let secrets = self.open_signing_secrets(&sub, self.now()).await?;
         let started_at = self.now();
-        let mut request = webhook_request(&sub, &event, started_at);
+        let mut request = webhook_request(&sub, &secrets, &event, started_at);
         if let Some(deadline) = deadline {
             let left = (deadline - started_at)
                 .to_std()

@@ -10,6 +10,7 @@ mod lookups;
 mod notices;
 mod replay;
 mod scheduler;
+mod secrets;
 mod subscriptions;
 mod tenants;
 
@@ -21,7 +22,7 @@ use rand::rngs::StdRng;
 use crate::metrics::{NoMetrics, Recorder};
 use crate::policy::RetryPolicy;
 
-use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, Sender, Store, StoreWithQueue};
+use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, SecretKeeper, Sender, Store, StoreWithQueue};
 
 pub use breaker::CIRCUIT_TTL;
 pub use consume::{Disposition, QueueRole};
@@ -31,7 +32,9 @@ pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD
 pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;
 pub use scheduler::SchedulerReport;
-pub use subscriptions::{check_retention, NewSubscription, SubscriptionOverview, SubscriptionPage, SubscriptionPatch};
+pub use subscriptions::{
+    check_retention, NewSubscription, SubscriptionOverview, SubscriptionPage, SubscriptionPatch, SubscriptionWithSecret,
+};
 pub use tenants::{KeyRef, TenantPatch};
 
 /// The adapters the services run on.
@@ -44,6 +47,8 @@ pub struct Ports {
     pub store_with_queue: Option<Arc<dyn StoreWithQueue>>,
     pub scheduler: Arc<dyn SchedulerTable>,
     pub mailer: Arc<dyn Mailer>,
+    /// Seals the signing secrets the store keeps, opens them to sign.
+    pub secrets: Arc<dyn SecretKeeper>,
     pub sender: Arc<dyn Sender>,
     pub clock: Arc<dyn Clock>,
 }

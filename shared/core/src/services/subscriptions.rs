@@ -163,6 +163,14 @@ fn check_description(d: &str) -> Result<(), ValidationError> {
 }
 
 /// A subscription as the dashboard shows it: its health and its latest deliveries by status.
+/// A subscription with its current secret in plain text: what creating it or rotating its
+/// secret answers, the only times the secret is shown (the store keeps it sealed).
+#[derive(Debug, Clone)]
+pub struct SubscriptionWithSecret {
+    pub subscription: Subscription,
+    pub secret: Secret,
+}
+
 #[derive(Debug, Clone)]
 pub struct SubscriptionOverview {
     pub subscription: Subscription,
@@ -218,8 +226,8 @@ impl Services {
         })
     }
 
-    /// The new subscription, its `secret` included (the only time it is shown, with rotation).
-    pub async fn create_subscription(&self, tenant: &Tenant, new: NewSubscription) -> Result<Subscription> {
+    /// The new subscription and its secret (the only time it is shown, with rotation).
+    pub async fn create_subscription(&self, tenant: &Tenant, new: NewSubscription) -> Result<SubscriptionWithSecret> {
         check_event_types(&new.event_types)?;
         if let Some(d) = &new.description {
             check_description(d)?;
@@ -234,16 +242,14 @@ impl Services {
             .unwrap_or_else(|| self.config.default_retry_policy.clone());
         check_retention(&retry_policy, self.config.retention)?;
         let now = self.now();
-        let (id, secret) = {
-            let mut rng = self.rng();
-            (SubscriptionId::generate(now, &mut *rng), Secret::generate(&mut *rng))
-        };
+        let id = SubscriptionId::generate(now, &mut *self.rng());
+        let (secret, sealed) = self.new_secret(&tenant.id, &id).await?;
         let sub = Subscription {
             id,
             tenant_id: tenant.id.clone(),
             url: new.url,
             event_types: new.event_types,
-            secret,
+            secret: sealed,
             previous_secret: None,
             previous_secret_expires_at: None,
             retry_policy,
@@ -262,7 +268,10 @@ impl Services {
         };
         self.ports.store.create_subscription(&sub).await?;
         self.forget_subscription(&tenant.id, &sub.id);
-        Ok(sub)
+        Ok(SubscriptionWithSecret {
+            subscription: sub,
+            secret,
+        })
     }
 
     /// Oldest first. `limit` 0 means 50; above 100 is refused. `cursor` is the previous
@@ -359,7 +368,9 @@ impl Services {
 
     /// Store a changed copy of a subscription, if it is still as it was read at `read_at`;
     /// else 409: a racing change is never reverted, a deleted subscription never revived.
+    /// Secrets stored before secrets were sealed are sealed on the way.
     async fn replace_as_read(&self, mut sub: Subscription, read_at: DateTime<Utc>) -> Result<Subscription> {
+        self.seal_plain_secrets(&mut sub).await?;
         sub.updated_at = next_version(read_at, self.now());
         let result = self.ports.store.replace_subscription(&sub, read_at).await;
         self.forget_subscription(&sub.tenant_id, &sub.id);
@@ -383,14 +394,18 @@ impl Services {
         }
     }
 
-    /// A new signing secret; the old one keeps signing alongside it for a grace period.
-    pub async fn rotate_secret(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<Subscription> {
+    /// A new signing secret; the old one keeps signing alongside it for a grace period (moved
+    /// as it is stored, never opened).
+    pub async fn rotate_secret(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<SubscriptionWithSecret> {
         let mut sub = self.get_subscription(tenant, id).await?;
         let read_at = sub.updated_at;
         let now = self.now();
-        let fresh = Secret::generate(&mut *self.rng());
-        sub.previous_secret = Some(std::mem::replace(&mut sub.secret, fresh));
+        let (secret, sealed) = self.new_secret(&tenant.id, id).await?;
+        sub.previous_secret = Some(std::mem::replace(&mut sub.secret, sealed));
         sub.previous_secret_expires_at = Some(now + Duration::hours(SECRET_ROTATION_GRACE_HOURS));
-        self.replace_as_read(sub, read_at).await
+        Ok(SubscriptionWithSecret {
+            subscription: self.replace_as_read(sub, read_at).await?,
+            secret,
+        })
     }
 }

@@ -41,6 +41,7 @@ pub trait ContractBackend: Send + Sync {
     fn store(&self) -> &dyn Store;
     fn queue(&self) -> &dyn DeliveryQueue;
     fn scheduler(&self) -> &dyn SchedulerTable;
+    fn secrets(&self) -> &dyn SecretKeeper;
     /// Receive and delete every delivery-queue message visible now.
     async fn take_visible(&self) -> PortResult<Vec<DeliveryTask>>;
     /// Receive and delete every dead-letter-queue message visible now.
@@ -103,6 +104,7 @@ macro_rules! store_contract_tests {
             a_circuit_is_written_only_over_the_version_read,
             held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_are_also_scheduled,
             the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_back,
+            a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscription,
         }
     };
 }
@@ -176,7 +178,8 @@ impl Fixture {
             tenant_id: tenant.clone(),
             url: EndpointUrl::parse("https://hooks.acme.example/in").expect("a valid url"),
             event_types: vec![EventTypeFilter::all()],
-            secret: Secret::generate(&mut self.rng),
+            // As stored before secrets were sealed: stores keep reading those.
+            secret: SealedSecret::unsealed(&Secret::generate(&mut self.rng)),
             previous_secret: None,
             previous_secret_expires_at: None,
             retry_policy: RetryPolicy::standard(),
@@ -608,7 +611,7 @@ pub async fn replace_subscription_writes_a_copy_still_as_read_and_refuses_a_stal
         disabled_reason: Some("endpoint answered 410".into()),
         previous_secret: Some(original.secret.clone()),
         previous_secret_expires_at: Some(t0() + chrono::Duration::hours(24)),
-        secret: Secret::generate(&mut fx.rng),
+        secret: SealedSecret::envelope("contract:an envelope".into()),
         retry_policy: RetryPolicy::ledger(),
         updated_at: t0() + minutes(5),
         ..original.clone()
@@ -1845,4 +1848,52 @@ pub async fn the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_bac
         .take_lease("a", until + minutes(1), until + minutes(3))
         .await
         .expect("take"));
+}
+
+pub async fn a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscription(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let keeper = b.secrets();
+    let (tenant, other_tenant) = (fx.tenant().id, fx.tenant().id);
+    let sub = SubscriptionId::generate(t0(), &mut fx.rng);
+    let other_sub = SubscriptionId::generate(t0(), &mut fx.rng);
+    let context = |tenant: &TenantId, subscription: &SubscriptionId| SecretContext {
+        tenant: tenant.clone(),
+        subscription: subscription.clone(),
+    };
+    let secret = Secret::generate(&mut fx.rng);
+    let sealed = keeper.seal(&secret, &context(&tenant, &sub)).await.expect("seal");
+    let again = keeper.seal(&secret, &context(&tenant, &sub)).await.expect("seal");
+
+    let key_b64 = secret.as_str().trim_start_matches(Secret::PREFIX);
+    assert!(
+        sealed.plain().is_none() && !sealed.as_str().contains(key_b64),
+        "the envelope shows the secret"
+    );
+    assert_ne!(sealed, again, "two seals of one secret look alike");
+    assert_eq!(
+        keeper.open(&sealed, &context(&tenant, &sub)).await.expect("open"),
+        secret
+    );
+    assert_eq!(
+        keeper.open(&again, &context(&tenant, &sub)).await.expect("open"),
+        secret
+    );
+    for (t, s) in [(&tenant, &other_sub), (&other_tenant, &sub)] {
+        assert!(
+            matches!(
+                keeper.open(&sealed, &context(t, s)).await,
+                Err(PortError::Permanent { .. })
+            ),
+            "opened under another subscription's context"
+        );
+    }
+    // One character of its middle changed.
+    let mut text = sealed.as_str().to_owned().into_bytes();
+    let middle = text.len() * 2 / 3;
+    text[middle] = if text[middle] == b'A' { b'B' } else { b'A' };
+    let damaged = SealedSecret::envelope(String::from_utf8(text).expect("ASCII"));
+    assert!(
+        keeper.open(&damaged, &context(&tenant, &sub)).await.is_err(),
+        "a damaged envelope opened"
+    );
 }

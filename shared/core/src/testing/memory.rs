@@ -592,6 +592,40 @@ impl Mailer for MemoryMailer {
     }
 }
 
+/// Seals a secret by keeping it and answering `memory:<n>`: an envelope that shows nothing
+/// and opens only under the context it was sealed with. Counts its opens.
+#[derive(Default)]
+pub struct MemorySecrets {
+    sealed: Mutex<Vec<(SecretContext, Secret)>>,
+    pub opens: std::sync::atomic::AtomicUsize,
+}
+
+#[async_trait]
+impl SecretKeeper for MemorySecrets {
+    async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret> {
+        let mut sealed = lock(&self.sealed);
+        sealed.push((context.clone(), secret.clone()));
+        Ok(SealedSecret::envelope(format!("memory:{}", sealed.len() - 1)))
+    }
+
+    async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret> {
+        self.opens.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let kept = sealed
+            .as_str()
+            .strip_prefix("memory:")
+            .and_then(|n| n.parse::<usize>().ok())
+            .and_then(|n| lock(&self.sealed).get(n).cloned());
+        match kept {
+            Some((ctx, secret)) if ctx == *context => Ok(secret),
+            Some(_) => Err(PortError::permanent("open secret", "sealed under another context")),
+            None => Err(PortError::permanent(
+                "open secret",
+                "not an envelope this keeper sealed",
+            )),
+        }
+    }
+}
+
 /// Answers each POST from a script: the n-th request to a URL gets `script(url, n)`.
 pub struct ScriptedSender {
     #[allow(clippy::type_complexity)]
@@ -672,6 +706,7 @@ pub struct Harness {
     pub queue: Arc<MemoryQueue>,
     pub scheduler: Arc<MemoryScheduler>,
     pub mailer: Arc<MemoryMailer>,
+    pub secrets: Arc<MemorySecrets>,
     pub sender: Arc<ScriptedSender>,
     pub clock: Arc<ManualClock>,
 }
@@ -693,6 +728,7 @@ impl Harness {
         let queue = Arc::new(MemoryQueue::new(clock.clone(), queue_max_delay));
         let scheduler = Arc::new(MemoryScheduler::default());
         let mailer = Arc::new(MemoryMailer::default());
+        let secrets = Arc::new(MemorySecrets::default());
         let sender = Arc::new(sender);
         let ports = Ports {
             store: store.clone(),
@@ -700,6 +736,7 @@ impl Harness {
             store_with_queue: None,
             scheduler: scheduler.clone(),
             mailer: mailer.clone(),
+            secrets: secrets.clone(),
             sender: sender.clone(),
             clock: clock.clone(),
         };
@@ -710,6 +747,7 @@ impl Harness {
             queue,
             scheduler,
             mailer,
+            secrets,
             sender,
             clock,
         }

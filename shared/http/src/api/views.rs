@@ -4,7 +4,7 @@ use chrono::{DateTime, Utc};
 use hookwise_core::circuit::{CircuitBreaker, CircuitState};
 use hookwise_core::model::*;
 use hookwise_core::policy::RetryPolicy;
-use hookwise_core::services::Ingested;
+use hookwise_core::services::{Ingested, SubscriptionWithSecret};
 use serde::Serialize;
 
 use super::ApiError;
@@ -35,17 +35,17 @@ pub struct SubscriptionView {
 impl SubscriptionView {
     /// Without its secret: listings, reads, updates.
     pub fn public(s: Subscription) -> Self {
-        Self::build(s, false)
+        Self::build(s, None)
     }
 
-    /// With its current secret: creation and rotation only.
-    pub fn with_secret(s: Subscription) -> Self {
-        Self::build(s, true)
+    /// With its current secret, just made: creation and rotation only.
+    pub fn with_secret(made: SubscriptionWithSecret) -> Self {
+        Self::build(made.subscription, Some(made.secret))
     }
 
-    fn build(s: Subscription, show_secret: bool) -> Self {
+    fn build(s: Subscription, secret: Option<Secret>) -> Self {
         Self {
-            secret: show_secret.then(|| s.secret.as_str().to_owned()),
+            secret: secret.map(|secret| secret.as_str().to_owned()),
             id: s.id,
             url: s.url,
             event_types: s.event_types,

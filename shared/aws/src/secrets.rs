@@ -1,0 +1,128 @@
+//! Signing secrets sealed with the stack's KMS key (`SecretsKey` in template.yaml): KMS
+//! `Encrypt` and `Decrypt` with the subscription's tenant and id as the encryption context, so
+//! a table reader, an export or a restore sees no secret, and an envelope copied onto another
+//! subscription does not open. Ingest may only seal, Deliver only open (their roles).
+//!
+//! An envelope is `kms1:` and the base64 of KMS's ciphertext blob (which names the key).
+//! A warm Deliver keeps what it opened for [`KEEP_FOR`]: one `Decrypt` per subscription and
+//! secret every few minutes, not one per delivery.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use aws_sdk_kms::primitives::Blob;
+use aws_sdk_kms::Client;
+use aws_smithy_types::base64;
+use hookwise_core::model::{SealedSecret, Secret};
+use hookwise_core::ports::{PortResult, SecretContext, SecretKeeper};
+use hookwise_core::PortError;
+
+use crate::error::classify;
+use crate::lazy_client::LazyClient;
+
+const SCHEME: &str = "kms1:";
+/// How long an opened secret is used without asking KMS again: a key disabled or a grant
+/// revoked stops signing within this.
+const KEEP_FOR: Duration = Duration::from_secs(5 * 60);
+/// The most opened secrets kept (two per subscription at most).
+const MAX_KEPT: usize = 10_000;
+
+#[derive(Clone, Debug)]
+pub struct KmsSecrets {
+    client: LazyClient<Client>,
+    /// The key's ARN (or id, or alias): what seals, and the only key an envelope opens with.
+    key: String,
+    opened: Arc<Mutex<HashMap<String, (Instant, Secret)>>>,
+}
+
+impl KmsSecrets {
+    pub fn new(client: impl Into<LazyClient<Client>>, key: &str) -> Self {
+        Self {
+            client: client.into(),
+            key: key.to_owned(),
+            opened: Arc::default(),
+        }
+    }
+
+    fn kept(&self, id: &str) -> Option<Secret> {
+        let opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+        opened
+            .get(id)
+            .filter(|(at, _)| at.elapsed() < KEEP_FOR)
+            .map(|(_, secret)| secret.clone())
+    }
+
+    fn keep(&self, id: String, secret: &Secret) {
+        let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+        if opened.len() >= MAX_KEPT {
+            opened.retain(|_, (at, _)| at.elapsed() < KEEP_FOR);
+            if opened.len() >= MAX_KEPT {
+                opened.clear();
+            }
+        }
+        opened.insert(id, (Instant::now(), secret.clone()));
+    }
+}
+
+fn context_map(context: &SecretContext) -> HashMap<String, String> {
+    context
+        .pairs()
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect()
+}
+
+#[async_trait]
+impl SecretKeeper for KmsSecrets {
+    async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret> {
+        let out = self
+            .client
+            .encrypt()
+            .key_id(&self.key)
+            .plaintext(Blob::new(secret.as_str().as_bytes()))
+            .set_encryption_context(Some(context_map(context)))
+            .send()
+            .await
+            .map_err(|e| classify("seal secret (KMS Encrypt)", e))?;
+        let blob = out
+            .ciphertext_blob()
+            .ok_or_else(|| PortError::permanent("seal secret (KMS Encrypt)", "KMS answered no ciphertext"))?;
+        Ok(SealedSecret::envelope(format!(
+            "{SCHEME}{}",
+            base64::encode(blob.as_ref())
+        )))
+    }
+
+    async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret> {
+        // The context is part of what is kept: an envelope opens under its own only.
+        let [(_, tenant), (_, subscription)] = context.pairs();
+        let id = format!("{tenant}/{subscription}/{}", sealed.as_str());
+        if let Some(secret) = self.kept(&id) {
+            return Ok(secret);
+        }
+        let refused = |why: &str| PortError::permanent("open secret (KMS Decrypt)", why.to_owned());
+        let blob = sealed
+            .as_str()
+            .strip_prefix(SCHEME)
+            .and_then(|b64| base64::decode(b64).ok())
+            .ok_or_else(|| refused("not an envelope of KMS's kind (`kms1:`)"))?;
+        let out = self
+            .client
+            .decrypt()
+            .key_id(&self.key)
+            .ciphertext_blob(Blob::new(blob))
+            .set_encryption_context(Some(context_map(context)))
+            .send()
+            .await
+            .map_err(|e| classify("open secret (KMS Decrypt)", e))?;
+        let secret = out
+            .plaintext()
+            .and_then(|p| std::str::from_utf8(p.as_ref()).ok())
+            .and_then(|s| Secret::parse(s).ok())
+            .ok_or_else(|| refused("it holds no signing secret"))?;
+        self.keep(id, &secret);
+        Ok(secret)
+    }
+}

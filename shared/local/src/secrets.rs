@@ -1,0 +1,223 @@
+//! Signing secrets sealed at rest: AES-256-GCM under a key kept in `<data-dir>/secrets.key`
+//! (mode 0600), beside the database and never in it, so the database file alone (a copy, a
+//! backup) reveals no secret. The subscription's tenant and id are the associated data: an
+//! envelope copied onto another subscription does not open.
+//!
+//! An envelope is `local1:` and the base64 of the 12-byte nonce followed by the ciphertext.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Mutex;
+
+use aes_gcm::aead::{Aead, KeyInit, Payload};
+use aes_gcm::{Aes256Gcm, Key, Nonce};
+use async_trait::async_trait;
+use base64::engine::general_purpose::STANDARD as B64;
+use base64::Engine;
+use hookwise_core::model::{SealedSecret, Secret};
+use hookwise_core::ports::{PortResult, SecretContext, SecretKeeper};
+use hookwise_core::PortError;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::LocalBackend;
+
+/// The key file's name in the data dir.
+pub const KEY_FILE: &str = "secrets.key";
+const SCHEME: &str = "local1:";
+const NONCE_LEN: usize = 12;
+
+/// The key that seals a data dir's secrets, and where its nonces come from.
+pub(crate) struct SecretsKey {
+    cipher: Aes256Gcm,
+    rng: Mutex<StdRng>,
+}
+
+impl SecretsKey {
+    fn new(key: [u8; 32]) -> Self {
+        Self {
+            cipher: Aes256Gcm::new(&Key::<Aes256Gcm>::from(key)),
+            rng: Mutex::new(StdRng::from_os_rng()),
+        }
+    }
+
+    /// A key of its own, kept nowhere: for a database in memory.
+    pub(crate) fn random() -> Self {
+        Self::new(StdRng::from_os_rng().random())
+    }
+
+    /// The data dir's key, made now if it has none. `sealed_stored` says whether the database
+    /// holds secrets sealed already: then a missing key is an error, since a new one would
+    /// open none of them.
+    pub(crate) fn load_or_create(data_dir: &Path, sealed_stored: bool) -> PortResult<Self> {
+        let path = data_dir.join(KEY_FILE);
+        let failed = |what: &str, e: std::io::Error| PortError::permanent(format!("{what} {}", path.display()), e);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => return Self::from_text(&text).map_err(|why| failed("read the secrets key", why)),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(failed("read the secrets key", e)),
+            Err(_) if sealed_stored => {
+                return Err(PortError::permanent(
+                    "open the data dir",
+                    format!(
+                        "{} is missing, and the database holds signing secrets sealed with it: restore it \
+                         from the data dir's backup (without it those subscriptions cannot sign; rotate their \
+                         secrets to go on without it)",
+                        path.display()
+                    ),
+                ))
+            }
+            Err(_) => {}
+        }
+        let key: [u8; 32] = StdRng::from_os_rng().random();
+        // Written whole under another name, then linked into place: a process opening the
+        // data dir at the same time reads a whole key (its own or this one), never half of
+        // one, and whichever links first wins.
+        let temp = data_dir.join(format!("{KEY_FILE}.{}.tmp", std::process::id()));
+        let written = write_private(&temp, &format!("{}\n", B64.encode(key)));
+        let linked = written.and_then(|()| std::fs::hard_link(&temp, &path));
+        let _ = std::fs::remove_file(&temp);
+        match linked {
+            Ok(()) => {
+                // The key must outlive a crash whenever a secret sealed with it does.
+                std::fs::File::open(data_dir)
+                    .and_then(|dir| dir.sync_all())
+                    .map_err(|e| failed("sync the data dir of", e))?;
+                Ok(Self::new(key))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Self::load_or_create(data_dir, sealed_stored),
+            Err(e) => Err(failed("write the secrets key", e)),
+        }
+    }
+
+    fn from_text(text: &str) -> std::io::Result<Self> {
+        let bad = || std::io::Error::other("not the base64 of a 32-byte key");
+        let key: [u8; 32] = B64
+            .decode(text.trim())
+            .ok()
+            .and_then(|k| k.try_into().ok())
+            .ok_or_else(bad)?;
+        Ok(Self::new(key))
+    }
+
+    fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret> {
+        let nonce: [u8; NONCE_LEN] = self.rng.lock().unwrap_or_else(|p| p.into_inner()).random();
+        let aad = associated_data(context);
+        let sealed = self
+            .cipher
+            .encrypt(
+                &Nonce::from(nonce),
+                Payload {
+                    msg: secret.as_str().as_bytes(),
+                    aad: aad.as_bytes(),
+                },
+            )
+            .map_err(|_| PortError::permanent("seal secret", "AES-GCM refused to encrypt"))?;
+        let mut envelope = nonce.to_vec();
+        envelope.extend(sealed);
+        Ok(SealedSecret::envelope(format!("{SCHEME}{}", B64.encode(envelope))))
+    }
+
+    fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret> {
+        let refused = |why: &str| PortError::permanent("open secret", why.to_owned());
+        let bytes = sealed
+            .as_str()
+            .strip_prefix(SCHEME)
+            .and_then(|b64| B64.decode(b64).ok())
+            .filter(|b| b.len() > NONCE_LEN)
+            .ok_or_else(|| refused("not an envelope of this data dir's kind (`local1:`)"))?;
+        let (nonce, ciphertext) = bytes.split_at(NONCE_LEN);
+        let nonce: [u8; NONCE_LEN] = nonce.try_into().expect("split at its length");
+        let aad = associated_data(context);
+        let plain = self
+            .cipher
+            .decrypt(
+                &Nonce::from(nonce),
+                Payload {
+                    msg: ciphertext,
+                    aad: aad.as_bytes(),
+                },
+            )
+            .map_err(|_| refused("it does not open with this data dir's key for this subscription"))?;
+        String::from_utf8(plain)
+            .ok()
+            .and_then(|s| Secret::parse(&s).ok())
+            .ok_or_else(|| refused("it holds no signing secret"))
+    }
+}
+
+/// The context as `name=value` lines (ids hold neither `=` nor a line break).
+fn associated_data(context: &SecretContext) -> String {
+    context
+        .pairs()
+        .iter()
+        .map(|(name, value)| format!("{name}={value}\n"))
+        .collect()
+}
+
+/// A new file only its owner may read, synced to disk.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let mut file = options.open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
+}
+
+#[async_trait]
+impl SecretKeeper for LocalBackend {
+    async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret> {
+        self.inner.secrets.seal(secret, context)
+    }
+
+    async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret> {
+        self.inner.secrets.open(sealed, context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> std::path::PathBuf {
+        let n: u64 = StdRng::from_os_rng().random();
+        let dir = std::env::temp_dir().join(format!("hookwise-key-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_key_file_is_made_once_private_and_read_back_after() {
+        let dir = dir();
+        let first = SecretsKey::load_or_create(&dir, false).unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.join(KEY_FILE)).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        let context = SecretContext {
+            tenant: hookwise_core::model::TenantId::parse("ten_01J0000000000000000000000A").unwrap(),
+            subscription: hookwise_core::model::SubscriptionId::parse("sub_01J0000000000000000000000A").unwrap(),
+        };
+        let secret = Secret::generate(&mut StdRng::from_os_rng());
+        let sealed = first.seal(&secret, &context).unwrap();
+        let again = SecretsKey::load_or_create(&dir, true).unwrap();
+        assert_eq!(again.open(&sealed, &context).unwrap(), secret, "the same key read back");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_missing_key_is_refused_once_secrets_are_sealed_with_it() {
+        let dir = dir();
+        let err = SecretsKey::load_or_create(&dir, true).err().expect("refused");
+        assert!(err.to_string().contains("secrets.key is missing"), "{err}");
+        assert!(!dir.join(KEY_FILE).exists(), "no new key made");
+        std::fs::write(dir.join(KEY_FILE), "not a key\n").unwrap();
+        let err = SecretsKey::load_or_create(&dir, false).err().expect("refused");
+        assert!(err.to_string().contains("32-byte key"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -231,8 +231,7 @@ async fn run(profile: &Profile, logs: &LogBytes) -> Option<Figures> {
         services
             .create_subscription(&tenant, serde_json::from_value(sub).unwrap())
             .await
-            .unwrap()
-            .subscription;
+            .unwrap();
     }
     let event = |i: usize| NewEvent {
         event_type: EventType::parse("order.paid").unwrap(),

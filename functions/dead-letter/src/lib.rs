@@ -56,7 +56,7 @@ mod tests {
             circuit_breaker: None,
             description: None,
         };
-        h.services.create_subscription(&tenant, sub).await.unwrap().subscription;
+        h.services.create_subscription(&tenant, sub).await.unwrap();
         let event = NewEvent {
             event_type: EventType::parse("invoice.paid").unwrap(),
             payload: serde_json::json!({}),

@@ -44,7 +44,7 @@ async fn one_queued_delivery(h: &Harness) -> DeliveryTask {
         circuit_breaker: None,
         description: None,
     };
-    h.services.create_subscription(&tenant, sub).await.unwrap().subscription;
+    h.services.create_subscription(&tenant, sub).await.unwrap();
     let event = NewEvent {
         event_type: EventType::parse("invoice.paid").unwrap(),
         payload: serde_json::json!({"n": 1}),

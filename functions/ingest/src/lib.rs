@@ -27,8 +27,7 @@ mod tests {
         h.services
             .create_subscription(&tenant, serde_json::from_value(sub).unwrap())
             .await
-            .unwrap()
-            .subscription;
+            .unwrap();
         let services = Arc::new(h.services);
 
         // API Gateway's payload 2.0, as lambda_http parses it on Lambda.

@@ -52,7 +52,7 @@ mod tests {
             circuit_breaker: None,
             description: None,
         };
-        h.services.create_subscription(&tenant, sub).await.unwrap().subscription;
+        h.services.create_subscription(&tenant, sub).await.unwrap();
         let event = NewEvent {
             event_type: EventType::parse("a.b").unwrap(),
             payload: json!({}),

@@ -113,8 +113,7 @@ async fn given_an_open_breaker_then_what_it_released_goes_out_on_a_ramp_without_
     h.services
         .create_subscription(&tenant, subscription(vec![600; 5], None, breaker))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     for _ in 0..100 {
         h.services.ingest(&tenant, event(), None).await.unwrap();
     }
@@ -146,8 +145,7 @@ async fn given_a_breaker_open_past_the_retry_schedule_then_its_held_deliveries_m
     h.services
         .create_subscription(&tenant, subscription(vec![30, 60, 120], None, breaker))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     for _ in 0..10 {
         h.services.ingest(&tenant, event(), None).await.unwrap();
     }

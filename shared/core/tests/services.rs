@@ -72,8 +72,7 @@ async fn given_three_subscriptions_when_an_event_arrives_then_it_fans_out_to_the
     h.services
         .create_subscription(&tenant, new_sub("https://c.example.com/", &["user.created"], None))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
 
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let mut subs: Vec<_> = ingested.deliveries.iter().map(|d| d.subscription_id.clone()).collect();
@@ -92,8 +91,7 @@ async fn given_an_idempotency_key_when_sent_twice_then_one_event_and_one_deliver
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     let first = h
         .services
         .ingest(&tenant, event("invoice.paid"), Some("key-1".into()))
@@ -122,8 +120,7 @@ async fn given_an_endpoint_failing_twice_then_it_is_delivered_on_the_third_attem
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![1, 1, 1])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.run_for(Duration::seconds(10), Duration::seconds(1)).await;
 
@@ -200,8 +197,7 @@ async fn given_a_dead_delivery_when_replayed_then_a_fresh_attempt_1_delivers_it(
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let id = &ingested.deliveries[0].id;
@@ -268,8 +264,7 @@ async fn given_a_retry_beyond_the_queue_delay_limit_then_it_waits_in_the_schedul
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![3_600])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     assert_eq!(
@@ -312,8 +307,7 @@ async fn given_a_queue_delay_limit_below_the_horizon_then_a_retry_is_moved_no_ea
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![600])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     assert_eq!(
@@ -345,8 +339,7 @@ async fn given_a_duplicated_message_then_no_second_attempt_is_made_or_recorded()
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![60])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let task = h.queue.take_visible().pop().unwrap();
     assert!(matches!(
@@ -371,8 +364,7 @@ async fn given_retries_switched_off_for_the_tenant_then_the_first_failure_is_fin
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let (delivery, attempts) = h
@@ -413,8 +405,7 @@ async fn given_many_deaths_for_one_owner_in_a_batch_then_one_digest_email() {
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     for _ in 0..5 {
         h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     }
@@ -436,8 +427,7 @@ async fn given_two_tenants_then_neither_reads_or_replays_the_others_deliveries()
     h.services
         .create_subscription(&alice, new_sub("https://a.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     let ingested = h.services.ingest(&alice, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let id = &ingested.deliveries[0].id;
@@ -541,7 +531,11 @@ async fn given_a_webhook_then_it_carries_standard_webhooks_headers_that_verify()
     // period, the new one alone after it.
     let opens = h.secrets.opens.load(std::sync::atomic::Ordering::SeqCst);
     let rotated = h.services.rotate_secret(&tenant, &sub.id).await.unwrap();
-    assert_eq!(h.secrets.opens.load(std::sync::atomic::Ordering::SeqCst), opens, "rotation opened a secret");
+    assert_eq!(
+        h.secrets.opens.load(std::sync::atomic::Ordering::SeqCst),
+        opens,
+        "rotation opened a secret"
+    );
     assert_ne!(rotated.secret, made.secret);
     assert_eq!(rotated.subscription.previous_secret.as_ref(), Some(&sub.secret));
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
@@ -589,8 +583,7 @@ async fn given_a_429_with_retry_after_then_the_retry_waits_as_asked() {
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![10, 600])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let start = h.clock.now();
     h.drain_now().await;
@@ -737,7 +730,7 @@ async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_to
     for owner in ["a@example.com", "b@example.com"] {
         let mut sub = new_sub("https://down.example.com/", &["*"], Some(vec![]));
         sub.owner_email = Some(Email::parse(owner).unwrap());
-        h.services.create_subscription(&tenant, sub).await.unwrap().subscription;
+        h.services.create_subscription(&tenant, sub).await.unwrap();
     }
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let tasks = h.queue.take_visible();
@@ -886,11 +879,7 @@ async fn given_deaths_through_a_storm_then_an_owner_gets_at_most_one_email_per_w
         .subscription;
     let mut other = new_sub("https://other.example.com/", &["other.*"], Some(vec![]));
     other.owner_email = Some(Email::parse("other@example.com").unwrap());
-    h.services
-        .create_subscription(&tenant, other)
-        .await
-        .unwrap()
-        .subscription;
+    h.services.create_subscription(&tenant, other).await.unwrap();
     let sent = |h: &Harness| h.mailer.sent.lock().unwrap().clone();
     let to = |h: &Harness, who: &str| sent(h).into_iter().filter(|m| m.to.as_str() == who).collect::<Vec<_>>();
 
@@ -1191,8 +1180,7 @@ async fn given_more_stranded_retries_than_a_page_then_one_tick_requeues_them_all
                 without_breaker(new_sub(&format!("https://a{i}.example.com/"), &["*"], Some(vec![60]))),
             )
             .await
-            .unwrap()
-            .subscription;
+            .unwrap();
     }
     a_retry_whose_message_is_lost(&h, &tenant, 100).await;
     h.clock.advance(Duration::minutes(6));
@@ -1468,7 +1456,7 @@ async fn given_a_breaker_write_failing_then_the_delivery_goes_on_and_the_failure
         failure_threshold: 1,
         ..hookwise_core::circuit::CircuitBreaker::on()
     });
-    h.services.create_subscription(&tenant, sub).await.unwrap().subscription;
+    h.services.create_subscription(&tenant, sub).await.unwrap();
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     // The failed attempt opens the breaker (threshold 1): that write fails.
     h.store
@@ -1503,8 +1491,7 @@ async fn given_ses_refusing_an_owners_email_then_the_failure_is_counted_and_the_
     h.services
         .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.drain_now().await;
     let failures = || {
@@ -1534,13 +1521,11 @@ async fn given_a_recorder_then_deliveries_by_outcome_their_latency_queue_lag_and
     h.services
         .create_subscription(&tenant, new_sub("https://up.example.com/", &["*"], None))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     h.services
         .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     // As the hosts do: each queue's batch through `handle_messages`.
     let messages = |tasks: Vec<DeliveryTask>| -> Vec<hookwise_core::ports::QueueMessage> {
@@ -1754,7 +1739,7 @@ async fn given_a_deferred_attempt_arriving_after_its_slot_went_by_then_it_reserv
         rate_limit_per_second: Some(1),
         ..new_sub("https://a.example.com/", &["*"], None)
     };
-    h.services.create_subscription(&tenant, new).await.unwrap().subscription;
+    h.services.create_subscription(&tenant, new).await.unwrap();
     let t0 = h.clock.now();
     for _ in 0..4 {
         h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
@@ -1966,8 +1951,7 @@ async fn given_another_tick_holding_the_lease_then_a_tick_does_nothing_until_the
     h.services
         .create_subscription(&tenant, new_sub("https://down.example.com/", &["*"], Some(vec![300])))
         .await
-        .unwrap()
-        .subscription;
+        .unwrap();
     h.services.ingest(&tenant, event("a.b"), None).await.unwrap();
     for r in h.services.deliver_batch(&h.queue.take_visible()).await {
         r.unwrap();

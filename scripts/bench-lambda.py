@@ -73,6 +73,7 @@ TEMPLATE_VALUES = {
     "HOOKWISE_DELIVERY_QUEUE_URL": f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{STACK}-delivery",
     "HOOKWISE_DEAD_LETTER_QUEUE_URL": f"https://sqs.{REGION}.amazonaws.com/{ACCOUNT}/{STACK}-dead-letter",
     "HOOKWISE_SENDER_EMAIL": "hooks@example.com",
+    "HOOKWISE_SECRETS_KEY": f"arn:aws:kms:{REGION}:{ACCOUNT}:key/1234abcd-12ab-34cd-56ef-1234567890ab",
     "HOOKWISE_DEFAULT_RETRY_POLICY": "standard",
     "HOOKWISE_ALLOWED_TARGET_CIDRS": "",
     "HOOKWISE_RETENTION_DAYS": "30",

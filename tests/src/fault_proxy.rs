@@ -49,6 +49,8 @@ pub enum Service {
     DynamoDb,
     Sqs,
     Ses,
+    /// KMS (the signing secrets' key): recorded, never faulted.
+    Kms,
     /// Anything else: forwarded untouched, never faulted.
     Other,
 }
@@ -59,6 +61,7 @@ impl Service {
             Service::DynamoDb => "dynamodb",
             Service::Sqs => "sqs",
             Service::Ses => "ses",
+            Service::Kms => "kms",
             Service::Other => "other",
         }
     }
@@ -206,7 +209,7 @@ impl FaultPlan {
             Service::DynamoDb => Some(&self.dynamodb),
             Service::Sqs => Some(&self.sqs),
             Service::Ses => Some(&self.ses),
-            Service::Other => None,
+            Service::Kms | Service::Other => None,
         }
     }
 
@@ -215,7 +218,7 @@ impl FaultPlan {
             Service::DynamoDb => Some(&mut self.dynamodb),
             Service::Sqs => Some(&mut self.sqs),
             Service::Ses => Some(&mut self.ses),
-            Service::Other => None,
+            Service::Kms | Service::Other => None,
         }
     }
 }
@@ -533,6 +536,13 @@ fn classify(parts: &Parts, body: &[u8]) -> Call {
             service: Service::Sqs,
             operation: op.to_owned(),
             protocol: Protocol::SqsJson,
+        };
+    }
+    if let Some(op) = target.strip_prefix("TrentService.") {
+        return Call {
+            service: Service::Kms,
+            operation: op.to_owned(),
+            protocol: Protocol::Other,
         };
     }
     let path = parts.uri.path();

@@ -14,6 +14,8 @@
 //! - SES v2: `ses:SendEmail` on the identity the mail is sent from: the address identity,
 //!   as the tests verify it (AWS checks the domain's instead where only the domain is
 //!   verified, and in the SES sandbox the recipients' identities too).
+//! - KMS: the action on the key's ARN. Hookwise names its key by ARN in every call (a call
+//!   without one, authorised on whatever key its ciphertext names, is not passed).
 
 use std::collections::BTreeMap;
 
@@ -68,7 +70,15 @@ impl Stack {
         self
     }
 
-    /// The ARN of a table or queue this stack was told of.
+    /// A KMS key made as `logical_id`, with this ARN.
+    pub fn key(mut self, logical_id: &str, arn: &str) -> Self {
+        let id = arn.rsplit('/').next().unwrap_or(arn).to_owned();
+        self.resources
+            .insert(logical_id.to_owned(), (id, attributes([("Arn", arn.to_owned())])));
+        self
+    }
+
+    /// The ARN of a table, queue or key this stack was told of.
     pub fn arn(&self, logical_id: &str) -> String {
         self.resources
             .get(logical_id)
@@ -448,6 +458,14 @@ pub fn needs(call: &RecordedCall, region: &str, account: &str) -> Vec<Need> {
                 ));
             }
             needs
+        }
+        Service::Kms => {
+            let resource = match p["KeyId"].as_str() {
+                Some(arn) if arn.starts_with("arn:") => arn.to_owned(),
+                Some(id) => format!("arn:aws:kms:{region}:{account}:key/{id}"),
+                None => "no KeyId".to_owned(),
+            };
+            vec![need(&format!("kms:{}", call.operation), resource)]
         }
         Service::Other => vec![need(&format!("unknown:{}", call.operation), "*".to_owned())],
     }

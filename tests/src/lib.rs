@@ -373,6 +373,25 @@ impl Received {
     pub fn json(&self) -> Value {
         serde_json::from_slice(&self.body).expect("a JSON body")
     }
+
+    /// Whether its Standard Webhooks signature verifies with `secret` (`whsec_…`), as a
+    /// subscriber checks it (five minutes' tolerance).
+    pub fn signed_with(&self, secret: &str) -> bool {
+        let Ok(secret) = hookwise_core::model::Secret::parse(secret) else {
+            return false;
+        };
+        let header = |name: &str| self.header(name).unwrap_or_default();
+        hookwise_core::signing::verify(
+            &secret,
+            header("webhook-id"),
+            header("webhook-timestamp"),
+            header("webhook-signature"),
+            &self.body,
+            chrono::Utc::now().timestamp(),
+            300,
+        )
+        .is_ok()
+    }
 }
 
 /// A real HTTP server on 127.0.0.1 that records every POST and fails the first

@@ -76,7 +76,8 @@ async fn flaky_dead_replayed_and_duplicated(launcher: Launcher) {
 
     // A flaky endpoint: two 500s, then 200.
     let flaky = Receiver::start(2).await;
-    api.post("/v1/subscriptions", json!({"url": flaky.url("/flaky"), "event_types": ["order.*"], "retry_policy": {"schedule_seconds": [1, 1, 1]}})).await;
+    let created = api.post("/v1/subscriptions", json!({"url": flaky.url("/flaky"), "event_types": ["order.*"], "retry_policy": {"schedule_seconds": [1, 1, 1]}})).await;
+    let secret = created["secret"].as_str().expect("the new subscription's secret").to_owned();
     let event = api
         .post("/v1/events", json!({"type": "order.paid", "payload": {"order": 7}}))
         .await;
@@ -91,6 +92,12 @@ async fn flaky_dead_replayed_and_duplicated(launcher: Launcher) {
     assert_eq!(codes, [(1, 500), (2, 500), (3, 200)]);
     assert_eq!(flaky.count(), 3);
     assert_eq!(flaky.requests()[2].header("webhook-id"), event["id"].as_str());
+    // Signed with the secret the API answered, which the table holds only sealed with KMS.
+    assert!(
+        flaky.requests().iter().all(|r| r.signed_with(&secret)),
+        "a webhook that does not verify with the subscription's secret"
+    );
+    assert_no_secret_stored(&env, &secret).await;
 
     // SQS delivers at least once: the message of attempt 3, twice more.
     let body = sources
@@ -194,6 +201,32 @@ async fn flaky_dead_replayed_and_duplicated(launcher: Launcher) {
         sources.log.lock().unwrap().failures
     );
     sources.stop().await;
+}
+
+/// Every item of the main table read raw: none holds a signing secret in plain text, and the
+/// subscriptions hold theirs as KMS envelopes.
+async fn assert_no_secret_stored(env: &AwsEnv, secret: &str) {
+    let items = env
+        .clients
+        .dynamodb
+        .scan()
+        .table_name(&env.provisioned.table)
+        .send()
+        .await
+        .expect("scan the main table")
+        .items
+        .unwrap_or_default();
+    let text = format!("{items:?}");
+    let key = secret.trim_start_matches("whsec_");
+    assert!(!text.contains("whsec_") && !text.contains(key), "a secret in plain text in the table");
+    let sealed: Vec<_> = items
+        .iter()
+        .filter_map(|item| item.get("secret")?.as_s().ok())
+        .collect();
+    assert!(
+        !sealed.is_empty() && sealed.iter().all(|s| s.starts_with("kms1:")),
+        "secrets not sealed with KMS: {sealed:?}"
+    );
 }
 
 /// `hookwise tenant --aws` on the stack's table, with the variables the template gives the

@@ -197,6 +197,18 @@ const PATHS: &[(&str, &str, &str, &str)] = &[
     ("hookwise-ingest", "sqs:SendMessage", "DeliveryQueue", "ingest"),
     (
         "hookwise-ingest",
+        "kms:Encrypt",
+        "SecretsKey",
+        "a subscription's secret sealed at creation and rotation",
+    ),
+    (
+        "hookwise-deliver",
+        "kms:Decrypt",
+        "SecretsKey",
+        "a secret opened to sign",
+    ),
+    (
+        "hookwise-ingest",
         "dynamodb:Query",
         "MainTable/index/by-subscription",
         "the API's listings",
@@ -273,7 +285,8 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         .table("MainTable", &p.table)
         .table("SchedulerTable", &p.scheduler_table)
         .queue("DeliveryQueue", &p.delivery_queue_url)
-        .queue("DeadLetterQueue", &p.dead_letter_queue_url);
+        .queue("DeadLetterQueue", &p.dead_letter_queue_url)
+        .key("SecretsKey", &p.secrets_key);
     let template = std::fs::read_to_string(aws_support::workspace_root().join("template.yaml")).unwrap();
     let policies = function_policies(&template, &stack);
     assert_eq!(policies.len(), 4);

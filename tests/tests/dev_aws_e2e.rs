@@ -39,15 +39,17 @@ struct Endpoints {
     dynamodb: String,
     sqs: String,
     sesv2: String,
+    kms: String,
 }
 
 impl Endpoints {
-    /// All three on one server (moto).
+    /// All four on one server (moto).
     fn all(url: &str) -> Self {
         Self {
             dynamodb: url.to_owned(),
             sqs: url.to_owned(),
             sesv2: url.to_owned(),
+            kms: url.to_owned(),
         }
     }
 }
@@ -91,19 +93,23 @@ impl DevAws {
             .stderr(Stdio::piped());
         // These endpoints, whatever the test's own environment says: one server through
         // AWS_ENDPOINT_URL, or one per service through the SDK's per-service variables.
-        let one = endpoints.dynamodb == endpoints.sqs && endpoints.sqs == endpoints.sesv2;
+        let one = [&endpoints.sqs, &endpoints.sesv2, &endpoints.kms]
+            .iter()
+            .all(|url| **url == endpoints.dynamodb);
         if one {
             command
                 .env("AWS_ENDPOINT_URL", &endpoints.sqs)
                 .env_remove("AWS_ENDPOINT_URL_DYNAMODB")
                 .env_remove("AWS_ENDPOINT_URL_SQS")
-                .env_remove("AWS_ENDPOINT_URL_SESV2");
+                .env_remove("AWS_ENDPOINT_URL_SESV2")
+                .env_remove("AWS_ENDPOINT_URL_KMS");
         } else {
             command
                 .env_remove("AWS_ENDPOINT_URL")
                 .env("AWS_ENDPOINT_URL_DYNAMODB", &endpoints.dynamodb)
                 .env("AWS_ENDPOINT_URL_SQS", &endpoints.sqs)
-                .env("AWS_ENDPOINT_URL_SESV2", &endpoints.sesv2);
+                .env("AWS_ENDPOINT_URL_SESV2", &endpoints.sesv2)
+                .env("AWS_ENDPOINT_URL_KMS", &endpoints.kms);
         }
         let mut child = command.spawn().expect("hookwise dev --aws starts");
 
@@ -890,6 +896,7 @@ async fn given_dev_aws_with_sqs_on_localstack_tables_on_dynamodb_local_and_log_e
     let Some((localstack_url, dynamodb_url)) = localstack_and_dynamodb_local() else {
         return;
     };
+    let Some(moto_url) = moto() else { return };
     // SES v2 at a port that only counts connections: with --log-email nothing may call it.
     let ses = ConnectionCounter::start().await;
     let owner = format!("{}@owner.example", unique_prefix("o"));
@@ -897,6 +904,8 @@ async fn given_dev_aws_with_sqs_on_localstack_tables_on_dynamodb_local_and_log_e
         dynamodb: dynamodb_url.clone(),
         sqs: localstack_url.clone(),
         sesv2: ses.url(),
+        // The signing secrets' key: LocalStack runs SQS alone here.
+        kms: moto_url,
     };
     // The queue delays at most 2 s: a 4 s retry waits in the scheduler table.
     let mut dev = DevAws::start(

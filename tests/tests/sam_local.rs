@@ -191,6 +191,7 @@ fn write_env_file(env: &AwsEnv, api_base: &str, dir: &Path) -> PathBuf {
         env::DELIVERY_QUEUE_URL: p.delivery_queue_url,
         env::DEAD_LETTER_QUEUE_URL: p.dead_letter_queue_url,
         env::SENDER_EMAIL: SENDER,
+        env::SECRETS_KEY: p.secrets_key,
         env::ALLOWED_TARGET_CIDRS: "127.0.0.0/8",
         env::PUBLIC_API_URL: api_base,
         "RUST_LOG": "info",

@@ -162,6 +162,10 @@ async fn provisioned(clients: &AwsClients, aws: &AwsArgs, max_queue_delay: u32) 
         "  export HOOKWISE_DELIVERY_QUEUE_URL={} HOOKWISE_DEAD_LETTER_QUEUE_URL={}",
         made.delivery_queue_url, made.dead_letter_queue_url
     );
+    println!(
+        "  export HOOKWISE_SECRETS_KEY={} HOOKWISE_SENDER_EMAIL={}",
+        made.secrets_key, aws.sender_email
+    );
     Ok(AwsConfig {
         queue_max_delay_seconds: max_queue_delay,
         ..made.config(&aws.sender_email)

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use hookwise_core::model::*;
 use hookwise_core::policy::RetryPolicy;
 use hookwise_core::ports::*;
-use hookwise_core::testing::memory::ManualClock;
+use hookwise_core::testing::memory::{ManualClock, ScriptedSender};
 use hookwise_local::{LocalBackend, LocalConfig, QueueName, DB_FILE, OUTBOX_DIR};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -1053,4 +1053,133 @@ async fn a_receive_takes_each_tenants_messages_in_turn_oldest_first() {
         .collect();
     let want = [&queued[0], &queued[5], &queued[7], &queued[1], &queued[6], &queued[2]];
     assert_eq!(got.iter().collect::<Vec<_>>(), want, "A, B, none, A, B, A");
+}
+
+/// Services on `backend` whose POSTs a script answers 200, on the backend's clock.
+fn services_on(backend: &LocalBackend) -> (hookwise_core::services::Services, Arc<ScriptedSender>) {
+    let sender = Arc::new(ScriptedSender::always(200));
+    let ports = backend.ports(sender.clone(), backend.config().clock.clone());
+    let config = hookwise_core::services::Config::default();
+    (
+        hookwise_core::services::Services::new(ports, config, StdRng::seed_from_u64(3)),
+        sender,
+    )
+}
+
+/// Whether the request's signature verifies with `secret`.
+fn signed_with(request: &WebhookRequest, secret: &Secret, now: DateTime<Utc>) -> bool {
+    let header = |name: &str| {
+        request
+            .headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    };
+    hookwise_core::signing::verify(
+        secret,
+        header("webhook-id"),
+        header("webhook-timestamp"),
+        header("webhook-signature"),
+        &request.body,
+        now.timestamp(),
+        300,
+    )
+    .is_ok()
+}
+
+#[tokio::test]
+async fn a_subscriptions_secret_is_on_disk_only_sealed_with_a_key_file_only_its_owner_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::open(dir.path()).unwrap();
+    let (services, _) = services_on(&backend);
+    let (tenant, _) = services
+        .create_tenant("Acme", Email::parse("ops@acme.example").unwrap())
+        .await
+        .unwrap();
+    let new = serde_json::from_value(serde_json::json!({"url": "https://hooks.acme.example/in"})).unwrap();
+    let made = services.create_subscription(&tenant, new).await.unwrap();
+    drop((services, backend));
+
+    let key_b64 = made.secret.as_str().trim_start_matches(Secret::PREFIX).as_bytes().to_vec();
+    for file in [DB_FILE.to_owned(), format!("{DB_FILE}-wal")] {
+        let Ok(bytes) = std::fs::read(dir.path().join(&file)) else {
+            continue;
+        };
+        let holds = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+        assert!(!holds(b"whsec_") && !holds(&key_b64), "{file} holds the secret");
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(hookwise_local::KEY_FILE)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the key file is its owner's alone");
+    }
+
+    // Reopened, the data dir's key opens it to sign.
+    let backend = LocalBackend::open(dir.path()).unwrap();
+    let (services, sender) = services_on(&backend);
+    services
+        .ingest(&tenant, serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap(), None)
+        .await
+        .unwrap();
+    let tasks: Vec<_> = backend
+        .receive(10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.task)
+        .collect();
+    assert_eq!(tasks.len(), 1);
+    services.deliver(&tasks[0]).await.unwrap();
+    let request = sender.requests.lock().unwrap()[0].clone();
+    assert!(signed_with(&request, &made.secret, Utc::now()));
+
+    // Without its key the data dir does not open: a new key would open none of its secrets.
+    drop((services, backend));
+    std::fs::remove_file(dir.path().join(hookwise_local::KEY_FILE)).unwrap();
+    let err = LocalBackend::open(dir.path()).err().expect("refused without its key");
+    assert!(err.to_string().contains("secrets.key is missing"), "{err}");
+}
+
+#[tokio::test]
+async fn a_secret_stored_in_plain_text_by_an_older_build_signs_and_is_sealed_on_its_next_change() {
+    let (clock, config) = clocked();
+    let backend = LocalBackend::open_in_memory_with(config).unwrap();
+    let mut rng = StdRng::seed_from_u64(9);
+    let (tenant, sub, _, delivery) = seed(&backend, &mut rng).await;
+    let plain = sub.secret.plain().expect("seeded in plain text");
+    let (services, sender) = services_on(&backend);
+
+    let deliver = |attempt_of: &Delivery| DeliveryTask {
+        delivery_id: attempt_of.id.clone(),
+        ..task(&mut StdRng::seed_from_u64(1))
+    };
+    services.deliver(&deliver(&delivery)).await.unwrap();
+    assert!(signed_with(&sender.requests.lock().unwrap()[0], &plain, clock.now()));
+
+    let patch = serde_json::from_value(serde_json::json!({"description": "orders"})).unwrap();
+    services.update_subscription(&tenant, &sub.id, patch).await.unwrap();
+    let stored = backend.get_subscription(&tenant.id, &sub.id).await.unwrap().unwrap();
+    assert!(
+        stored.secret.plain().is_none() && stored.secret.as_str().starts_with("local1:"),
+        "still in plain text after a change: {:?}",
+        stored.secret
+    );
+    // The same secret, sealed: the next delivery still verifies with it.
+    services
+        .ingest(&tenant, serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap(), None)
+        .await
+        .unwrap();
+    let tasks: Vec<_> = backend
+        .receive(10, Duration::from_secs(30))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.task)
+        .collect();
+    assert_eq!(tasks.len(), 1);
+    services.deliver(&tasks[0]).await.unwrap();
+    let requests = sender.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 2);
+    assert!(signed_with(&requests[1], &plain, clock.now()));
 }

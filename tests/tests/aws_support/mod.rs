@@ -180,6 +180,7 @@ impl AwsEnv {
             (env::DELIVERY_QUEUE_URL, p.delivery_queue_url.clone()),
             (env::DEAD_LETTER_QUEUE_URL, p.dead_letter_queue_url.clone()),
             (env::SENDER_EMAIL, SENDER.to_owned()),
+            (env::SECRETS_KEY, p.secrets_key.clone()),
             (env::QUEUE_MAX_DELAY_SECONDS, max_delay.to_string()),
             (env::ALLOWED_TARGET_CIDRS, "127.0.0.0/8".to_owned()),
             (env::PUBLIC_API_URL, "http://127.0.0.1:1".to_owned()),

@@ -77,7 +77,10 @@ async fn flaky_dead_replayed_and_duplicated(launcher: Launcher) {
     // A flaky endpoint: two 500s, then 200.
     let flaky = Receiver::start(2).await;
     let created = api.post("/v1/subscriptions", json!({"url": flaky.url("/flaky"), "event_types": ["order.*"], "retry_policy": {"schedule_seconds": [1, 1, 1]}})).await;
-    let secret = created["secret"].as_str().expect("the new subscription's secret").to_owned();
+    let secret = created["secret"]
+        .as_str()
+        .expect("the new subscription's secret")
+        .to_owned();
     let event = api
         .post("/v1/events", json!({"type": "order.paid", "payload": {"order": 7}}))
         .await;
@@ -218,7 +221,10 @@ async fn assert_no_secret_stored(env: &AwsEnv, secret: &str) {
         .unwrap_or_default();
     let text = format!("{items:?}");
     let key = secret.trim_start_matches("whsec_");
-    assert!(!text.contains("whsec_") && !text.contains(key), "a secret in plain text in the table");
+    assert!(
+        !text.contains("whsec_") && !text.contains(key),
+        "a secret in plain text in the table"
+    );
     let sealed: Vec<_> = items
         .iter()
         .filter_map(|item| item.get("secret")?.as_s().ok())

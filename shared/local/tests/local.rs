@@ -1100,7 +1100,12 @@ async fn a_subscriptions_secret_is_on_disk_only_sealed_with_a_key_file_only_its_
     let made = services.create_subscription(&tenant, new).await.unwrap();
     drop((services, backend));
 
-    let key_b64 = made.secret.as_str().trim_start_matches(Secret::PREFIX).as_bytes().to_vec();
+    let key_b64 = made
+        .secret
+        .as_str()
+        .trim_start_matches(Secret::PREFIX)
+        .as_bytes()
+        .to_vec();
     for file in [DB_FILE.to_owned(), format!("{DB_FILE}-wal")] {
         let Ok(bytes) = std::fs::read(dir.path().join(&file)) else {
             continue;
@@ -1111,7 +1116,10 @@ async fn a_subscriptions_secret_is_on_disk_only_sealed_with_a_key_file_only_its_
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
-        let mode = std::fs::metadata(dir.path().join(hookwise_local::KEY_FILE)).unwrap().permissions().mode();
+        let mode = std::fs::metadata(dir.path().join(hookwise_local::KEY_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600, "the key file is its owner's alone");
     }
 
@@ -1119,7 +1127,11 @@ async fn a_subscriptions_secret_is_on_disk_only_sealed_with_a_key_file_only_its_
     let backend = LocalBackend::open(dir.path()).unwrap();
     let (services, sender) = services_on(&backend);
     services
-        .ingest(&tenant, serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap(), None)
+        .ingest(
+            &tenant,
+            serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap(),
+            None,
+        )
         .await
         .unwrap();
     let tasks: Vec<_> = backend
@@ -1137,7 +1149,7 @@ async fn a_subscriptions_secret_is_on_disk_only_sealed_with_a_key_file_only_its_
     // Without its key the data dir does not open: a new key would open none of its secrets.
     drop((services, backend));
     std::fs::remove_file(dir.path().join(hookwise_local::KEY_FILE)).unwrap();
-    let err = LocalBackend::open(dir.path()).err().expect("refused without its key");
+    let err = LocalBackend::open(dir.path()).expect_err("refused without its key");
     assert!(err.to_string().contains("secrets.key is missing"), "{err}");
 }
 
@@ -1167,7 +1179,11 @@ async fn a_secret_stored_in_plain_text_by_an_older_build_signs_and_is_sealed_on_
     );
     // The same secret, sealed: the next delivery still verifies with it.
     services
-        .ingest(&tenant, serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap(), None)
+        .ingest(
+            &tenant,
+            serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap(),
+            None,
+        )
         .await
         .unwrap();
     let tasks: Vec<_> = backend

@@ -361,9 +361,46 @@ pub fn function_policies(template: &str, stack: &Stack) -> BTreeMap<String, Poli
                 });
             }
         }
+        statements.extend(key_policy_grants(&doc, stack, &role));
         policies.insert(binary.to_owned(), Policy { role, statements });
     }
     policies
+}
+
+/// What the template's KMS keys' policies grant `role` by naming it (`!GetAtt <role>.Arn`):
+/// KMS allows those uses of the key whatever the role's own policies say. A key policy's
+/// `Resource: "*"` is the key itself.
+fn key_policy_grants(doc: &Yaml, stack: &Stack, role: &str) -> Vec<Statement> {
+    let mut grants = Vec::new();
+    for (id, resource) in doc["Resources"].as_mapping().expect("Resources") {
+        if resource["Type"].as_str() != Some("AWS::KMS::Key") {
+            continue;
+        }
+        let id = id.as_str().expect("a logical id");
+        let key = stack.attribute(doc, id, "Arn");
+        for statement in resource["Properties"]["KeyPolicy"]["Statement"]
+            .as_sequence()
+            .expect("the key policy's Statement")
+        {
+            let names_role = match &statement["Principal"]["AWS"] {
+                Yaml::Tagged(t) => t.value.as_str() == Some(&format!("{role}.Arn")),
+                _ => false,
+            };
+            if !names_role {
+                continue;
+            }
+            assert!(
+                statement["NotAction"].is_null() && statement["Condition"].is_null(),
+                "{id}: NotAction and Condition for {role} are not read here"
+            );
+            grants.push(Statement {
+                allow: statement["Effect"].as_str() == Some("Allow"),
+                actions: stack.resolve(doc, &statement["Action"]).list(),
+                resources: vec![key.clone()],
+            });
+        }
+    }
+    grants
 }
 
 /// An action on a resource that a call must be allowed.

@@ -31,7 +31,7 @@ use hookwise_core::auth::hash_api_key;
 use hookwise_core::model::{
     ApiKey, DeliveryId, DeliveryStatus, Email, EventId, Subscription, SubscriptionId, Tenant, TenantId,
 };
-use hookwise_core::ports::{DeliveryTask, ScheduledTask};
+use hookwise_core::ports::{DeliveryTask, ScheduledTask, SecretContext};
 use hookwise_core::services::Services;
 use hookwise_tests::{Api, Receiver, TempDir};
 use serde_json::{json, Value};
@@ -232,18 +232,32 @@ async fn seed_tenant(services: &Services, owner: &str, api_key: &str) -> Tenant 
     tenant
 }
 
-/// A subscription as the API creates it from `new`, then moved to the fixed `id`.
+/// A subscription as the API creates it from `new`, then moved to the fixed `id` (its secret
+/// sealed again for that id: an envelope opens only for the subscription it was sealed for).
 async fn seed_subscription(services: &Services, tenant: &Tenant, id: &str, new: Value) -> Subscription {
     let store = &services.ports().store;
     let made = services
         .create_subscription(tenant, serde_json::from_value(new).unwrap())
         .await
-        .expect("a subscription")
-        .subscription;
-    store.delete_subscription(&tenant.id, &made.id).await.expect("delete");
+        .expect("a subscription");
+    store
+        .delete_subscription(&tenant.id, &made.subscription.id)
+        .await
+        .expect("delete");
+    let id = SubscriptionId::parse(id).unwrap();
+    let context = SecretContext {
+        tenant: tenant.id.clone(),
+        subscription: id.clone(),
+    };
     let sub = Subscription {
-        id: SubscriptionId::parse(id).unwrap(),
-        ..made
+        id,
+        secret: services
+            .ports()
+            .secrets
+            .seal(&made.secret, &context)
+            .await
+            .expect("seal"),
+        ..made.subscription
     };
     store.create_subscription(&sub).await.expect("the sample subscription");
     sub

@@ -513,7 +513,8 @@ mod tests {
             let id = id.as_str().unwrap();
             let policies = (&resource["DeletionPolicy"], &resource["UpdateReplacePolicy"]);
             match resource["Type"].as_str().unwrap() {
-                "AWS::DynamoDB::Table" | "AWS::SQS::Queue" => {
+                // The key with the tables: their secrets open with no other.
+                "AWS::DynamoDB::Table" | "AWS::SQS::Queue" | "AWS::KMS::Key" => {
                     assert_eq!(policies, (&protected, &protected), "{id}");
                     kept.push(id);
                 }
@@ -527,7 +528,7 @@ mod tests {
                 _ => assert!(resource["DeletionPolicy"].is_null(), "{id} has a DeletionPolicy"),
             }
         }
-        assert_eq!(kept.len(), 5, "{kept:?}");
+        assert_eq!(kept.len(), 6, "{kept:?}");
     }
 
     /// An alarm that adds several metrics fills each with 0: CloudWatch's metric math has no
@@ -655,6 +656,43 @@ mod tests {
             }
         }
         assert_eq!(functions, 4);
+    }
+
+    /// The signing secrets' key: only Deliver's role may decrypt, by the key's own policy, so
+    /// that no IAM policy in the account (an administrator's included) can grant it; the
+    /// account keeps every other use, so the key stays manageable; and no role's own policy
+    /// names KMS (a key policy naming a role and that role's policy naming the key would be
+    /// a dependency cycle).
+    #[test]
+    fn the_templates_secrets_key_lets_deliver_alone_decrypt() {
+        let doc = the_template();
+        let key = &doc["Resources"]["SecretsKey"];
+        assert_eq!(key["Type"].as_str(), Some("AWS::KMS::Key"));
+        assert_eq!(key["Properties"]["EnableKeyRotation"].as_bool(), Some(true));
+        let mut decrypters = Vec::new();
+        for statement in key["Properties"]["KeyPolicy"]["Statement"].as_sequence().unwrap() {
+            assert_eq!(statement["Effect"].as_str(), Some("Allow"), "{statement:?}");
+            let principal = untag(&statement["Principal"]["AWS"]).as_str().unwrap().to_owned();
+            if principal.ends_with(":root") {
+                assert_eq!(
+                    statement["NotAction"].as_str(),
+                    Some("kms:Decrypt"),
+                    "the account's statement"
+                );
+                continue;
+            }
+            let actions = seq(Some(&statement["Action"]));
+            if actions.iter().any(|a| a.as_str() == Some("kms:Decrypt")) {
+                decrypters.push(principal);
+            }
+        }
+        assert_eq!(decrypters, ["DeliverRole.Arn"]);
+        for (id, resource) in doc["Resources"].as_mapping().unwrap() {
+            if resource["Type"].as_str() == Some("AWS::IAM::Role") {
+                let text = serde_yaml_ng::to_string(&resource["Properties"]["Policies"]).unwrap();
+                assert!(!text.contains("kms:"), "{id:?}'s policy names KMS");
+            }
+        }
     }
 
     /// Every alarm tells the topic, but the ones CodeDeploy watches during a deployment (a

@@ -391,8 +391,10 @@ impl SecretContext {
 pub trait SecretKeeper: Send + Sync {
     /// `secret` sealed under `context`, as an envelope that names its scheme.
     async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret>;
-    /// The secret in an envelope this keeper sealed under `context`. `Permanent` if it was
-    /// sealed under another context or key, or is damaged.
+    /// The secret in an envelope this keeper sealed under `context`. `Permanent` only if this
+    /// envelope will never open (sealed under another context or key, or damaged): deliveries
+    /// then die rather than retry. A key it cannot use now (disabled, access denied, its
+    /// service down) is `Retryable`, however long that lasts: an operator fixes that.
     async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret>;
 }
 

@@ -2000,3 +2000,109 @@ async fn given_a_named_holder_then_a_restarted_process_takes_back_the_lease_its_
         .unwrap());
     assert!(!h.services.run_scheduler().await.unwrap().skipped);
 }
+
+/// `sub` stored again as an older build stored it: both secrets in plain text.
+async fn stored_in_plain_text(h: &Harness, sub: &Subscription, current: &Secret, previous: &Secret) {
+    let old = Subscription {
+        secret: SealedSecret::unsealed(current),
+        previous_secret: Some(SealedSecret::unsealed(previous)),
+        previous_secret_expires_at: Some(h.clock.now() + Duration::hours(24)),
+        updated_at: sub.updated_at + Duration::milliseconds(1),
+        ..sub.clone()
+    };
+    h.store.replace_subscription(&old, sub.updated_at).await.unwrap();
+}
+
+#[tokio::test]
+async fn given_secrets_an_older_build_stored_in_plain_text_then_they_sign_and_the_next_write_even_the_deliver_paths_seals_both(
+) {
+    let h = Harness::new(ScriptedSender::always(410));
+    let (tenant, sub) = subscribed(&h, "https://a.example.com/", None).await;
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(5);
+    let (current, previous) = (Secret::generate(&mut rng), Secret::generate(&mut rng));
+    stored_in_plain_text(&h, &sub, &current, &previous).await;
+
+    // The 410 disables the subscription: a write on the deliver path.
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    let req = h.sender.requests.lock().unwrap()[0].clone();
+    let signatures = req
+        .headers
+        .iter()
+        .find(|(k, _)| k == "webhook-signature")
+        .unwrap()
+        .1
+        .clone();
+    let header = |name: &str| req.headers.iter().find(|(k, _)| k == name).unwrap().1.clone();
+    for secret in [&current, &previous] {
+        let one = signing::sign(
+            secret,
+            &header("webhook-id"),
+            header("webhook-timestamp").parse().unwrap(),
+            &req.body,
+        );
+        assert!(signatures.contains(&one), "not signed with a plain secret");
+    }
+    let stored = h.store.get_subscription(&tenant.id, &sub.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, SubscriptionStatus::Disabled);
+    assert!(
+        stored.secret.plain().is_none() && stored.previous_secret.as_ref().is_some_and(|p| p.plain().is_none()),
+        "a secret still in plain text after the deliver path's write: {stored:?}"
+    );
+}
+
+#[tokio::test]
+async fn given_a_current_secret_that_will_never_open_then_its_delivery_dies_unattempted_and_a_previous_one_is_left_out()
+{
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, sub) = subscribed(&h, "https://a.example.com/", None).await;
+    let other = subscribed(&h, "https://b.example.com/", None).await.1;
+
+    // The previous secret is another subscription's envelope (it opens for no other): the
+    // current one alone signs.
+    let rotated = h.services.rotate_secret(&tenant, &sub.id).await.unwrap();
+    let stored = h.store.get_subscription(&tenant.id, &sub.id).await.unwrap().unwrap();
+    let swapped = Subscription {
+        previous_secret: Some(other.secret.clone()),
+        updated_at: stored.updated_at + Duration::milliseconds(1),
+        ..stored.clone()
+    };
+    h.store.replace_subscription(&swapped, stored.updated_at).await.unwrap();
+    h.clock.advance(Duration::seconds(31)); // past the warm copy of the subscription
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    let req = h.sender.requests.lock().unwrap()[0].clone();
+    let header = |name: &str| req.headers.iter().find(|(k, _)| k == name).unwrap().1.clone();
+    let signed = signing::sign(
+        &rotated.secret,
+        &header("webhook-id"),
+        header("webhook-timestamp").parse().unwrap(),
+        &req.body,
+    );
+    assert_eq!(
+        header("webhook-signature"),
+        signed,
+        "signed with the current secret alone"
+    );
+
+    // Now the current one opens for no one: no POST, the delivery dead with the reason.
+    let stored = h.store.get_subscription(&tenant.id, &sub.id).await.unwrap().unwrap();
+    let broken = Subscription {
+        secret: other.secret.clone(),
+        updated_at: stored.updated_at + Duration::milliseconds(1),
+        ..stored.clone()
+    };
+    h.store.replace_subscription(&broken, stored.updated_at).await.unwrap();
+    h.clock.advance(Duration::seconds(31));
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 1, "a POST it could not sign");
+    let d = h.store.get_delivery(&ingested.deliveries[0].id).await.unwrap().unwrap();
+    assert_eq!(d.status, DeliveryStatus::Dead);
+    assert!(
+        d.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("signing secret cannot be opened")),
+        "{d:?}"
+    );
+}

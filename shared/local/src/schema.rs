@@ -1,9 +1,10 @@
 //! The tables: the columns queries filter or sort on, and a JSON `doc` with the whole value.
 //! Times are nanoseconds since the epoch (see [`crate::nanos`]).
 
-use hookwise_core::ports::PortResult;
+use hookwise_core::model::{SealedSecret, SubscriptionId, TenantId};
+use hookwise_core::ports::{PortResult, SecretContext};
 use hookwise_core::PortError;
-use rusqlite::Connection;
+use rusqlite::{Connection, OptionalExtension};
 
 use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 
@@ -177,15 +178,33 @@ pub(crate) fn prepare_reader(conn: &Connection) -> PortResult<()> {
     Ok(())
 }
 
-/// Whether any subscription's secret is sealed (not plain `whsec_…`): then the data dir's
-/// key must be there to open it.
-pub(crate) fn holds_sealed_secrets(conn: &Connection) -> PortResult<bool> {
-    conn.query_row(
-        "SELECT EXISTS (SELECT 1 FROM subscriptions WHERE json_extract(doc, '$.secret') NOT LIKE 'whsec\\_%' ESCAPE '\\')",
-        [],
-        |row| row.get(0),
-    )
-    .map_err(|e| db_err("read the subscriptions' secrets", e))
+/// One subscription's secret as this backend seals it (`local1:`), with its context, if
+/// any is stored: the data dir's key must open it.
+pub(crate) fn a_sealed_secret(conn: &Connection) -> PortResult<Option<(SecretContext, SealedSecret)>> {
+    let row = conn
+        .query_row(
+            "SELECT tenant_id, id, json_extract(doc, '$.secret') FROM subscriptions
+             WHERE json_extract(doc, '$.secret') LIKE 'local1:%' LIMIT 1",
+            [],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                    row.get::<_, String>(2)?,
+                ))
+            },
+        )
+        .optional()
+        .map_err(|e| db_err("read a subscription's secret", e))?;
+    let Some((tenant, subscription, sealed)) = row else {
+        return Ok(None);
+    };
+    let corrupt = |e: hookwise_core::ValidationError| PortError::permanent("read a subscription's secret", e.message);
+    let context = SecretContext {
+        tenant: TenantId::parse(&tenant).map_err(corrupt)?,
+        subscription: SubscriptionId::parse(&subscription).map_err(corrupt)?,
+    };
+    Ok(Some((context, SealedSecret::envelope(sealed))))
 }
 
 /// Pragmas and tables. WAL lets readers in other processes work alongside; `synchronous`
@@ -206,6 +225,11 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
     // they belong.
     conn.pragma_update(None, "temp_store", "MEMORY")
         .map_err(|e| db_err("set temp_store", e))?;
+    // What a write deletes or moves is zeroed where that costs no I/O (in a page written
+    // anyway): a signing secret an older build stored in plain text leaves the page when its
+    // subscription is written sealed. (Old WAL frames hold it until written over.)
+    conn.pragma_update(None, "secure_delete", "FAST")
+        .map_err(|e| db_err("set secure_delete", e))?;
     // Every statement the backend runs stays prepared (rusqlite keeps 16 by default, fewer
     // than the hot paths use, so they pushed each other out and were parsed again).
     conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);

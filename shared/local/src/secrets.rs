@@ -46,47 +46,65 @@ impl SecretsKey {
         Self::new(StdRng::from_os_rng().random())
     }
 
-    /// The data dir's key, made now if it has none. `sealed_stored` says whether the database
-    /// holds secrets sealed already: then a missing key is an error, since a new one would
-    /// open none of them.
-    pub(crate) fn load_or_create(data_dir: &Path, sealed_stored: bool) -> PortResult<Self> {
+    /// The data dir's key, made now if it has none. `sample` is one secret the database holds
+    /// sealed, if any: the key must open it (a key file from another data dir opens none of
+    /// them), and must not be missing (a new key would open none either).
+    pub(crate) fn for_data_dir(data_dir: &Path, sample: Option<(SecretContext, SealedSecret)>) -> PortResult<Self> {
         let path = data_dir.join(KEY_FILE);
         let failed = |what: &str, e: std::io::Error| PortError::permanent(format!("{what} {}", path.display()), e);
-        match std::fs::read_to_string(&path) {
-            Ok(text) => return Self::from_text(&text).map_err(|why| failed("read the secrets key", why)),
+        let key = match std::fs::read_to_string(&path) {
+            Ok(text) => Self::from_text(&text).map_err(|why| failed("read the secrets key", why))?,
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(failed("read the secrets key", e)),
-            Err(_) if sealed_stored => {
+            Err(_) if sample.is_some() => {
                 return Err(PortError::permanent(
                     "open the data dir",
                     format!(
-                        "{} is missing, and the database holds signing secrets sealed with it: restore it \
-                         from the data dir's backup (without it those subscriptions cannot sign; rotate their \
-                         secrets to go on without it)",
-                        path.display()
+                        "{} is missing, and the database holds signing secrets sealed with it: restore it from \
+                         the data dir's backup (without it those subscriptions can never sign again; to start \
+                         afresh, move {} aside)",
+                        path.display(),
+                        crate::DB_FILE
                     ),
                 ))
             }
-            Err(_) => {}
-        }
-        let key: [u8; 32] = StdRng::from_os_rng().random();
-        // Written whole under another name, then linked into place: a process opening the
-        // data dir at the same time reads a whole key (its own or this one), never half of
-        // one, and whichever links first wins.
-        let temp = data_dir.join(format!("{KEY_FILE}.{}.tmp", std::process::id()));
-        let written = write_private(&temp, &format!("{}\n", B64.encode(key)));
-        let linked = written.and_then(|()| std::fs::hard_link(&temp, &path));
-        let _ = std::fs::remove_file(&temp);
-        match linked {
-            Ok(()) => {
-                // The key must outlive a crash whenever a secret sealed with it does.
-                std::fs::File::open(data_dir)
-                    .and_then(|dir| dir.sync_all())
-                    .map_err(|e| failed("sync the data dir of", e))?;
-                Ok(Self::new(key))
+            Err(_) => Self::create(data_dir, &path).map_err(|e| failed("write the secrets key", e))?,
+        };
+        if let Some((context, sealed)) = sample {
+            if key.open(&sealed, &context).is_err() {
+                return Err(PortError::permanent(
+                    "open the data dir",
+                    format!(
+                        "{} does not open the signing secrets in {}: it is not the key they were sealed \
+                         with (another data dir's?); restore this data dir's own",
+                        path.display(),
+                        crate::DB_FILE
+                    ),
+                ));
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Self::load_or_create(data_dir, sealed_stored),
-            Err(e) => Err(failed("write the secrets key", e)),
         }
+        Ok(key)
+    }
+
+    /// A new key at `path`: written whole under a name of its own, then linked into place,
+    /// so that a process opening the data dir at the same time reads a whole key, and
+    /// whichever links first wins (the other reads the winner's).
+    fn create(data_dir: &Path, path: &Path) -> std::io::Result<Self> {
+        let key: [u8; 32] = StdRng::from_os_rng().random();
+        let n: u64 = StdRng::from_os_rng().random();
+        let temp = data_dir.join(format!("{KEY_FILE}.{}-{n:016x}.tmp", std::process::id()));
+        let linked =
+            write_private(&temp, &format!("{}\n", B64.encode(key))).and_then(|()| std::fs::hard_link(&temp, path));
+        let _ = std::fs::remove_file(&temp);
+        let key = match linked {
+            Ok(()) => Self::new(key),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                Self::from_text(&std::fs::read_to_string(path)?)?
+            }
+            Err(e) => return Err(e),
+        };
+        // The key must outlive a crash whenever a secret sealed with it does.
+        std::fs::File::open(data_dir)?.sync_all()?;
+        Ok(key)
     }
 
     fn from_text(text: &str) -> std::io::Result<Self> {
@@ -190,7 +208,7 @@ mod tests {
     #[test]
     fn the_key_file_is_made_once_private_and_read_back_after() {
         let dir = dir();
-        let first = SecretsKey::load_or_create(&dir, false).unwrap();
+        let first = SecretsKey::for_data_dir(&dir, None).unwrap();
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -203,20 +221,37 @@ mod tests {
         };
         let secret = Secret::generate(&mut StdRng::from_os_rng());
         let sealed = first.seal(&secret, &context).unwrap();
-        let again = SecretsKey::load_or_create(&dir, true).unwrap();
+        let again = SecretsKey::for_data_dir(&dir, Some((context.clone(), sealed.clone()))).unwrap();
         assert_eq!(again.open(&sealed, &context).unwrap(), secret, "the same key read back");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
-    fn a_missing_key_is_refused_once_secrets_are_sealed_with_it() {
-        let dir = dir();
-        let err = SecretsKey::load_or_create(&dir, true).err().expect("refused");
+    fn a_missing_damaged_or_foreign_key_is_refused_once_secrets_are_sealed_with_it() {
+        let (mine, dir) = (SecretsKey::random(), dir());
+        let context = SecretContext {
+            tenant: hookwise_core::model::TenantId::parse("ten_01J0000000000000000000000A").unwrap(),
+            subscription: hookwise_core::model::SubscriptionId::parse("sub_01J0000000000000000000000A").unwrap(),
+        };
+        let sample = (
+            context.clone(),
+            mine.seal(&Secret::generate(&mut StdRng::from_os_rng()), &context)
+                .unwrap(),
+        );
+        let err = SecretsKey::for_data_dir(&dir, Some(sample.clone()))
+            .err()
+            .expect("refused");
         assert!(err.to_string().contains("secrets.key is missing"), "{err}");
         assert!(!dir.join(KEY_FILE).exists(), "no new key made");
+        SecretsKey::for_data_dir(&dir, None).unwrap();
+        let err = SecretsKey::for_data_dir(&dir, Some(sample)).err().expect("refused");
+        assert!(
+            err.to_string().contains("is not the key they were sealed with"),
+            "{err}"
+        );
         std::fs::write(dir.join(KEY_FILE), "not a key\n").unwrap();
-        let err = SecretsKey::load_or_create(&dir, false).err().expect("refused");
+        let err = SecretsKey::for_data_dir(&dir, None).err().expect("refused");
         assert!(err.to_string().contains("32-byte key"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
 use super::breaker::Gate;
+use super::secrets::Opened;
 use super::Services;
 use crate::error::{PortError, Result};
 use crate::health::HealthSample;
@@ -165,7 +166,11 @@ impl Services {
             return Ok(DeliverOutcome::RateLimited { slot });
         }
 
-        let secrets = self.open_signing_secrets(&sub, self.now()).await?;
+        let secrets = match self.open_signing_secrets(&sub, self.now()).await? {
+            Opened::Secrets(secrets) => secrets,
+            // No attempt can be signed: dead at once, its owner told, replayable once fixed.
+            Opened::Never(why) => return self.abandon(&delivery, task, &why).await,
+        };
         let started_at = self.now();
         let mut request = webhook_request(&sub, &secrets, &event, started_at);
         if let Some(deadline) = deadline {
@@ -424,7 +429,7 @@ impl Services {
             sub.disabled_reason = Some(reason.into());
             sub.disable_notice_pending = notice_pending;
             sub.updated_at = super::subscriptions::next_version(read_at, self.now());
-            let result = self.ports.store.replace_subscription(&sub, read_at).await;
+            let result = self.replace_subscription(&mut sub, read_at).await;
             self.forget_subscription(&sub.tenant_id, &sub.id);
             match result {
                 Ok(()) => return Ok(Some(sub)),
@@ -504,7 +509,7 @@ impl Services {
         let read_at = sub.updated_at;
         sub.disable_notice_pending = false;
         sub.updated_at = super::subscriptions::next_version(read_at, self.now());
-        let result = self.ports.store.replace_subscription(&sub, read_at).await;
+        let result = self.replace_subscription(&mut sub, read_at).await;
         self.forget_subscription(&sub.tenant_id, &sub.id);
         match result {
             // Changed since (re-enabled, say): the owner was told, and that change stands.

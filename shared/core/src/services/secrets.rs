@@ -4,9 +4,9 @@
 use chrono::{DateTime, Utc};
 
 use super::Services;
-use crate::error::Result;
+use crate::error::{PortError, Result};
 use crate::model::{SealedSecret, Secret, Subscription, SubscriptionId, TenantId};
-use crate::ports::SecretContext;
+use crate::ports::{PortResult, SecretContext};
 
 impl Services {
     /// A fresh secret for the subscription `id` of `tenant`, and the same sealed for storing.
@@ -20,29 +20,55 @@ impl Services {
         Ok((secret, sealed))
     }
 
-    /// Seal the secrets of `sub` stored in plain text (before secrets were sealed), so that
-    /// its next write leaves none behind.
-    pub(super) async fn seal_plain_secrets(&self, sub: &mut Subscription) -> Result<()> {
+    /// Every write of a changed subscription: [`Store::replace_subscription`] of `sub` over
+    /// the copy read at `read_at`, a secret an older build stored in plain text sealed first,
+    /// so that no write leaves one behind.
+    ///
+    /// [`Store::replace_subscription`]: crate::ports::Store::replace_subscription
+    pub(super) async fn replace_subscription(&self, sub: &mut Subscription, read_at: DateTime<Utc>) -> PortResult<()> {
         let context = SecretContext::of(sub);
         for slot in std::iter::once(&mut sub.secret).chain(sub.previous_secret.as_mut()) {
             if let Some(plain) = slot.plain() {
                 *slot = self.ports.secrets.seal(&plain, &context).await?;
             }
         }
-        Ok(())
+        self.ports.store.replace_subscription(sub, read_at).await
     }
 
     /// The secrets that sign a message of `sub` sent at `now` (see
-    /// [`Subscription::signing_secrets`]), opened.
-    pub(super) async fn open_signing_secrets(&self, sub: &Subscription, now: DateTime<Utc>) -> Result<Vec<Secret>> {
+    /// [`Subscription::signing_secrets`]), opened. A keeper that cannot answer now (KMS
+    /// throttled or unreachable, the key disabled) is an error, for the message to come back.
+    /// An envelope that will never open (`Permanent`: sealed under another key or
+    /// subscription, or damaged) is [`Opened::Never`] when it is the current secret: no
+    /// attempt can be signed. A previous secret that will never open is left out, so that a
+    /// rotation gets a subscription past it.
+    pub(super) async fn open_signing_secrets(&self, sub: &Subscription, now: DateTime<Utc>) -> Result<Opened> {
         let context = SecretContext::of(sub);
         let mut opened = Vec::with_capacity(2);
-        for sealed in sub.signing_secrets(now) {
-            opened.push(match sealed.plain() {
-                Some(plain) => plain,
-                None => self.ports.secrets.open(sealed, &context).await?,
-            });
+        for (n, sealed) in sub.signing_secrets(now).into_iter().enumerate() {
+            if let Some(plain) = sealed.plain() {
+                opened.push(plain);
+                continue;
+            }
+            match self.ports.secrets.open(sealed, &context).await {
+                Ok(secret) => opened.push(secret),
+                Err(PortError::Permanent { source, .. }) if n == 0 => {
+                    return Ok(Opened::Never(format!("its signing secret cannot be opened: {source}")));
+                }
+                Err(PortError::Permanent { source, .. }) => {
+                    tracing::warn!(subscription = %sub.id, error = %source,
+                        "the previous signing secret cannot be opened; signing with the current one alone");
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        Ok(opened)
+        Ok(Opened::Secrets(opened))
     }
+}
+
+/// A subscription's signing secrets, opened: see [`Services::open_signing_secrets`].
+pub(super) enum Opened {
+    Secrets(Vec<Secret>),
+    /// Its current secret will never open, for this reason.
+    Never(String),
 }

@@ -368,11 +368,9 @@ impl Services {
 
     /// Store a changed copy of a subscription, if it is still as it was read at `read_at`;
     /// else 409: a racing change is never reverted, a deleted subscription never revived.
-    /// Secrets stored before secrets were sealed are sealed on the way.
     async fn replace_as_read(&self, mut sub: Subscription, read_at: DateTime<Utc>) -> Result<Subscription> {
-        self.seal_plain_secrets(&mut sub).await?;
         sub.updated_at = next_version(read_at, self.now());
-        let result = self.ports.store.replace_subscription(&sub, read_at).await;
+        let result = self.replace_subscription(&mut sub, read_at).await;
         self.forget_subscription(&sub.tenant_id, &sub.id);
         match result {
             Ok(()) => Ok(sub),

@@ -81,6 +81,12 @@ pub enum TenantCommand {
         #[arg(long)]
         api_key: Option<String>,
     },
+    /// Seal every signing secret an older build stored in plain text (once, after upgrading;
+    /// each subscription's next change would seal its own). Prints how many were sealed.
+    SealSecrets {
+        #[command(flatten)]
+        on: Backend,
+    },
 }
 
 /// Where the tenants are.
@@ -170,6 +176,10 @@ pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
             let tenant = on.services().await?.revoke_api_key(&tenant_id(&tenant)?, &key).await?;
             out.print(&tenant);
             eprintln!("Revoked. A warm function or `hookwise dev` that used it takes it for up to 30 s more.");
+        }
+        TenantCommand::SealSecrets { on } => {
+            let sealed = on.services().await?.seal_stored_secrets().await?;
+            println!("sealed the plain-text signing secrets of {sealed} subscription(s)");
         }
     }
     Ok(ExitCode::SUCCESS)

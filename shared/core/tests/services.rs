@@ -2106,3 +2106,52 @@ async fn given_a_current_secret_that_will_never_open_then_its_delivery_dies_unat
         "{d:?}"
     );
 }
+
+#[tokio::test]
+async fn given_plain_secrets_in_several_tenants_then_seal_stored_secrets_seals_them_all_once_and_they_still_sign() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let mut rng = <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(8);
+    let mut plain = Vec::new();
+    for url in ["https://a.example.com/", "https://b.example.com/"] {
+        let (tenant, sub) = subscribed(&h, url, None).await;
+        let (current, previous) = (Secret::generate(&mut rng), Secret::generate(&mut rng));
+        stored_in_plain_text(&h, &sub, &current, &previous).await;
+        plain.push((tenant, sub, current));
+    }
+    let sealed_already = subscribed(&h, "https://c.example.com/", None).await.1;
+
+    assert_eq!(h.services.seal_stored_secrets().await.unwrap(), 2);
+    assert_eq!(
+        h.services.seal_stored_secrets().await.unwrap(),
+        0,
+        "nothing left to seal"
+    );
+    for (tenant, sub, current) in &plain {
+        let stored = h.store.get_subscription(&tenant.id, &sub.id).await.unwrap().unwrap();
+        assert!(stored.secret.plain().is_none() && stored.previous_secret.unwrap().plain().is_none());
+        h.services.ingest(tenant, event("invoice.paid"), None).await.unwrap();
+        h.drain_now().await;
+        let req = h.sender.requests.lock().unwrap().last().unwrap().clone();
+        let header = |name: &str| req.headers.iter().find(|(k, _)| k == name).unwrap().1.clone();
+        let one = signing::sign(
+            current,
+            &header("webhook-id"),
+            header("webhook-timestamp").parse().unwrap(),
+            &req.body,
+        );
+        assert!(
+            header("webhook-signature").contains(&one),
+            "the same secret signs, sealed"
+        );
+    }
+    let untouched = h
+        .store
+        .get_subscription(&sealed_already.tenant_id, &sealed_already.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        untouched.updated_at, sealed_already.updated_at,
+        "a sealed one is not written"
+    );
+}

@@ -35,6 +35,47 @@ impl Services {
         self.ports.store.replace_subscription(sub, read_at).await
     }
 
+    /// Seal every signing secret an older build stored in plain text, in every listed
+    /// tenant's subscriptions: an operator's one-off after upgrading (each subscription's next
+    /// write would seal its own). How many subscriptions it wrote sealed.
+    pub async fn seal_stored_secrets(&self) -> Result<usize> {
+        const PAGE: u32 = 100;
+        let mut sealed = 0;
+        for tenant in self.all_tenants().await? {
+            let mut after: Option<SubscriptionId> = None;
+            loop {
+                let page = self
+                    .ports
+                    .store
+                    .list_subscriptions(&tenant.id, after.as_ref(), PAGE)
+                    .await?;
+                after = page.last().map(|s| s.id.clone());
+                for mut sub in page.iter().cloned() {
+                    let plain = std::iter::once(&sub.secret)
+                        .chain(sub.previous_secret.as_ref())
+                        .any(|s| s.plain().is_some());
+                    if !plain {
+                        continue;
+                    }
+                    let read_at = sub.updated_at;
+                    sub.updated_at = super::subscriptions::next_version(read_at, self.now());
+                    let result = self.replace_subscription(&mut sub, read_at).await;
+                    self.forget_subscription(&sub.tenant_id, &sub.id);
+                    match result {
+                        Ok(()) => sealed += 1,
+                        // Changed or deleted since it was read: that write sealed it.
+                        Err(PortError::ConditionFailed(_)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                if page.len() < PAGE as usize {
+                    break;
+                }
+            }
+        }
+        Ok(sealed)
+    }
+
     /// The secrets that sign a message of `sub` sent at `now` (see
     /// [`Subscription::signing_secrets`]), opened. A keeper that cannot answer now (KMS
     /// throttled or unreachable, the key disabled) is an error, for the message to come back.

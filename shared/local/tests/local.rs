@@ -1066,6 +1066,15 @@ fn services_on(backend: &LocalBackend) -> (hookwise_core::services::Services, Ar
     )
 }
 
+/// An event for `tenant`, its one delivery made.
+async fn ingest_and_deliver(services: &hookwise_core::services::Services, backend: &LocalBackend, tenant: &Tenant) {
+    let event = serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap();
+    services.ingest(tenant, event, None).await.unwrap();
+    let received = backend.receive(10, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(received.len(), 1);
+    services.deliver(&received[0].task).await.unwrap();
+}
+
 /// Whether the request's signature verifies with `secret`.
 fn signed_with(request: &WebhookRequest, secret: &Secret, now: DateTime<Utc>) -> bool {
     let header = |name: &str| {
@@ -1127,23 +1136,7 @@ async fn a_subscriptions_secret_is_on_disk_only_sealed_with_a_key_file_only_its_
     // Reopened, the data dir's key opens it to sign.
     let backend = LocalBackend::open(dir.path()).unwrap();
     let (services, sender) = services_on(&backend);
-    services
-        .ingest(
-            &tenant,
-            serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap(),
-            None,
-        )
-        .await
-        .unwrap();
-    let tasks: Vec<_> = backend
-        .receive(10, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.task)
-        .collect();
-    assert_eq!(tasks.len(), 1);
-    services.deliver(&tasks[0]).await.unwrap();
+    ingest_and_deliver(&services, &backend, &tenant).await;
     let request = sender.requests.lock().unwrap()[0].clone();
     assert!(signed_with(&request, &made.secret, Utc::now()));
 
@@ -1179,23 +1172,7 @@ async fn a_secret_stored_in_plain_text_by_an_older_build_signs_and_is_sealed_on_
         stored.secret
     );
     // The same secret, sealed: the next delivery still verifies with it.
-    services
-        .ingest(
-            &tenant,
-            serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap(),
-            None,
-        )
-        .await
-        .unwrap();
-    let tasks: Vec<_> = backend
-        .receive(10, Duration::from_secs(30))
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| r.task)
-        .collect();
-    assert_eq!(tasks.len(), 1);
-    services.deliver(&tasks[0]).await.unwrap();
+    ingest_and_deliver(&services, &backend, &tenant).await;
     let requests = sender.requests.lock().unwrap().clone();
     assert_eq!(requests.len(), 2);
     assert!(signed_with(&requests[1], &plain, clock.now()));

@@ -178,8 +178,17 @@ pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
             eprintln!("Revoked. A warm function or `hookwise dev` that used it takes it for up to 30 s more.");
         }
         TenantCommand::SealSecrets { on } => {
-            let sealed = on.services().await?.seal_stored_secrets().await?;
-            println!("sealed the plain-text signing secrets of {sealed} subscription(s)");
+            let report = on.services().await?.seal_stored_secrets().await?;
+            println!(
+                "sealed the plain-text signing secrets of {} subscription(s)",
+                report.sealed
+            );
+            if report.changed_meanwhile > 0 {
+                eprintln!(
+                    "{} subscription(s) changed while this ran and were left as changed: run it again",
+                    report.changed_meanwhile
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

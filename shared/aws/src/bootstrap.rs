@@ -673,16 +673,26 @@ mod tests {
         for statement in key["Properties"]["KeyPolicy"]["Statement"].as_sequence().unwrap() {
             assert_eq!(statement["Effect"].as_str(), Some("Allow"), "{statement:?}");
             let principal = untag(&statement["Principal"]["AWS"]).as_str().unwrap().to_owned();
+            let names = |v: &Value| -> Vec<String> {
+                match v {
+                    Value::Sequence(list) => list.iter().map(|a| a.as_str().unwrap_or("*").to_owned()).collect(),
+                    one => vec![one.as_str().unwrap_or("*").to_owned()],
+                }
+            };
             if principal.ends_with(":root") {
                 assert_eq!(
-                    statement["NotAction"].as_str(),
-                    Some("kms:Decrypt"),
-                    "the account's statement"
+                    names(&statement["NotAction"]),
+                    ["kms:Decrypt", "kms:ReEncrypt*", "kms:CreateGrant"],
+                    "the account's statement withholds decrypting and what leads there"
                 );
                 continue;
             }
-            let actions = seq(Some(&statement["Action"]));
-            if actions.iter().any(|a| a.as_str() == Some("kms:Decrypt")) {
+            // Decrypting, or what leads there: re-encrypting under a key of one's own, a grant.
+            let opens = |action: &String| {
+                let action = action.to_ascii_lowercase();
+                action.contains('*') || ["kms:decrypt", "kms:creategrant"].contains(&action.as_str())
+            };
+            if names(&statement["Action"]).iter().any(opens) {
                 decrypters.push(principal);
             }
         }

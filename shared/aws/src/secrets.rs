@@ -1,7 +1,8 @@
 //! Signing secrets sealed with the stack's KMS key (`SecretsKey` in template.yaml): KMS
 //! `Encrypt` and `Decrypt` with the subscription's tenant and id as the encryption context, so
 //! a table reader, an export or a restore sees no secret, and an envelope copied onto another
-//! subscription does not open. Ingest may only seal, Deliver only open (their roles).
+//! subscription does not open. Ingest may only seal; Deliver seals and opens, and no other
+//! principal may open (the key's policy).
 //!
 //! An envelope is `kms1:` and the base64 of KMS's ciphertext blob (which names the key).
 //! A warm Deliver keeps what it opened for [`KEEP_FOR`]: one `Decrypt` per subscription and
@@ -118,11 +119,12 @@ impl SecretKeeper for KmsSecrets {
             .send()
             .await
             .map_err(|e| {
-                // The envelope is at fault only for these; for anything else (the key disabled
-                // or pending deletion, access denied, KMS down) it may open once that is fixed.
+                // The envelope is at fault only here (damaged, or sealed for another
+                // subscription); anything else (another key configured, the key disabled or
+                // pending deletion, access denied, KMS down) an operator can fix, and then it opens.
                 let never = e
                     .as_service_error()
-                    .is_some_and(|e| e.is_invalid_ciphertext_exception() || e.is_incorrect_key_exception());
+                    .is_some_and(|e| e.is_invalid_ciphertext_exception());
                 match classify("open secret (KMS Decrypt)", e) {
                     PortError::Permanent { what, source } if !never => PortError::Retryable { what, source },
                     other => other,

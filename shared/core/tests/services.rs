@@ -2120,10 +2120,14 @@ async fn given_plain_secrets_in_several_tenants_then_seal_stored_secrets_seals_t
     }
     let sealed_already = subscribed(&h, "https://c.example.com/", None).await.1;
 
-    assert_eq!(h.services.seal_stored_secrets().await.unwrap(), 2);
+    let report = |sealed, changed_meanwhile| hookwise_core::services::SealReport {
+        sealed,
+        changed_meanwhile,
+    };
+    assert_eq!(h.services.seal_stored_secrets().await.unwrap(), report(2, 0));
     assert_eq!(
         h.services.seal_stored_secrets().await.unwrap(),
-        0,
+        report(0, 0),
         "nothing left to seal"
     );
     for (tenant, sub, current) in &plain {

@@ -210,7 +210,7 @@ impl LocalBackend {
         let path = data_dir.join(DB_FILE);
         let conn = Connection::open(&path).map_err(|e| db_err("open the database", e))?;
         schema::prepare(&conn, config.synchronous)?;
-        let secrets = secrets::SecretsKey::for_data_dir(data_dir, schema::a_sealed_secret(&conn)?)?;
+        let secrets = secrets::SecretsKey::for_data_dir(data_dir, &schema::sealed_secrets_sample(&conn)?)?;
         // Opened after `prepare`, so it finds the tables made and upgraded.
         let reader = Connection::open(&path).map_err(|e| db_err("open the database for reading", e))?;
         schema::prepare_reader(&reader)?;

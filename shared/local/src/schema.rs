@@ -4,7 +4,7 @@
 use hookwise_core::model::{SealedSecret, SubscriptionId, TenantId};
 use hookwise_core::ports::{PortResult, SecretContext};
 use hookwise_core::PortError;
-use rusqlite::{Connection, OptionalExtension};
+use rusqlite::Connection;
 
 use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 
@@ -178,33 +178,36 @@ pub(crate) fn prepare_reader(conn: &Connection) -> PortResult<()> {
     Ok(())
 }
 
-/// One subscription's secret as this backend seals it (`local1:`), with its context, if
-/// any is stored: the data dir's key must open it.
-pub(crate) fn a_sealed_secret(conn: &Connection) -> PortResult<Option<(SecretContext, SealedSecret)>> {
-    let row = conn
-        .query_row(
+/// A few subscriptions' secrets as this backend seals them (`local1:`), with their contexts:
+/// the data dir's key must open one (a single damaged one refuses no data dir).
+pub(crate) fn sealed_secrets_sample(conn: &Connection) -> PortResult<Vec<(SecretContext, SealedSecret)>> {
+    let what = "read the subscriptions' secrets";
+    let mut statement = conn
+        .prepare(
             "SELECT tenant_id, id, json_extract(doc, '$.secret') FROM subscriptions
-             WHERE json_extract(doc, '$.secret') LIKE 'local1:%' LIMIT 1",
-            [],
-            |row| {
-                Ok((
-                    row.get::<_, String>(0)?,
-                    row.get::<_, String>(1)?,
-                    row.get::<_, String>(2)?,
-                ))
-            },
+             WHERE json_extract(doc, '$.secret') LIKE 'local1:%' LIMIT 5",
         )
-        .optional()
-        .map_err(|e| db_err("read a subscription's secret", e))?;
-    let Some((tenant, subscription, sealed)) = row else {
-        return Ok(None);
-    };
-    let corrupt = |e: hookwise_core::ValidationError| PortError::permanent("read a subscription's secret", e.message);
-    let context = SecretContext {
-        tenant: TenantId::parse(&tenant).map_err(corrupt)?,
-        subscription: SubscriptionId::parse(&subscription).map_err(corrupt)?,
-    };
-    Ok(Some((context, SealedSecret::envelope(sealed))))
+        .map_err(|e| db_err(what, e))?;
+    let rows = statement
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+            ))
+        })
+        .map_err(|e| db_err(what, e))?;
+    let corrupt = |e: hookwise_core::ValidationError| PortError::permanent(what, e.message);
+    let mut sample = Vec::new();
+    for row in rows {
+        let (tenant, subscription, sealed) = row.map_err(|e| db_err(what, e))?;
+        let context = SecretContext {
+            tenant: TenantId::parse(&tenant).map_err(corrupt)?,
+            subscription: SubscriptionId::parse(&subscription).map_err(corrupt)?,
+        };
+        sample.push((context, SealedSecret::envelope(sealed)));
+    }
+    Ok(sample)
 }
 
 /// Pragmas and tables. WAL lets readers in other processes work alongside; `synchronous`

@@ -46,16 +46,16 @@ impl SecretsKey {
         Self::new(StdRng::from_os_rng().random())
     }
 
-    /// The data dir's key, made now if it has none. `sample` is one secret the database holds
-    /// sealed, if any: the key must open it (a key file from another data dir opens none of
-    /// them), and must not be missing (a new key would open none either).
-    pub(crate) fn for_data_dir(data_dir: &Path, sample: Option<(SecretContext, SealedSecret)>) -> PortResult<Self> {
+    /// The data dir's key, made now if it has none. `sample` is a few secrets the database
+    /// holds sealed: the key must open one of them (a key file from another data dir opens
+    /// none), and must not be missing while there are any (a new key would open none either).
+    pub(crate) fn for_data_dir(data_dir: &Path, sample: &[(SecretContext, SealedSecret)]) -> PortResult<Self> {
         let path = data_dir.join(KEY_FILE);
         let failed = |what: &str, e: std::io::Error| PortError::permanent(format!("{what} {}", path.display()), e);
         let key = match std::fs::read_to_string(&path) {
             Ok(text) => Self::from_text(&text).map_err(|why| failed("read the secrets key", why))?,
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(failed("read the secrets key", e)),
-            Err(_) if sample.is_some() => {
+            Err(_) if !sample.is_empty() => {
                 return Err(PortError::permanent(
                     "open the data dir",
                     format!(
@@ -69,18 +69,16 @@ impl SecretsKey {
             }
             Err(_) => Self::create(data_dir, &path).map_err(|e| failed("write the secrets key", e))?,
         };
-        if let Some((context, sealed)) = sample {
-            if key.open(&sealed, &context).is_err() {
-                return Err(PortError::permanent(
-                    "open the data dir",
-                    format!(
-                        "{} does not open the signing secrets in {}: it is not the key they were sealed \
-                         with (another data dir's?); restore this data dir's own",
-                        path.display(),
-                        crate::DB_FILE
-                    ),
-                ));
-            }
+        if !sample.is_empty() && !sample.iter().any(|(context, sealed)| key.open(sealed, context).is_ok()) {
+            return Err(PortError::permanent(
+                "open the data dir",
+                format!(
+                    "{} does not open the signing secrets in {}: it is not the key they were sealed \
+                     with (another data dir's?); restore this data dir's own",
+                    path.display(),
+                    crate::DB_FILE
+                ),
+            ));
         }
         Ok(key)
     }
@@ -208,7 +206,7 @@ mod tests {
     #[test]
     fn the_key_file_is_made_once_private_and_read_back_after() {
         let dir = dir();
-        let first = SecretsKey::for_data_dir(&dir, None).unwrap();
+        let first = SecretsKey::for_data_dir(&dir, &[]).unwrap();
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
@@ -221,7 +219,7 @@ mod tests {
         };
         let secret = Secret::generate(&mut StdRng::from_os_rng());
         let sealed = first.seal(&secret, &context).unwrap();
-        let again = SecretsKey::for_data_dir(&dir, Some((context.clone(), sealed.clone()))).unwrap();
+        let again = SecretsKey::for_data_dir(&dir, &[(context.clone(), sealed.clone())]).unwrap();
         assert_eq!(again.open(&sealed, &context).unwrap(), secret, "the same key read back");
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
         std::fs::remove_dir_all(&dir).unwrap();
@@ -239,19 +237,19 @@ mod tests {
             mine.seal(&Secret::generate(&mut StdRng::from_os_rng()), &context)
                 .unwrap(),
         );
-        let err = SecretsKey::for_data_dir(&dir, Some(sample.clone()))
+        let err = SecretsKey::for_data_dir(&dir, std::slice::from_ref(&sample))
             .err()
             .expect("refused");
         assert!(err.to_string().contains("secrets.key is missing"), "{err}");
         assert!(!dir.join(KEY_FILE).exists(), "no new key made");
-        SecretsKey::for_data_dir(&dir, None).unwrap();
-        let err = SecretsKey::for_data_dir(&dir, Some(sample)).err().expect("refused");
+        SecretsKey::for_data_dir(&dir, &[]).unwrap();
+        let err = SecretsKey::for_data_dir(&dir, &[sample]).err().expect("refused");
         assert!(
             err.to_string().contains("is not the key they were sealed with"),
             "{err}"
         );
         std::fs::write(dir.join(KEY_FILE), "not a key\n").unwrap();
-        let err = SecretsKey::for_data_dir(&dir, None).err().expect("refused");
+        let err = SecretsKey::for_data_dir(&dir, &[]).err().expect("refused");
         assert!(err.to_string().contains("32-byte key"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }

@@ -152,6 +152,13 @@ impl Services {
             (None, _) => return self.abandon(&delivery, task, "the subscription was deleted").await,
             (_, None) => return self.abandon(&delivery, task, "the event no longer exists").await,
         };
+        // Before the breaker's gate and the rate limiter: a delivery that can never be signed
+        // must not take a probe's turn or a slot.
+        let secrets = match self.open_signing_secrets(&sub, self.now()).await? {
+            Opened::Secrets(secrets) => secrets,
+            // No attempt can be signed: dead at once, its owner told, replayable once fixed.
+            Opened::Never(why) => return self.abandon(&delivery, task, &why).await,
+        };
         let retries_enabled = tenant.as_ref().is_none_or(|t| t.retries_enabled);
         let gives_up_at = self.gives_up_at(&sub, &delivery, task, retries_enabled);
         let (circuit, probe) = match self
@@ -166,11 +173,6 @@ impl Services {
             return Ok(DeliverOutcome::RateLimited { slot });
         }
 
-        let secrets = match self.open_signing_secrets(&sub, self.now()).await? {
-            Opened::Secrets(secrets) => secrets,
-            // No attempt can be signed: dead at once, its owner told, replayable once fixed.
-            Opened::Never(why) => return self.abandon(&delivery, task, &why).await,
-        };
         let started_at = self.now();
         let mut request = webhook_request(&sub, &secrets, &event, started_at);
         if let Some(deadline) = deadline {

@@ -32,6 +32,7 @@ pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD
 pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;
 pub use scheduler::SchedulerReport;
+pub use secrets::SealReport;
 pub use subscriptions::{
     check_retention, NewSubscription, SubscriptionOverview, SubscriptionPage, SubscriptionPatch, SubscriptionWithSecret,
 };

@@ -22,25 +22,36 @@ impl Services {
 
     /// Every write of a changed subscription: [`Store::replace_subscription`] of `sub` over
     /// the copy read at `read_at`, a secret an older build stored in plain text sealed first,
-    /// so that no write leaves one behind.
+    /// so that no write leaves one behind. Sealing that one is best effort: if the keeper
+    /// cannot now, the write (a disabling, say) goes ahead with it as it was, and the next
+    /// write seals it.
     ///
     /// [`Store::replace_subscription`]: crate::ports::Store::replace_subscription
     pub(super) async fn replace_subscription(&self, sub: &mut Subscription, read_at: DateTime<Utc>) -> PortResult<()> {
+        if let Err(e) = self.seal_plain_secrets(sub).await {
+            tracing::warn!(subscription = %sub.id, error = %e,
+                "could not seal a secret stored in plain text; written as it was");
+        }
+        self.ports.store.replace_subscription(sub, read_at).await
+    }
+
+    /// Seal the secrets of `sub` an older build stored in plain text.
+    async fn seal_plain_secrets(&self, sub: &mut Subscription) -> PortResult<()> {
         let context = SecretContext::of(sub);
         for slot in std::iter::once(&mut sub.secret).chain(sub.previous_secret.as_mut()) {
             if let Some(plain) = slot.plain() {
                 *slot = self.ports.secrets.seal(&plain, &context).await?;
             }
         }
-        self.ports.store.replace_subscription(sub, read_at).await
+        Ok(())
     }
 
     /// Seal every signing secret an older build stored in plain text, in every listed
     /// tenant's subscriptions: an operator's one-off after upgrading (each subscription's next
-    /// write would seal its own). How many subscriptions it wrote sealed.
-    pub async fn seal_stored_secrets(&self) -> Result<usize> {
+    /// write would seal its own). Fails on the first one it cannot seal.
+    pub async fn seal_stored_secrets(&self) -> Result<SealReport> {
         const PAGE: u32 = 100;
-        let mut sealed = 0;
+        let mut report = SealReport::default();
         for tenant in self.all_tenants().await? {
             let mut after: Option<SubscriptionId> = None;
             loop {
@@ -57,14 +68,15 @@ impl Services {
                     if !plain {
                         continue;
                     }
+                    self.seal_plain_secrets(&mut sub).await?;
                     let read_at = sub.updated_at;
                     sub.updated_at = super::subscriptions::next_version(read_at, self.now());
-                    let result = self.replace_subscription(&mut sub, read_at).await;
+                    let result = self.ports.store.replace_subscription(&sub, read_at).await;
                     self.forget_subscription(&sub.tenant_id, &sub.id);
                     match result {
-                        Ok(()) => sealed += 1,
-                        // Changed or deleted since it was read: that write sealed it.
-                        Err(PortError::ConditionFailed(_)) => {}
+                        Ok(()) => report.sealed += 1,
+                        // Changed or deleted since it was read: run it again to be sure.
+                        Err(PortError::ConditionFailed(_)) => report.changed_meanwhile += 1,
                         Err(e) => return Err(e.into()),
                     }
                 }
@@ -73,7 +85,7 @@ impl Services {
                 }
             }
         }
-        Ok(sealed)
+        Ok(report)
     }
 
     /// The secrets that sign a message of `sub` sent at `now` (see
@@ -105,6 +117,15 @@ impl Services {
         }
         Ok(Opened::Secrets(opened))
     }
+}
+
+/// What [`Services::seal_stored_secrets`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SealReport {
+    /// Subscriptions written with their secrets sealed.
+    pub sealed: usize,
+    /// Subscriptions that changed while it ran, and were left as that change left them.
+    pub changed_meanwhile: usize,
 }
 
 /// A subscription's signing secrets, opened: see [`Services::open_signing_secrets`].

@@ -3,9 +3,9 @@
 # brings zig, which cross-links for arm64) once per function, then this checks that each
 # function's artifact is an arm64 Linux executable named `bootstrap`, as provided.al2023 wants.
 #
-#   scripts/sam-build.sh           the release build `sam deploy` ships (LTO: slow on 2 cores)
-#   scripts/sam-build.sh --debug   the same path in the dev profile (SAM_BUILD_MODE=debug): what
-#                                  the test command runs, to keep CI well inside its time
+#   scripts/sam-build.sh           the release build `sam deploy` ships (LTO): what the test
+#                                  command builds, and runs under qemu
+#   scripts/sam-build.sh --debug   the same path in the dev profile (SAM_BUILD_MODE=debug), quicker
 #
 # Installs the Rust target for arm64 if rustup lacks it, and the pinned PyPI tools if missing.
 set -euo pipefail

@@ -27,8 +27,8 @@ export HOOKWISE_LAMBDA_BIN_DIR="$(dirname "$HOOKWISE")"
 step "Template lint: cfn-lint, its serverless rules, and sam validate --lint"
 scripts/lint-template.sh
 
-step "sam build of the four functions for arm64 with cargo-lambda (dev profile)"
-scripts/sam-build.sh --debug
+step "sam build of the four functions for arm64 with cargo-lambda (the release build sam deploy ships)"
+scripts/sam-build.sh
 
 step "qemu-user and the aarch64 C library, to run the arm64 artifacts just built"
 sysroot="$(scripts/qemu-arm64.sh)"  # (apart from the export, so a failure stops the run)

@@ -2,7 +2,8 @@
 //! watch`), each signing as an IAM user that holds only its template.yaml policy, on a moto
 //! server of this test's own that enforces IAM, behind a recording proxy. Every path of every
 //! function runs: ingest and the API's reads and writes, a retry through the scheduler table,
-//! a circuit breaker opening, probing, closing and releasing what it held, a rate-limited
+//! a circuit breaker opening, probing, closing and releasing what it held, one turned off
+//! while it holds (the API lets go of what it held), a rate-limited
 //! backlog, an auto-disable and its email, deliveries that die with an email and a digest,
 //! replays of a delivery and an event and a subscription's recovery, a 410 that disables its
 //! subscription, a redriven message the dead-letter function puts back on its schedule, and
@@ -231,6 +232,18 @@ const PATHS: &[(&str, &str, &str, &str)] = &[
         "SchedulerTable",
         "a closing breaker releasing a page",
     ),
+    (
+        "hookwise-ingest",
+        "dynamodb:Query",
+        "SchedulerTable",
+        "a breaker turned off reading what it held",
+    ),
+    (
+        "hookwise-ingest",
+        "dynamodb:BatchWriteItem",
+        "SchedulerTable",
+        "a breaker turned off letting go of what it held",
+    ),
     ("hookwise-deliver", "ses:SendEmail", "sender", "an auto-disable's email"),
     (
         "hookwise-deliver",
@@ -361,8 +374,8 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
 
     // Subscriptions: two that fail once (10 s and 12 s retries, through the scheduler table:
     // the queue's limit here is 8 s), one always down (its 1 s retries on the queue) (dead, emailed, a digest, replayed), one gone (410:
-    // disabled by the deliver side), one whose breaker opens, one rate-limited, and one
-    // failing long enough to be disabled.
+    // disabled by the deliver side), one whose breaker opens, one rate-limited, one failing
+    // long enough to be disabled, and one whose breaker is turned off while it holds.
     let flaky = Receiver::start(1).await;
     let later = Receiver::start(1).await;
     let down = Receiver::start(u32::MAX).await;
@@ -371,6 +384,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     let tripped = Receiver::start(u32::MAX).await;
     let limited = Receiver::start(0).await;
     let failing = Receiver::start(u32::MAX).await;
+    let paused = Receiver::start(u32::MAX).await;
     let no_breaker = json!({"enabled": false});
     let flaky_sub = subscribe(
         json!({"url": flaky.url("/f"), "event_types": ["order.*"], "retry_policy": {"schedule_seconds": [10]}}),
@@ -389,6 +403,12 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     )
     .await;
     subscribe(json!({"url": limited.url("/r"), "event_types": ["limited.*"], "rate_limit_per_second": 1})).await;
+    // Its breaker opens at the first failure and probes only each 10 minutes: what it holds
+    // is let go when its breaker is turned off.
+    let paused_sub = subscribe(json!({"url": paused.url("/p"), "event_types": ["paused.*"],
+        "retry_policy": {"schedule_seconds": [600, 600]},
+        "circuit_breaker": {"failure_threshold": 1, "probe_interval_seconds": 600}}))
+    .await;
     let disabled_owner = format!("{}@owner.example", aws_support::unique_prefix("d"));
     let failing_sub = subscribe(json!({"url": failing.url("/x"), "event_types": ["failing.*"],
         "owner_email": disabled_owner, "auto_disable_after_hours": 1, "circuit_breaker": no_breaker}))
@@ -463,6 +483,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     let tripped_deliveries = events("breaker", 4).await;
     let limited_deliveries = events("limited", 5).await;
     let failing_delivery = events("failing", 1).await.remove(0);
+    events("paused", 4).await;
 
     // The breaker: opened by the first two failures, the other attempts held (a held one
     // gives up after its schedule's 60 s), a probe failing; then the endpoint recovers, a
@@ -526,6 +547,36 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     for d in &tripped_deliveries {
         api.wait_status(d, "delivered", WAIT).await;
     }
+
+    // The paused endpoint's breaker holds its attempts (one failed, opening it; the next is
+    // on its way to be the probe in 10 minutes; the others parked): turned off, it lets go
+    // of the parked ones at once, through the Ingest function.
+    let paused_id = paused_sub["id"].as_str().unwrap();
+    let start = Instant::now();
+    while ports
+        .scheduler
+        .held(&SubscriptionId::parse(paused_id).unwrap(), 10)
+        .await
+        .unwrap()
+        .len()
+        < 2
+    {
+        assert!(start.elapsed() < WAIT, "the paused endpoint's breaker held nothing");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    paused.recover();
+    let before = paused.count();
+    ok(
+        api.call(
+            "PATCH",
+            &format!("/v1/subscriptions/{paused_id}"),
+            Some(json!({"circuit_breaker": {"enabled": false}})),
+        )
+        .await,
+        "the breaker turned off",
+    );
+    // The two parked arrive now, not in 10 minutes.
+    paused.wait_count(before + 2, WAIT).await;
 
     // The rate-limited backlog drains at its rate.
     for d in &limited_deliveries {

@@ -7,6 +7,7 @@
 //! | cursor | `#CURSOR#3`                           | `#CURSOR`: `pending` (string set of the minutes that may hold tasks), `version` |
 //! | held   | `HELD#{subscription}`                 | `{due}#{delivery}#{round}#{attempt}` |
 //! | lease  | `#LEASE`                              | `#LEASE`: `holder`, `lease_until` (the scheduler's one-at-a-time) |
+//! | holding | `#HOLDING#3` (by subscription)       | `{subscription}`: `tenant_id` (the endpoints the scheduler tends) |
 //!
 //! A delivery's tasks go to one of [`SHARDS`] shards (by its id), each with its own cursor
 //! and its own partition per minute, so a burst of long retries spreads over eight keys
@@ -18,7 +19,8 @@
 //! scheduled meanwhile keeps its minute in it.
 //!
 //! A held attempt (its endpoint's circuit breaker is open) is a `HELD#` item, which its
-//! release queries by the endpoint, and a task due when it gives up.
+//! release queries by the endpoint, and a task due when it gives up; its endpoint is listed
+//! in a `#HOLDING#` partition (one of [`SHARDS`]) until the scheduler finds it holds none.
 //!
 //! Tasks and held items carry `expires_at` (epoch seconds), the table's TTL: their due time
 //! plus the retention of the deliveries they are of, so one orphaned (its delivery gone) does
@@ -38,7 +40,7 @@ use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use hookwise_core::model::{DeliveryId, SubscriptionId, TenantId};
-use hookwise_core::ports::{DeliveryTask, PortResult, ScheduledTask, SchedulerTable};
+use hookwise_core::ports::{DeliveryTask, Holding, PortResult, ScheduledTask, SchedulerTable};
 use hookwise_core::PortError;
 
 use crate::error::classify;
@@ -49,6 +51,7 @@ pub const PARTITION_KEY: &str = "bucket";
 pub const SORT_KEY: &str = "due_key";
 const CURSOR: &str = "#CURSOR";
 const LEASE: &str = "#LEASE";
+const HOLDING: &str = "#HOLDING";
 /// Shards of the table's keys.
 pub const SHARDS: u32 = 8;
 /// DynamoDB's limit on one `BatchWriteItem`.
@@ -182,6 +185,17 @@ fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
     ])
 }
 
+/// An endpoint's entry in the list of those holding attempts.
+fn holding_key(sub: &SubscriptionId) -> Item {
+    HashMap::from([
+        (
+            PARTITION_KEY.to_owned(),
+            s(format!("{HOLDING}#{}", spread(sub.as_str(), SHARDS))),
+        ),
+        (SORT_KEY.to_owned(), s(sub.as_str())),
+    ])
+}
+
 #[derive(Clone, Debug)]
 pub struct DynamoScheduler {
     client: LazyClient<Client>,
@@ -287,6 +301,44 @@ impl DynamoScheduler {
                 .expression_attribute_values(":b", s(format!("HELD#{sub}")))
         })
         .await
+    }
+
+    /// One shard of the endpoints listed as holding, by subscription id after `after`.
+    async fn query_holding(&self, shard: u32, after: Option<&str>, limit: u32) -> PortResult<Vec<Holding>> {
+        let mut found = Vec::new();
+        let mut start = None;
+        while found.len() < limit as usize {
+            let mut q = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .expression_attribute_names("#b", PARTITION_KEY)
+                .expression_attribute_values(":b", s(format!("{HOLDING}#{shard}")))
+                .limit((limit as usize - found.len()) as i32)
+                .set_exclusive_start_key(start);
+            q = match after {
+                Some(after) => q
+                    .key_condition_expression("#b = :b AND #k > :after")
+                    .expression_attribute_names("#k", SORT_KEY)
+                    .expression_attribute_values(":after", s(after)),
+                None => q.key_condition_expression("#b = :b"),
+            };
+            let page = q.send().await.map_err(|e| classify("endpoints holding attempts", e))?;
+            for item in page.items() {
+                let sub = get_s(item, SORT_KEY)?;
+                let tenant = get_s(item, "tenant_id")?;
+                found.push(Holding {
+                    subscription_id: SubscriptionId::parse(sub).map_err(|e| corrupt(SORT_KEY, e.to_string()))?,
+                    tenant_id: TenantId::parse(tenant).map_err(|e| corrupt("tenant_id", e.to_string()))?,
+                });
+            }
+            start = page.last_evaluated_key.filter(|k| !k.is_empty());
+            if start.is_none() {
+                break;
+            }
+        }
+        Ok(found)
     }
 
     /// Every page of a consistent query (`query` sets its condition), up to `limit` tasks.
@@ -493,7 +545,7 @@ impl SchedulerTable for DynamoScheduler {
         self.delete_all(keys).await
     }
 
-    async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
+    async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
         let record = task_attributes(held_key(sub, item), item, self.retention);
         self.client
             .put_item()
@@ -502,7 +554,35 @@ impl SchedulerTable for DynamoScheduler {
             .send()
             .await
             .map_err(|e| classify("hold an attempt", e))?;
+        // After the held item: an endpoint found holding none is let go, then looked at
+        // again, so a hold between the two is seen.
+        let mut listed = holding_key(sub);
+        listed.insert("tenant_id".into(), s(tenant.as_str()));
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(listed))
+            .send()
+            .await
+            .map_err(|e| classify("list an endpoint as holding", e))?;
         self.schedule(item).await
+    }
+
+    async fn holding(&self, after: Option<&SubscriptionId>, limit: u32) -> PortResult<Vec<Holding>> {
+        let after = after.map(|a| a.to_string());
+        let shards: Vec<Vec<Holding>> = futures::stream::iter(0..SHARDS)
+            .map(|shard| self.query_holding(shard, after.as_deref(), limit))
+            .buffered(CONCURRENCY)
+            .try_collect()
+            .await?;
+        let mut all: Vec<Holding> = shards.into_iter().flatten().collect();
+        all.sort();
+        all.truncate(limit as usize);
+        Ok(all)
+    }
+
+    async fn stop_holding(&self, sub: &SubscriptionId) -> PortResult<()> {
+        self.delete_all(vec![holding_key(sub)]).await
     }
 
     async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>> {

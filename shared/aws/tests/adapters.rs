@@ -250,7 +250,7 @@ async fn scheduler_never_skips_a_minute(dynamodb_url: &str, moto_url: &str) {
 }
 
 /// The scheduler table's TTL: a task and a held attempt expire their retention after they
-/// were due; the lease and the cursors never.
+/// were due; the lease, the cursors and the list of endpoints holding attempts never.
 #[tokio::test]
 async fn given_a_task_and_a_held_attempt_then_each_expires_its_retention_after_it_is_due() {
     let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
@@ -266,7 +266,8 @@ async fn given_a_task_and_a_held_attempt_then_each_expires_its_retention_after_i
     scheduler.schedule(&scheduled).await.expect("schedule");
     let sub = hookwise_core::model::SubscriptionId::parse("sub_01KZZZZZZZZZZZZZZZZZZZZZZZ").unwrap();
     let held = task(t0 + Duration::hours(5));
-    scheduler.hold(&sub, &held).await.expect("hold");
+    let tenant = hookwise_core::model::TenantId::parse("ten_01KZZZZZZZZZZZZZZZZZZZZZZZ").unwrap();
+    scheduler.hold(&tenant, &sub, &held).await.expect("hold");
     assert!(scheduler
         .take_lease("t", t0, t0 + Duration::seconds(90))
         .await
@@ -290,7 +291,10 @@ async fn given_a_task_and_a_held_attempt_then_each_expires_its_retention_after_i
             .and_then(|v| v.as_n().ok())
             .map(|n| n.parse::<i64>().unwrap());
         if bucket.starts_with('#') {
-            assert_eq!(expires, None, "{bucket}: the cursors and the lease do not expire");
+            assert_eq!(
+                expires, None,
+                "{bucket}: the cursors, the lease and the holding list do not expire"
+            );
             continue;
         }
         let due = if due_key.contains(held.task.delivery_id.as_str()) {

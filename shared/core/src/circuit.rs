@@ -170,14 +170,20 @@ pub enum Admission {
     /// Open, and no delivery is on its way to be the next probe: this one is, after writing
     /// this claim; queue it for the probe time.
     Candidate(Circuit),
+    /// Open, and this is the delivery on its way to be the next probe, come early (a copy
+    /// of its message): queue it again for the probe time, `at`.
+    WaitForProbe { at: DateTime<Utc> },
     /// Hold it: not attempted until the breaker closes.
     Hold,
 }
 
+/// What a delivery due now does, given its endpoint's breaker; `gives_up_at`: when it would
+/// make its attempt anyway, as its schedule's last, if held.
 pub fn admit(
     circuit: Option<&Circuit>,
     breaker: &CircuitBreaker,
     delivery: &DeliveryId,
+    gives_up_at: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Admission {
     let Some(c) = circuit.filter(|c| breaker.enabled && c.state != CircuitState::Closed) else {
@@ -186,24 +192,39 @@ pub fn admit(
     if c.state == CircuitState::HalfOpen && c.probe.as_ref() == Some(delivery) {
         return Admission::ProbeAgain;
     }
-    if c.next_probe_at.is_none_or(|at| now >= at) {
-        let claim = Circuit {
-            state: CircuitState::HalfOpen,
-            next_probe_at: Some(now + breaker.probe_interval()),
+    let probe_at = match c.next_probe_at {
+        Some(at) if now < at => at,
+        _ => {
+            let claim = Circuit {
+                state: CircuitState::HalfOpen,
+                next_probe_at: Some(now + breaker.probe_interval()),
+                probe: Some(delivery.clone()),
+                version: c.version + 1,
+                ..c.clone()
+            };
+            return Admission::Probe(claim);
+        }
+    };
+    if !worth_holding(c, gives_up_at) {
+        return Admission::Send;
+    }
+    match (c.state, &c.probe) {
+        (CircuitState::Open, Some(p)) if p == delivery => Admission::WaitForProbe { at: probe_at },
+        (CircuitState::Open, None) => Admission::Candidate(Circuit {
             probe: Some(delivery.clone()),
             version: c.version + 1,
             ..c.clone()
-        };
-        return Admission::Probe(claim);
+        }),
+        _ => Admission::Hold,
     }
-    if c.state == CircuitState::Open && c.probe.is_none() {
-        return Admission::Candidate(Circuit {
-            probe: Some(delivery.clone()),
-            version: c.version + 1,
-            ..c.clone()
-        });
-    }
-    Admission::Hold
+}
+
+/// Whether an attempt that gives up at `gives_up_at` is held by the breaker `c` (open or
+/// half open): not if it would give up before the next probe could close the breaker, as
+/// holding it could then only cost it the attempts its schedule gives it (and send them all
+/// at once when it gives up).
+pub fn worth_holding(c: &Circuit, gives_up_at: DateTime<Utc>) -> bool {
+    c.next_probe_at.is_none_or(|probe_at| gives_up_at >= probe_at)
 }
 
 /// The change an attempt's outcome makes to its endpoint's breaker, if any: `failures` is how
@@ -278,21 +299,30 @@ mod tests {
         let open = after_attempt(None, &b, false, 5, at(0)).expect("opens");
         assert_eq!((open.state, open.next_probe_at), (CircuitState::Open, Some(at(30))));
         // The first to come before the probe time is queued for it; the rest are held.
-        let Admission::Candidate(waiting) = admit(Some(&open), &b, &other, at(1)) else {
+        let later = at(3_600);
+        let Admission::Candidate(waiting) = admit(Some(&open), &b, &other, later, at(1)) else {
             panic!("the first held is the next probe");
         };
         assert_eq!(waiting.probe.as_ref(), Some(&other));
-        assert_eq!(admit(Some(&waiting), &b, &d, at(29)), Admission::Hold);
-        let Admission::Probe(probing) = admit(Some(&open), &b, &d, at(30)) else {
+        assert_eq!(admit(Some(&waiting), &b, &d, later, at(29)), Admission::Hold);
+        // The next probe come early (a copy of its message) is queued for the probe time.
+        assert_eq!(
+            admit(Some(&waiting), &b, &other, later, at(29)),
+            Admission::WaitForProbe { at: at(30) }
+        );
+        let Admission::Probe(probing) = admit(Some(&open), &b, &d, later, at(30)) else {
             panic!("the probe time has come");
         };
         assert_eq!(probing.state, CircuitState::HalfOpen);
         assert_eq!(probing.version, open.version + 1);
         // One probe at a time: others are held, its own message is still the probe.
-        assert_eq!(admit(Some(&probing), &b, &other, at(31)), Admission::Hold);
-        assert_eq!(admit(Some(&probing), &b, &d, at(31)), Admission::ProbeAgain);
+        assert_eq!(admit(Some(&probing), &b, &other, later, at(31)), Admission::Hold);
+        assert_eq!(admit(Some(&probing), &b, &d, later, at(31)), Admission::ProbeAgain);
         // A probe lost for an interval is replaced.
-        assert!(matches!(admit(Some(&probing), &b, &other, at(60)), Admission::Probe(_)));
+        assert!(matches!(
+            admit(Some(&probing), &b, &other, later, at(60)),
+            Admission::Probe(_)
+        ));
         let again = after_attempt(Some(&probing), &b, false, 6, at(31)).expect("reopens");
         assert_eq!(
             (again.state, again.since, again.next_probe_at),
@@ -300,7 +330,21 @@ mod tests {
         );
         let closed = after_attempt(Some(&probing), &b, true, 0, at(32)).expect("closes");
         assert_eq!((closed.state, closed.releasing), (CircuitState::Closed, true));
-        assert_eq!(admit(Some(&closed), &b, &d, at(32)), Admission::Send);
+        assert_eq!(admit(Some(&closed), &b, &d, later, at(32)), Admission::Send);
+    }
+
+    #[test]
+    fn an_attempt_that_would_give_up_before_the_next_probe_is_not_held() {
+        let b = CircuitBreaker::on();
+        let d = DeliveryId::parse("dlv_01J0000000000000000000000A").unwrap();
+        let open = after_attempt(None, &b, false, 5, at(0)).unwrap();
+        // Its schedule ends at 3 s, the probe comes at 30 s: holding it would cost it its
+        // attempts, so it is made.
+        assert_eq!(admit(Some(&open), &b, &d, at(3), at(1)), Admission::Send);
+        assert!(matches!(
+            admit(Some(&open), &b, &d, at(30), at(1)),
+            Admission::Candidate(_)
+        ));
     }
 
     #[test]
@@ -309,7 +353,7 @@ mod tests {
         let d = DeliveryId::parse("dlv_01J0000000000000000000000A").unwrap();
         assert_eq!(after_attempt(None, &off, false, 50, at(0)), None);
         let open = after_attempt(None, &CircuitBreaker::on(), false, 5, at(0)).unwrap();
-        assert_eq!(admit(Some(&open), &off, &d, at(1)), Admission::Send);
+        assert_eq!(admit(Some(&open), &off, &d, at(3_600), at(1)), Admission::Send);
     }
 
     #[test]

@@ -323,6 +323,13 @@ pub struct ScheduledTask {
     pub due: DateTime<Utc>,
 }
 
+/// An endpoint listed by [`SchedulerTable::holding`]: its subscription, and whose it is.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Holding {
+    pub subscription_id: SubscriptionId,
+    pub tenant_id: TenantId,
+}
+
 /// Retries due later than the queue can delay, kept until they are near.
 #[async_trait]
 pub trait SchedulerTable: Send + Sync {
@@ -333,12 +340,18 @@ pub trait SchedulerTable: Send + Sync {
 
     /// Park an attempt held by `sub`'s open circuit breaker until it is released, and
     /// schedule it at `item.due` (when it gives up if still held). The same attempt held
-    /// twice is held once.
-    async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()>;
+    /// twice is held once. From then `sub` (of `tenant`) is listed by [`Self::holding`] until
+    /// [`Self::stop_holding`], so the scheduler tends every endpoint that holds anything.
+    async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()>;
     /// Up to `limit` of `sub`'s held attempts, the one due to give up soonest first.
     async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>>;
     /// No longer held (their scheduled copies stay, and find them moved on when due).
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()>;
+    /// The endpoints listed since they held an attempt ([`Self::hold`]), by subscription id:
+    /// at most `limit`, those after `after`.
+    async fn holding(&self, after: Option<&SubscriptionId>, limit: u32) -> PortResult<Vec<Holding>>;
+    /// `sub` is no longer listed by [`Self::holding`] (until its next `hold`).
+    async fn stop_holding(&self, sub: &SubscriptionId) -> PortResult<()>;
 
     /// Take the scheduler's lease for `holder` until `until`, unless someone else holds it
     /// past `now`; `false` if they do. A lease that expired is anyone's, so a tick that died

@@ -2,8 +2,9 @@
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use hookwise_core::model::SubscriptionId;
-use hookwise_core::ports::{PortResult, ScheduledTask, SchedulerTable};
+use hookwise_core::model::{SubscriptionId, TenantId};
+use hookwise_core::ports::{Holding, PortResult, ScheduledTask, SchedulerTable};
+use hookwise_core::PortError;
 use rusqlite::params;
 
 use crate::{db_err, from_json, nanos, to_json, LocalBackend};
@@ -73,7 +74,8 @@ impl SchedulerTable for LocalBackend {
         .await
     }
 
-    async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
+    async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
+        let tenant = tenant.to_string();
         let sub = sub.to_string();
         let due = nanos(item.due);
         let id = item.task.delivery_id.to_string();
@@ -92,6 +94,50 @@ impl SchedulerTable for LocalBackend {
             )
             .and_then(|mut s| s.execute(params![due, id, round, attempt, doc]))
             .map_err(err)?;
+            conn.prepare_cached("INSERT OR IGNORE INTO holding (subscription_id, tenant_id) VALUES (?1, ?2)")
+                .and_then(|mut s| s.execute(params![sub, tenant]))
+                .map_err(err)?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn holding(&self, after: Option<&SubscriptionId>, limit: u32) -> PortResult<Vec<Holding>> {
+        let after = after.map(|a| a.to_string()).unwrap_or_default();
+        self.with_conn("list the endpoints holding attempts", move |conn| {
+            let err = |e| db_err("list the endpoints holding attempts", e);
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT subscription_id, tenant_id FROM holding WHERE subscription_id > ?1
+                     ORDER BY subscription_id LIMIT ?2",
+                )
+                .map_err(err)?;
+            let rows = stmt
+                .query_map(params![after, limit], |row| {
+                    Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+                })
+                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+                .map_err(err)?;
+            rows.into_iter()
+                .map(|(sub, tenant)| {
+                    Ok(Holding {
+                        subscription_id: SubscriptionId::parse(&sub)
+                            .map_err(|e| PortError::permanent("read holding", e.to_string()))?,
+                        tenant_id: TenantId::parse(&tenant)
+                            .map_err(|e| PortError::permanent("read holding", e.to_string()))?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    async fn stop_holding(&self, sub: &SubscriptionId) -> PortResult<()> {
+        let sub = sub.to_string();
+        self.with_conn("stop listing an endpoint as holding", move |conn| {
+            conn.prepare_cached("DELETE FROM holding WHERE subscription_id = ?1")
+                .and_then(|mut s| s.execute(params![sub]))
+                .map_err(|e| db_err("stop listing an endpoint as holding", e))?;
             Ok(())
         })
         .await

@@ -12,8 +12,8 @@ use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 /// `dead_notices`. 4: `api_keys`, so a tenant can hold two (`tenants.api_key_hash` goes), and
 /// `rate_slots`, and `queue.grp` (the tenant a receive takes turns by). 5: `circuits` and
 /// `held` (the circuit breaker's state and the attempts it holds). 6: `queue_by_group`
-/// replaces `queue_by_visibility`.
-const VERSION: i64 = 6;
+/// replaces `queue_by_visibility`. 7: `holding` (the endpoints the scheduler tends).
+const VERSION: i64 = 7;
 
 /// Prepared statements kept per connection: more than the backend has.
 const STATEMENT_CACHE: usize = 128;
@@ -49,6 +49,13 @@ CREATE TABLE IF NOT EXISTS held (
     PRIMARY KEY (subscription_id, delivery_id, round, attempt)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS held_by_due ON held (subscription_id, due);
+
+-- The endpoints that held an attempt, until the scheduler finds they hold none
+-- (`SchedulerTable::holding`).
+CREATE TABLE IF NOT EXISTS holding (
+    subscription_id  TEXT PRIMARY KEY,
+    tenant_id        TEXT NOT NULL
+) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS api_keys (
     hash       TEXT PRIMARY KEY,
@@ -306,6 +313,15 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
          CREATE INDEX IF NOT EXISTS queue_by_group ON queue (queue, grp, visible_at, id);",
     )
     .map_err(|e| db_err("upgrade the schema to version 6", e))?;
+    if version < 7 {
+        // Attempts held before version 7 are tended too: their endpoints are listed.
+        tx.execute_batch(
+            "INSERT OR IGNORE INTO holding (subscription_id, tenant_id)
+                 SELECT DISTINCT held.subscription_id, subscriptions.tenant_id
+                 FROM held JOIN subscriptions ON subscriptions.id = held.subscription_id;",
+        )
+        .map_err(|e| db_err("upgrade the schema to version 7", e))?;
+    }
     if has_key_column {
         // Each tenant's one key moves to `api_keys`, and is listed on the tenant.
         tx.execute_batch(

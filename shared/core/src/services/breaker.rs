@@ -11,10 +11,17 @@
 //! message.
 //!
 //! Held attempts are released, after the probe that closed the breaker, page by page: the
-//! closing call releases the first, and the first attempt to find the release going on
-//! (`Circuit::releasing`) once most of that page has gone (`next_probe_at`) releases the
-//! next. One held after the last page went (by a process whose breaker read came a moment
-//! before the closing) is made when its give-up time comes, the breaker then closed.
+//! closing call releases the first, and the first released attempt to find the release going
+//! on (`Circuit::releasing`) once most of that page has gone (`next_probe_at`) releases the
+//! next.
+//!
+//! Nothing here depends on one call finishing. Every step that claims work on the breaker
+//! writes what makes it happen first (the probe's message before its claim), or claims it
+//! only for a while (a page's release, for [`RELEASE_CLAIM`]); and every endpoint that holds
+//! anything is listed (`SchedulerTable::holding`) until it holds nothing, and the scheduler's
+//! tick tends each one ([`Services::tend_breaker`]): a probe overdue by [`PROBE_GRACE`] is
+//! queued, a release that stopped goes on, and what a breaker turned off, or a subscription
+//! disabled or deleted, still holds is let go. A change of the subscription tends it at once.
 
 use chrono::{DateTime, Utc};
 
@@ -22,8 +29,8 @@ use super::{DeliverOutcome, Services};
 use crate::circuit::{self, Admission, Circuit, CircuitState};
 use crate::error::{PortError, Result};
 use crate::metrics;
-use crate::model::{Delivery, Subscription};
-use crate::ports::{DeliveryTask, ScheduledTask};
+use crate::model::{Delivery, DeliveryStatus, Subscription, SubscriptionId, SubscriptionStatus, TenantId};
+use crate::ports::{DeliveryTask, Holding, ScheduledTask};
 use crate::state::{requeued, seconds};
 
 /// How long a process keeps an endpoint's breaker state before reading it again: another
@@ -31,6 +38,13 @@ use crate::state::{requeued, seconds};
 pub const CIRCUIT_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 /// Held attempts released per page.
 const RELEASE_PAGE: u32 = 500;
+/// How long a page's release is claimed for: another release waits that long for it to be
+/// queued and un-parked (so two never queue one page twice), and then takes it on (its
+/// releaser died).
+const RELEASE_CLAIM: chrono::TimeDelta = chrono::TimeDelta::seconds(60);
+/// How late a probe may be before the scheduler's tick queues one: the probe's own message,
+/// queued to arrive at the probe time, may be received a few seconds after it.
+pub const PROBE_GRACE: chrono::TimeDelta = chrono::TimeDelta::seconds(10);
 
 /// What the breaker says of an attempt due now.
 #[derive(Debug, Clone)]
@@ -39,8 +53,16 @@ pub(super) enum Gate {
     Attempt { circuit: Option<Circuit>, probe: bool },
     /// Hold it.
     Hold,
-    /// Queue it to arrive at `at` and be the probe then.
-    ProbeAt { at: DateTime<Utc> },
+    /// Queue it to arrive at `at` and be the probe then; then write `claim` (the breaker
+    /// naming it the next probe), if it is not named already.
+    ProbeAt { at: DateTime<Utc>, claim: Option<Claim> },
+}
+
+/// A change of the breaker to write over the copy it was made from.
+#[derive(Debug, Clone)]
+pub(super) struct Claim {
+    pub read: Circuit,
+    pub next: Circuit,
 }
 
 impl Services {
@@ -113,7 +135,7 @@ impl Services {
         let mut circuit = self.kept_circuit(sub, false).await?;
         for fresh in [false, true] {
             let now = self.now();
-            match circuit::admit(circuit.as_ref(), breaker, &task.delivery_id, now) {
+            match circuit::admit(circuit.as_ref(), breaker, &task.delivery_id, gives_up_at, now) {
                 Admission::Send => return Ok(Gate::Attempt { circuit, probe: false }),
                 Admission::ProbeAgain => return Ok(Gate::Attempt { circuit, probe: true }),
                 Admission::Probe(claim) => {
@@ -125,12 +147,15 @@ impl Services {
                         });
                     }
                 }
-                Admission::Candidate(claim) => {
-                    if self.write_circuit(sub, &claim, circuit.as_ref()).await? {
-                        let at = claim.next_probe_at.unwrap_or(now);
-                        return Ok(Gate::ProbeAt { at });
-                    }
+                // Its message is queued for the probe time (by `hold`) before its claim is
+                // written: a claim never names a probe that is not on its way.
+                Admission::Candidate(next) => {
+                    let at = next.next_probe_at.unwrap_or(now);
+                    let read = circuit.clone().unwrap_or_else(|| Circuit::closed(now));
+                    let claim = Some(Claim { read, next });
+                    return Ok(Gate::ProbeAt { at, claim });
                 }
+                Admission::WaitForProbe { at } => return Ok(Gate::ProbeAt { at, claim: None }),
                 // Held on what a fresh read says: a kept copy may be older than the closing.
                 Admission::Hold if fresh => return Ok(Gate::Hold),
                 Admission::Hold => {}
@@ -158,16 +183,23 @@ impl Services {
     }
 
     /// After an attempt (recorded): open the breaker at the threshold, open it again after a
-    /// failed probe, or close it on a success and release what it held. Best effort: an
-    /// error is logged (the breaker protects the endpoint; the delivery is recorded).
+    /// failed probe, or close it on a success and release what it held; an attempt the
+    /// breaker released (`released`) goes on with the release. Best effort: an error is
+    /// logged and counted (the delivery is recorded; the scheduler's tick tends the breaker).
     pub(super) async fn after_attempt_breaker(
         &self,
         sub: &Subscription,
         circuit: Option<Circuit>,
         probe: bool,
         success: bool,
+        released: bool,
     ) {
-        if let Err(err) = self.move_breaker(sub, circuit, probe, success).await {
+        let moved = self.move_breaker(sub, circuit, probe, success).await;
+        let result = match moved {
+            Ok(()) if released => self.go_on_releasing(sub).await,
+            other => other,
+        };
+        if let Err(err) = result {
             self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
             tracing::warn!(error = %err, subscription_id = %sub.id, "could not update the circuit breaker");
         }
@@ -188,25 +220,32 @@ impl Services {
             None => self.kept_circuit(sub, false).await?,
         };
         let now = self.now();
-        if let Some(next) = circuit::after_attempt(circuit.as_ref(), breaker, success, failures, now) {
-            if self.write_circuit(sub, &next, circuit.as_ref()).await? {
-                match next.state {
-                    CircuitState::Open => {
-                        if circuit.as_ref().is_none_or(|c| c.state == CircuitState::Closed) {
-                            self.metrics.count(metrics::BREAKER_OPENED, 1);
-                            tracing::warn!(subscription_id = %sub.id, failures, next_probe_at = ?next.next_probe_at,
-                                "circuit breaker open: the endpoint's attempts are held");
-                        }
-                        return self.queue_next_probe(sub, next).await;
-                    }
-                    CircuitState::Closed => {
-                        tracing::info!(subscription_id = %sub.id, "circuit breaker closed: releasing what it held");
-                    }
-                    CircuitState::HalfOpen => {}
-                }
-            }
+        let Some(next) = circuit::after_attempt(circuit.as_ref(), breaker, success, failures, now) else {
+            return Ok(());
+        };
+        if !self.write_circuit(sub, &next, circuit.as_ref()).await? {
+            return Ok(());
         }
-        // The release goes on with whoever finds it going, once its next page is due.
+        match next.state {
+            CircuitState::Open => {
+                if circuit.as_ref().is_none_or(|c| c.state == CircuitState::Closed) {
+                    self.metrics.count(metrics::BREAKER_OPENED, 1);
+                    tracing::warn!(subscription_id = %sub.id, failures, next_probe_at = ?next.next_probe_at,
+                        "circuit breaker open: the endpoint's attempts are held");
+                }
+                self.queue_next_probe(sub, next).await
+            }
+            CircuitState::Closed => {
+                tracing::info!(subscription_id = %sub.id, "circuit breaker closed: releasing what it held");
+                self.release_page(sub, next).await
+            }
+            CircuitState::HalfOpen => Ok(()),
+        }
+    }
+
+    /// The release goes on with whoever finds it going (a released attempt, the scheduler's
+    /// tick), once its next page is due.
+    async fn go_on_releasing(&self, sub: &Subscription) -> Result<()> {
         let now = self.now();
         match self.kept_circuit(sub, false).await? {
             Some(c) if c.state == CircuitState::Closed && c.releasing && c.next_probe_at.is_none_or(|at| now >= at) => {
@@ -217,15 +256,15 @@ impl Services {
     }
 
     /// Hold an attempt the open breaker keeps from its endpoint: park it until the release
-    /// (`probe_at`: or queue it to be the probe then), due to make its last attempt at
-    /// `until` if the breaker is open till then.
+    /// (`probe_at`: or queue it to be the probe then, and write the breaker's claim naming
+    /// it), due to make its last attempt at `until` if the breaker is open till then.
     pub(super) async fn hold(
         &self,
         sub: &Subscription,
         delivery: &Delivery,
         task: &DeliveryTask,
         until: DateTime<Utc>,
-        probe_at: Option<DateTime<Utc>>,
+        probe_at: Option<(DateTime<Utc>, Option<Claim>)>,
     ) -> Result<DeliverOutcome> {
         let now = self.now();
         if delivery.is_swept() && delivery.next_attempt_at.is_none_or(|at| at < until) {
@@ -242,12 +281,16 @@ impl Services {
             ..task.clone()
         };
         match probe_at {
-            Some(at) => self.schedule_attempt(held, at.min(until)).await?,
+            Some((at, claim)) => {
+                self.schedule_attempt(held, at.min(until)).await?;
+                if let Some(Claim { read, next }) = claim {
+                    // Another change came first: the message still comes, and is judged then.
+                    self.write_circuit(sub, &next, Some(&read)).await?;
+                }
+            }
             None => {
-                self.ports
-                    .scheduler
-                    .hold(&sub.id, &ScheduledTask { task: held, due: until })
-                    .await?
+                let item = ScheduledTask { task: held, due: until };
+                self.ports.scheduler.hold(&sub.tenant_id, &sub.id, &item).await?
             }
         }
         Ok(DeliverOutcome::Held { until })
@@ -255,28 +298,30 @@ impl Services {
 
     /// The breaker is open with no probe on its way (it has just opened, or its probe failed,
     /// or the one on its way found its attempt made): queue the held attempt due to give up
-    /// soonest, to arrive at the probe time and be the probe. None held: the next attempt to
-    /// come is queued so instead (`Admission::Candidate`).
+    /// soonest, to arrive at the probe time and be the probe, then name it on the breaker,
+    /// then un-park it. None held: the next attempt to come is queued so instead
+    /// (`Admission::Candidate`). Whatever step fails, a message is on its way or the attempt
+    /// is still parked, where the scheduler's tick finds the probe overdue.
     async fn queue_next_probe(&self, sub: &Subscription, circuit: Circuit) -> Result<()> {
         let Some(first) = self.ports.scheduler.held(&sub.id, 1).await?.pop() else {
             return Ok(());
         };
+        let at = circuit.next_probe_at.unwrap_or_else(|| self.now());
+        self.schedule_attempt(first.task.clone(), at).await?;
         let claim = Circuit {
             probe: Some(first.task.delivery_id.clone()),
             version: circuit.version + 1,
             ..circuit.clone()
         };
-        if !self.write_circuit(sub, &claim, Some(&circuit)).await? {
-            return Ok(());
-        }
-        let at = circuit.next_probe_at.unwrap_or_else(|| self.now());
-        self.schedule_attempt(first.task.clone(), at).await?;
+        self.write_circuit(sub, &claim, Some(&circuit)).await?;
         self.ports.scheduler.release(&sub.id, &[first]).await?;
         Ok(())
     }
 
     /// A held (or released) attempt that found its delivery moved on: if it was on its way to
-    /// be the probe, another is queued instead.
+    /// be the probe, another is queued instead; if it was the probe (its breaker half open),
+    /// its outcome moves the breaker, as its attempt's would have (that move, or the process
+    /// making it, failed).
     pub(super) async fn probe_moved_on(&self, delivery: &Delivery) -> Result<()> {
         let Some(sub) = self
             .kept_subscription(&delivery.tenant_id, &delivery.subscription_id)
@@ -287,38 +332,48 @@ impl Services {
         let Some(circuit) = self.kept_circuit(&sub, true).await? else {
             return Ok(());
         };
-        if circuit.state != CircuitState::Open || circuit.probe.as_ref() != Some(&delivery.id) {
+        if circuit.probe.as_ref() != Some(&delivery.id) {
             return Ok(());
         }
-        let cleared = Circuit {
-            probe: None,
-            version: circuit.version + 1,
-            ..circuit.clone()
+        let now = self.now();
+        let next = match circuit.state {
+            CircuitState::Open => Circuit {
+                probe: None,
+                version: circuit.version + 1,
+                ..circuit.clone()
+            },
+            CircuitState::HalfOpen => {
+                let success = delivery.status == DeliveryStatus::Delivered;
+                let failures = sub.circuit_breaker.failure_threshold;
+                match circuit::after_attempt(Some(&circuit), &sub.circuit_breaker, success, failures, now) {
+                    Some(next) => next,
+                    None => return Ok(()),
+                }
+            }
+            CircuitState::Closed => return Ok(()),
         };
-        if self.write_circuit(&sub, &cleared, Some(&circuit)).await? {
-            self.queue_next_probe(&sub, cleared).await?;
+        if !self.write_circuit(&sub, &next, Some(&circuit)).await? {
+            return Ok(());
         }
-        Ok(())
+        match next.state {
+            CircuitState::Closed => self.release_page(&sub, next).await,
+            _ => self.queue_next_probe(&sub, next).await,
+        }
     }
 
     /// Release the next page of what the closed breaker held: claim it on the breaker (its
-    /// count of released), then queue it at the endpoint's rate limit (the limiter paces
-    /// it) or on the ramp, then un-park it. A crash after the claim leaves the page held,
-    /// first in line for the next page.
+    /// count of released, and no other page for [`RELEASE_CLAIM`]), queue it at the
+    /// endpoint's rate limit (the limiter paces it) or on the ramp, un-park it, then say when
+    /// the next page is due. A crash after the claim leaves the page held, first in line for
+    /// whoever finds the claim run out.
     async fn release_page(&self, sub: &Subscription, circuit: Circuit) -> Result<()> {
         let page = self.ports.scheduler.held(&sub.id, RELEASE_PAGE).await?;
         let now = self.now();
         let released = circuit.released + page.len() as u64;
-        // The next page once most of this one has gone: three fifths of its slots at the rate
-        // limit, or a second before the ramp reaches it.
-        let next_page_at = match sub.rate_limit_per_second {
-            Some(r) => now + chrono::Duration::milliseconds(page.len() as i64 * 600 / i64::from(r.max(1))),
-            None => circuit.since + chrono::Duration::seconds(i64::from(circuit::ramp_offset(released)) - 1),
-        };
         let claim = Circuit {
             released,
             releasing: !page.is_empty(),
-            next_probe_at: Some(next_page_at),
+            next_probe_at: (!page.is_empty()).then_some(now + RELEASE_CLAIM),
             version: circuit.version + 1,
             ..circuit.clone()
         };
@@ -344,6 +399,116 @@ impl Services {
         self.ports.scheduler.release(&sub.id, &page).await?;
         self.metrics.count(metrics::RELEASED, page.len() as u64);
         tracing::info!(subscription_id = %sub.id, released = page.len(), "held attempts released");
+        // The next page once most of this one has gone: three fifths of its slots at the rate
+        // limit, or a second before the ramp reaches it.
+        let next_page_at = match sub.rate_limit_per_second {
+            Some(r) => now + chrono::Duration::milliseconds(page.len() as i64 * 600 / i64::from(r.max(1))),
+            None => circuit.since + chrono::Duration::seconds(i64::from(circuit::ramp_offset(released)) - 1),
+        };
+        let done = Circuit {
+            next_probe_at: Some(next_page_at),
+            version: claim.version + 1,
+            ..claim.clone()
+        };
+        // Changed meanwhile (reopened, say): that change stands, and this page is queued.
+        self.write_circuit(sub, &done, Some(&claim)).await?;
         Ok(())
+    }
+
+    /// Whatever the endpoint's breaker is owed that nobody did: called for each endpoint that
+    /// holds attempts by the scheduler's tick, and by a change of its subscription. Anyone
+    /// may call it, any number of times.
+    /// - Holding nothing: it is no longer listed (then looked at again, in case a hold came
+    ///   meanwhile).
+    /// - Its subscription disabled or deleted: everything held is queued at once (each dies,
+    ///   its owner told, on arrival, with no POST).
+    /// - Its breaker turned off, or closed with attempts still held (held on a read from
+    ///   just before the closing): they are released as on a closing.
+    /// - A release whose next page is due: the page.
+    /// - Open, or half open, past the probe time by [`PROBE_GRACE`] (the probe's message was
+    ///   lost, or its claim's writer died): the held attempt soonest to give up is queued now,
+    ///   to be the probe.
+    pub(crate) async fn tend_breaker(&self, holding: &Holding) -> Result<()> {
+        let scheduler = &self.ports.scheduler;
+        let sub_id = &holding.subscription_id;
+        let Some(first) = scheduler.held(sub_id, 1).await?.pop() else {
+            scheduler.stop_holding(sub_id).await?;
+            if let Some(late) = scheduler.held(sub_id, 1).await?.pop() {
+                scheduler.hold(&holding.tenant_id, sub_id, &late).await?;
+            }
+            return Ok(());
+        };
+        let sub = self.ports.store.get_subscription(&holding.tenant_id, sub_id).await?;
+        let Some(sub) = sub.filter(|s| s.status == SubscriptionStatus::Active) else {
+            return self.let_go_of_held(sub_id).await;
+        };
+        let now = self.now();
+        match self.kept_circuit(&sub, true).await? {
+            Some(c) if c.state == CircuitState::Closed && c.releasing => {
+                match c.next_probe_at.is_none_or(|at| now >= at) {
+                    true => self.release_page(&sub, c).await,
+                    false => Ok(()),
+                }
+            }
+            Some(c) if sub.circuit_breaker.enabled && c.state != CircuitState::Closed => {
+                if c.next_probe_at.is_some_and(|at| now < at + PROBE_GRACE) {
+                    return Ok(());
+                }
+                tracing::warn!(subscription_id = %sub.id, next_probe_at = ?c.next_probe_at,
+                    "the circuit breaker's probe is overdue; the next held attempt is queued to be it");
+                self.schedule_attempt(first.task.clone(), now).await?;
+                scheduler.release(sub_id, &[first]).await?;
+                Ok(())
+            }
+            // Turned off while open, or closed (or never stored) with attempts still held.
+            other => self.release_anew(&sub, other).await,
+        }
+    }
+
+    /// [`Self::tend_breaker`] after a change of the subscription (its breaker turned off, it
+    /// disabled or deleted), so what it held is let go now, not at the next tick. Best effort:
+    /// the tick does it otherwise.
+    pub(crate) async fn tend_after_change(&self, tenant: &TenantId, sub: &SubscriptionId) {
+        let holding = Holding {
+            subscription_id: sub.clone(),
+            tenant_id: tenant.clone(),
+        };
+        if let Err(err) = self.tend_breaker(&holding).await {
+            self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
+            tracing::warn!(error = %err, subscription_id = %sub,
+                "could not let go of what the circuit breaker held; the scheduler's tick will");
+        }
+    }
+
+    /// Release what the breaker holds from now, as on a closing: the breaker turned off, or
+    /// closed with attempts still held.
+    async fn release_anew(&self, sub: &Subscription, read: Option<Circuit>) -> Result<()> {
+        let now = self.now();
+        let closing = Circuit {
+            releasing: true,
+            version: read.as_ref().map_or(0, |c| c.version + 1),
+            ..Circuit::closed(now)
+        };
+        if self.write_circuit(sub, &closing, read.as_ref()).await? {
+            tracing::info!(subscription_id = %sub.id, "releasing what the circuit breaker still held");
+            self.release_page(sub, closing).await?;
+        }
+        Ok(())
+    }
+
+    /// Queue everything a disabled or deleted subscription's breaker held, at once: each is
+    /// settled on arrival (dead, its owner told), with no POST.
+    async fn let_go_of_held(&self, sub: &SubscriptionId) -> Result<()> {
+        loop {
+            let page = self.ports.scheduler.held(sub, RELEASE_PAGE).await?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            let tasks: Vec<_> = page.iter().map(|i| (i.task.clone(), 0)).collect();
+            self.ports.queue.enqueue(&tasks).await?;
+            self.ports.scheduler.release(sub, &page).await?;
+            tracing::info!(subscription_id = %sub, settled = page.len(),
+                "held attempts of a disabled or deleted subscription queued to be settled");
+        }
     }
 }

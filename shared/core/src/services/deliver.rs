@@ -12,7 +12,7 @@ use crate::error::{PortError, Result};
 use crate::health::HealthSample;
 use crate::metrics;
 use crate::model::*;
-use crate::ports::{DeliveryTask, ScheduledTask, WebhookRequest};
+use crate::ports::{DeliveryChange, DeliveryTask, ScheduledTask, WebhookRequest};
 use crate::rate_limit;
 use crate::signing::signature_header;
 use crate::state::{self, after_attempt, decide, give_up, is_due_attempt, AttemptContext, Decision};
@@ -167,9 +167,11 @@ impl Services {
         {
             Gate::Attempt { circuit, probe } => (circuit, probe),
             Gate::Hold => return self.hold(&sub, &delivery, task, gives_up_at, None).await,
-            Gate::ProbeAt { at } => return self.hold(&sub, &delivery, task, gives_up_at, Some(at)).await,
+            Gate::ProbeAt { at, claim } => {
+                return self.hold(&sub, &delivery, task, gives_up_at, Some((at, claim))).await
+            }
         };
-        if let Some(slot) = self.wait_for_slot(&sub, task).await? {
+        if let Some(slot) = self.wait_for_slot(&sub, &delivery, task).await? {
             return Ok(DeliverOutcome::RateLimited { slot });
         }
 
@@ -219,7 +221,7 @@ impl Services {
         };
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
         let change = after_attempt(&delivery, task.attempt, started_at, &outcome, decision, now);
-        match store.apply_change(&change).await {
+        match self.record_attempt(&change, outcome.is_success()).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return Ok(DeliverOutcome::Stale),
             Err(e) => return Err(e.into()),
@@ -235,7 +237,8 @@ impl Services {
         // A 429 comes from an endpoint that is up and pacing its callers (its `Retry-After` is
         // honoured): to the breaker it is no failure, so it neither opens it nor fails a probe.
         let up = outcome.is_success() || outcome.status_code == Some(429);
-        self.after_attempt_breaker(&sub, circuit, probe, up).await;
+        self.after_attempt_breaker(&sub, circuit, probe, up, task.held_until.is_some())
+            .await;
         let failed = !outcome.is_success() && outcome.status_code != Some(410);
         if outcome.status_code == Some(410) {
             self.disable_subscription(sub.clone(), GONE, false).await?;
@@ -248,13 +251,41 @@ impl Services {
         Ok(handed)
     }
 
+    /// Store an attempt's change. A success's write that fails for now (throttled, a busy
+    /// database) is tried again, backing off, for a third of the deadline's margin (the POST's
+    /// timeout left the whole margin): a 2xx the endpoint gave is not lost to a throttled
+    /// write and then attempted again, perhaps into a death. Only a crash between the POST
+    /// and its write loses one, and the delivery then stays due: a later attempt decides.
+    async fn record_attempt(&self, change: &DeliveryChange, success: bool) -> Result<(), PortError> {
+        let budget = chrono::Duration::from_std(self.config.deadline_margin / 3).unwrap_or_default();
+        let until = self.now() + budget;
+        let mut backoff = chrono::Duration::milliseconds(50);
+        loop {
+            match self.ports.store.apply_change(change).await {
+                Err(PortError::Retryable { what, source }) if success && self.now() + backoff < until => {
+                    tracing::warn!(%what, error = %source, "the write of a delivered attempt failed; trying it again");
+                    self.ports.clock.sleep_until(self.now() + backoff).await;
+                    backoff = (backoff * 2).min(chrono::Duration::seconds(1));
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Under the endpoint's rate limit, the attempt's slot: reserved now, or (on a deferred
     /// message) reserved before. A slot within [`SLOT_WAIT`] is waited for here; one further
     /// ahead sends the message back to arrive shortly before it, with its slot, and is
     /// returned: the attempt is deferred once, whatever the backlog. A message that comes back
     /// after its slot has gone by (its workers were busy) reserves another: sent late in its
-    /// old one, many such would make a burst.
-    async fn wait_for_slot(&self, sub: &Subscription, task: &DeliveryTask) -> Result<Option<DateTime<Utc>>> {
+    /// old one, many such would make a burst. A deferred delivery the sweep looks after has
+    /// its next attempt moved to its slot first, so the sweep does not queue it again while
+    /// it waits.
+    async fn wait_for_slot(
+        &self,
+        sub: &Subscription,
+        delivery: &Delivery,
+        task: &DeliveryTask,
+    ) -> Result<Option<DateTime<Utc>>> {
         let Some(interval) = sub.slot_interval() else {
             return Ok(None);
         };
@@ -267,6 +298,17 @@ impl Services {
         if slot - self.now() <= wait {
             self.ports.clock.sleep_until(slot).await;
             return Ok(None);
+        }
+        if delivery.is_swept() && delivery.next_attempt_at.is_none_or(|at| at < slot) {
+            match self
+                .ports
+                .store
+                .apply_change(&state::requeued(delivery, self.now(), slot))
+                .await
+            {
+                Ok(()) | Err(PortError::ConditionFailed(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         let deferred = DeliveryTask {
             slot: Some(slot),
@@ -434,7 +476,10 @@ impl Services {
             let result = self.replace_subscription(&mut sub, read_at).await;
             self.forget_subscription(&sub.tenant_id, &sub.id);
             match result {
-                Ok(()) => return Ok(Some(sub)),
+                Ok(()) => {
+                    self.tend_after_change(&sub.tenant_id, &sub.id).await;
+                    return Ok(Some(sub));
+                }
                 Err(PortError::ConditionFailed(_)) => {}
                 Err(e) => return Err(e.into()),
             }

@@ -1,5 +1,6 @@
 //! The scheduler tick (every minute on AWS): move retries due within the horizon from the
-//! scheduler table to the queue with their residual delay, then re-queue deliveries left
+//! scheduler table to the queue with their residual delay, tend the circuit breaker of
+//! every endpoint holding attempts (`Services::tend_breaker`), then re-queue deliveries left
 //! pending or retrying past their due time (an enqueue that failed after a write), each
 //! within the tick's time budget; last, send the owners' emails whose digest window has opened.
 //! One tick at a time: a tick runs only while it holds the scheduler's lease (a conditional
@@ -31,6 +32,8 @@ pub struct SchedulerReport {
     pub skipped: bool,
     /// Scheduled retries moved to the queue.
     pub moved: usize,
+    /// Endpoints holding attempts whose circuit breaker was tended.
+    pub tended: usize,
     /// Overdue deliveries re-queued by the sweep.
     pub requeued: usize,
     /// Owners' dead-delivery emails sent.
@@ -65,12 +68,13 @@ impl Services {
     async fn tick(&self) -> Result<SchedulerReport> {
         let until = Instant::now() + self.config.scheduler_budget;
         let moved = self.move_due_retries(until).await?;
+        let tended = self.tend_breakers(until).await?;
         let requeued = self.sweep_overdue(until).await?;
         // Emails get their share even when the sweep spent the budget (the Scheduler
         // function's 60 s hold the budget and this).
         let emails = self.send_due_digests(until.max(Instant::now() + EMAIL_SHARE)).await?;
         if moved + requeued + emails > 0 {
-            tracing::info!(moved, requeued, emails, "scheduler tick");
+            tracing::info!(moved, tended, requeued, emails, "scheduler tick");
         }
         self.metrics.count(metrics::RETRIES_MOVED, moved as u64);
         self.metrics.count(metrics::REQUEUED, requeued as u64);
@@ -78,9 +82,35 @@ impl Services {
         Ok(SchedulerReport {
             skipped: false,
             moved,
+            tended,
             requeued,
             emails,
         })
+    }
+
+    /// Tend the breaker of every endpoint that holds attempts (`Services::tend_breaker`),
+    /// page after page within the tick's budget. One that fails is logged and counted, and
+    /// tended at the next tick; the others go on.
+    async fn tend_breakers(&self, until: Instant) -> Result<usize> {
+        let mut after = None;
+        let mut tended = 0;
+        loop {
+            let page = self.ports.scheduler.holding(after.as_ref(), PAGE).await?;
+            for holding in &page {
+                if let Err(error) = self.tend_breaker(holding).await {
+                    self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
+                    tracing::warn!(%error, subscription_id = %holding.subscription_id,
+                        "could not tend the circuit breaker; the next tick tries again");
+                }
+                tended += 1;
+            }
+            match page.last() {
+                Some(last) if page.len() >= PAGE as usize && Instant::now() < until => {
+                    after = Some(last.subscription_id.clone());
+                }
+                _ => return Ok(tended),
+            }
+        }
     }
 
     async fn move_due_retries(&self, until: Instant) -> Result<usize> {

@@ -352,6 +352,8 @@ impl Services {
             }
             sub.description = d;
         }
+        let lets_go = patch.circuit_breaker.is_some_and(|b| !b.enabled)
+            || patch.status.is_some_and(|s| s != SubscriptionStatus::Active);
         if let Some(status) = patch.status {
             if status == SubscriptionStatus::Active && sub.status != SubscriptionStatus::Active {
                 // Its failures count afresh from now: not disabled again at the next one.
@@ -363,7 +365,12 @@ impl Services {
             }
             sub.status = status;
         }
-        self.replace_as_read(sub, read_at).await
+        let sub = self.replace_as_read(sub, read_at).await?;
+        if lets_go {
+            // What its breaker held is let go now: released, or settled (disabled).
+            self.tend_after_change(&tenant.id, id).await;
+        }
+        Ok(sub)
     }
 
     /// Store a changed copy of a subscription, if it is still as it was read at `read_at`;
@@ -386,6 +393,8 @@ impl Services {
         let deleted = self.ports.store.delete_subscription(&tenant.id, id).await;
         self.forget_subscription(&tenant.id, id);
         if deleted? {
+            // What its breaker held is settled now (each dies, its owner told).
+            self.tend_after_change(&tenant.id, id).await;
             Ok(())
         } else {
             Err(Error::not_found("subscription", id))

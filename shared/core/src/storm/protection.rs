@@ -5,7 +5,8 @@
 //! Each second, what lands meets the breaker first, as in `Services::deliver_within`.
 //! Closed, it goes on. Open, it is held until its give-up second (when its schedule would
 //! have made its last attempt), but for one probe per interval and the held whose give-up
-//! has come, which make their last attempt. Then the limiter: a line, out of which the
+//! has come, which make their last attempt; what would give up before the next probe is not
+//! held (`circuit::worth_holding`). Then the limiter: a line, out of which the
 //! limit's slots go to the consumer each second; an attempt waiting in it is not offered,
 //! nor counted, until its slot. After the consumer answers, the breaker moves: a success
 //! while open closes it and releases what it held (into the limiter's line if there is a
@@ -134,19 +135,32 @@ impl<K: Copy> Breaker<K> {
                 last.push((key, n));
             }
         }
+        let mut attempt = Vec::new();
         for (key, n) in landed {
             let until = give_up(key);
+            let worth = self
+                .circuit
+                .as_ref()
+                .is_some_and(|c| circuit::worth_holding(c, at(until)));
             if until <= t {
                 last.push((key, n));
+            } else if !worth {
+                attempt.push((key, n));
             } else {
                 self.held.entry(until).or_default().push((key, n));
                 self.holding += n;
             }
         }
-        let mut attempt = Vec::new();
-        // The breaker's rules see one delivery standing for whichever is tried.
+        // The breaker's rules see one delivery standing for whichever is tried (held, it
+        // gives up no sooner than the next probe).
         let probe = DeliveryId::parse("dlv_00000000000000000000000000").expect("a delivery id");
-        match circuit::admit(self.circuit.as_ref(), &self.settings, &probe, at(t)) {
+        match circuit::admit(
+            self.circuit.as_ref(),
+            &self.settings,
+            &probe,
+            DateTime::<Utc>::MAX_UTC,
+            at(t),
+        ) {
             Admission::Probe(claim) => {
                 if let Some(key) = self.take_soonest() {
                     self.circuit = Some(claim);
@@ -155,7 +169,7 @@ impl<K: Copy> Breaker<K> {
                 }
             }
             Admission::Candidate(claim) => self.circuit = Some(claim),
-            Admission::Send | Admission::ProbeAgain | Admission::Hold => {}
+            Admission::Send | Admission::ProbeAgain | Admission::WaitForProbe { .. } | Admission::Hold => {}
         }
         Passed { attempt, last }
     }
@@ -261,8 +275,24 @@ mod tests {
     fn held_past_their_give_up_they_make_their_last_attempt() {
         let mut breaker = Breaker::new(CircuitBreaker::on());
         breaker.after(0, 0, 5);
-        breaker.pass(1, vec![("a", 3), ("b", 2)], |k| if k == "a" { 10 } else { 20 });
-        assert_eq!(breaker.pass(10, Vec::new(), |_| 0).last, vec![("a", 3)]);
+        breaker.pass(1, vec![("a", 3), ("b", 2)], |k| if k == "a" { 40 } else { 50 });
+        assert_eq!(breaker.holding, 5);
+        let passed = breaker.pass(40, Vec::new(), |_| 0);
+        assert_eq!(passed.last, vec![("a", 3)]);
+        assert_eq!(passed.attempt, vec![("b", 1)], "and the probe, due since 30");
+        assert_eq!(breaker.holding, 1);
+    }
+
+    #[test]
+    fn what_would_give_up_before_the_next_probe_is_not_held() {
+        let mut breaker = Breaker::new(CircuitBreaker::on());
+        breaker.after(0, 0, 5);
+        let passed = breaker.pass(1, vec![("a", 3), ("b", 2)], |k| if k == "a" { 10 } else { 30 });
+        assert_eq!(
+            passed.attempt,
+            vec![("a", 3)],
+            "its schedule ends before the probe at 30"
+        );
         assert_eq!(breaker.holding, 2);
     }
 

@@ -103,6 +103,7 @@ macro_rules! store_contract_tests {
             removed_scheduled_items_are_no_longer_due,
             a_circuit_is_written_only_over_the_version_read,
             held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_are_also_scheduled,
+            endpoints_that_held_an_attempt_are_listed_in_id_order_until_let_go,
             the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_back,
             a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscription,
         }
@@ -1784,11 +1785,15 @@ pub async fn held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_ar
     let late = item(t0() + minutes(50));
     let soon = item(t0() + minutes(20) + chrono::Duration::milliseconds(7));
     let other = item(t0() + minutes(10));
+    let tenant = fx.tenant().id;
     let scheduler = b.scheduler();
-    scheduler.hold(&subs[0], &late).await.expect("hold");
-    scheduler.hold(&subs[0], &soon).await.expect("hold");
-    scheduler.hold(&subs[0], &soon).await.expect("holding twice is once");
-    scheduler.hold(&subs[1], &other).await.expect("hold");
+    scheduler.hold(&tenant, &subs[0], &late).await.expect("hold");
+    scheduler.hold(&tenant, &subs[0], &soon).await.expect("hold");
+    scheduler
+        .hold(&tenant, &subs[0], &soon)
+        .await
+        .expect("holding twice is once");
+    scheduler.hold(&tenant, &subs[1], &other).await.expect("hold");
     assert_eq!(
         scheduler.held(&subs[0], 10).await.expect("held"),
         vec![soon.clone(), late.clone()]
@@ -1810,6 +1815,48 @@ pub async fn held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_ar
         .await
         .expect("releasing twice is fine");
     assert!(scheduler.held(&subs[0], 10).await.expect("held").is_empty());
+}
+
+pub async fn endpoints_that_held_an_attempt_are_listed_in_id_order_until_let_go(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let tenant = fx.tenant().id;
+    let mut subs = fx.sub_ids(3);
+    subs.sort();
+    let scheduler = b.scheduler();
+    for (i, sub) in subs.iter().enumerate() {
+        let item = scheduled(&mut fx, t0() + minutes(10 + i as i64));
+        scheduler.hold(&tenant, sub, &item).await.expect("hold");
+        scheduler
+            .hold(&tenant, sub, &item)
+            .await
+            .expect("holding again lists it once");
+    }
+    // Other tests share the backend: only these three are looked at.
+    let ours = |list: Vec<Holding>| -> Vec<SubscriptionId> {
+        list.into_iter()
+            .filter(|h| subs.contains(&h.subscription_id))
+            .inspect(|h| assert_eq!(h.tenant_id, tenant))
+            .map(|h| h.subscription_id)
+            .collect()
+    };
+    let all = |after: Option<SubscriptionId>| async move {
+        let mut found = Vec::new();
+        let mut after = after;
+        loop {
+            let page = scheduler.holding(after.as_ref(), 2).await.expect("holding");
+            let Some(last) = page.last() else { return found };
+            after = Some(last.subscription_id.clone());
+            found.extend(page);
+        }
+    };
+    assert_eq!(ours(all(None).await), subs, "paged two at a time, in id order");
+    assert_eq!(ours(all(Some(subs[0].clone())).await), subs[1..].to_vec());
+    scheduler.stop_holding(&subs[1]).await.expect("stop");
+    scheduler.stop_holding(&subs[1]).await.expect("stopping twice is fine");
+    assert_eq!(ours(all(None).await), vec![subs[0].clone(), subs[2].clone()]);
+    let again = scheduled(&mut fx, t0() + minutes(30));
+    scheduler.hold(&tenant, &subs[1], &again).await.expect("hold");
+    assert_eq!(ours(all(None).await), subs, "a hold lists it again");
 }
 
 pub async fn the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_back(b: &dyn ContractBackend) {

@@ -56,6 +56,8 @@ pub struct MemoryStore {
     pub failing_event_writes: std::sync::atomic::AtomicU32,
     /// The next this many circuit breaker writes fail (retryable), writing nothing.
     pub failing_circuit_writes: std::sync::atomic::AtomicU32,
+    /// The next this many delivery changes (`apply_change`) fail (retryable), writing nothing.
+    pub failing_delivery_writes: std::sync::atomic::AtomicU32,
     /// Lookups of API keys so far.
     pub api_key_reads: std::sync::atomic::AtomicU32,
 }
@@ -252,6 +254,12 @@ impl Store for MemoryStore {
         Ok(DeliveryPage { items, next_cursor })
     }
     async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()> {
+        if take_one(&self.failing_delivery_writes) {
+            return Err(PortError::retryable(
+                "apply change",
+                "throttled (failing_delivery_writes)",
+            ));
+        }
         let mut d = lock(&self.data);
         let Some(idx) = d.deliveries.iter().position(|x| x.id == change.next.id) else {
             return Err(PortError::ConditionFailed("no such delivery".into()));
@@ -500,6 +508,8 @@ impl DeliveryQueue for MemoryQueue {
 pub struct MemoryScheduler {
     pub items: Mutex<Vec<ScheduledTask>>,
     pub held: Mutex<Vec<(SubscriptionId, ScheduledTask)>>,
+    /// The endpoints `holding` lists.
+    pub holding: Mutex<std::collections::BTreeMap<SubscriptionId, TenantId>>,
     /// The scheduler's lease: its holder, and until when.
     pub lease: Mutex<Option<(String, DateTime<Utc>)>>,
 }
@@ -524,7 +534,8 @@ impl SchedulerTable for MemoryScheduler {
         lock(&self.items).retain(|i| !items.contains(i));
         Ok(())
     }
-    async fn hold(&self, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
+    async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
+        lock(&self.holding).insert(sub.clone(), tenant.clone());
         let same = |(s, i): &(SubscriptionId, ScheduledTask)| {
             s == sub
                 && (&i.task.delivery_id, i.task.round, i.task.attempt)
@@ -548,6 +559,21 @@ impl SchedulerTable for MemoryScheduler {
     }
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
         lock(&self.held).retain(|(s, i)| !(s == sub && items.contains(i)));
+        Ok(())
+    }
+    async fn holding(&self, after: Option<&SubscriptionId>, limit: u32) -> PortResult<Vec<Holding>> {
+        Ok(lock(&self.holding)
+            .iter()
+            .filter(|(s, _)| after.is_none_or(|a| *s > a))
+            .take(limit as usize)
+            .map(|(s, t)| Holding {
+                subscription_id: s.clone(),
+                tenant_id: t.clone(),
+            })
+            .collect())
+    }
+    async fn stop_holding(&self, sub: &SubscriptionId) -> PortResult<()> {
+        lock(&self.holding).remove(sub);
         Ok(())
     }
 
@@ -628,15 +654,34 @@ impl SecretKeeper for MemorySecrets {
 
 /// Answers each POST from a script: the n-th request to a URL gets `script(url, n)`.
 pub struct ScriptedSender {
+    /// The answer to a request, given every request before it.
     #[allow(clippy::type_complexity)]
-    script: Box<dyn Fn(&str, usize) -> SendOutcome + Send + Sync>,
+    script: Box<dyn Fn(&WebhookRequest, &[WebhookRequest]) -> SendOutcome + Send + Sync>,
     pub requests: Mutex<Vec<WebhookRequest>>,
 }
 
 impl ScriptedSender {
     pub fn new(script: impl Fn(&str, usize) -> SendOutcome + Send + Sync + 'static) -> Self {
         Self {
-            script: Box::new(script),
+            script: Box::new(move |request, before| {
+                let url = request.url.as_str();
+                script(url, before.iter().filter(|r| r.url.as_str() == url).count())
+            }),
+            requests: Mutex::default(),
+        }
+    }
+
+    /// Each message answered by its own count: its n-th POST (by `webhook-id`, from 0) gets
+    /// `script(n)`.
+    pub fn per_message(script: impl Fn(usize) -> SendOutcome + Send + Sync + 'static) -> Self {
+        fn id(r: &WebhookRequest) -> Option<&str> {
+            r.headers
+                .iter()
+                .find(|(k, _)| k == "webhook-id")
+                .map(|(_, v)| v.as_str())
+        }
+        Self {
+            script: Box::new(move |request, before| script(before.iter().filter(|r| id(r) == id(request)).count())),
             requests: Mutex::default(),
         }
     }
@@ -660,13 +705,10 @@ pub fn status_outcome(status: u16) -> SendOutcome {
 #[async_trait]
 impl Sender for ScriptedSender {
     async fn send(&self, request: WebhookRequest) -> SendOutcome {
-        let url = request.url.to_string();
-        let n = {
-            let mut reqs = lock(&self.requests);
-            reqs.push(request);
-            reqs.iter().filter(|r| r.url.as_str() == url).count() - 1
-        };
-        (self.script)(&url, n)
+        let mut requests = lock(&self.requests);
+        let outcome = (self.script)(&request, &requests);
+        requests.push(request);
+        outcome
     }
 }
 

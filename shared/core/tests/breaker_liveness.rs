@@ -1,0 +1,360 @@
+//! The circuit breaker and the rate limiter always make progress: each test stages one way
+//! they used to stop (a lost message, a failed write, an operator's change) and judges by
+//! what the endpoint received, on in-memory ports with a manual clock.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use chrono::Duration;
+use hookwise_core::circuit::{CircuitBreaker, CircuitState};
+use hookwise_core::model::*;
+use hookwise_core::policy::{Jitter, RetryPolicy};
+use hookwise_core::ports::{Clock, DeliveryQuery, SchedulerTable, Store};
+use hookwise_core::services::{DeliverOutcome, NewEvent, NewSubscription, SubscriptionPatch};
+use hookwise_core::testing::memory::{status_outcome, Harness, MemoryQueue, MemoryStore, ScriptedSender};
+
+/// An endpoint that answers 503 until `up` is set, then 200.
+fn switchable() -> (ScriptedSender, Arc<AtomicBool>) {
+    let up = Arc::new(AtomicBool::new(false));
+    let flag = up.clone();
+    let sender = ScriptedSender::new(move |_, _| status_outcome(if flag.load(Ordering::SeqCst) { 200 } else { 503 }));
+    (sender, up)
+}
+
+fn subscription(schedule: Vec<u64>, rate_limit: Option<u32>, breaker: CircuitBreaker) -> NewSubscription {
+    NewSubscription {
+        url: EndpointUrl::parse("https://hooks.example.com/in").unwrap(),
+        event_types: vec![EventTypeFilter::all()],
+        owner_email: None,
+        retry_policy: Some(RetryPolicy::custom(schedule, Jitter::None, false).unwrap()),
+        timeout_ms: None,
+        rate_limit_per_second: rate_limit,
+        auto_disable_after_hours: None,
+        circuit_breaker: Some(breaker),
+        description: None,
+    }
+}
+
+fn event() -> NewEvent {
+    serde_json::from_value(serde_json::json!({"type": "order.paid", "payload": {"n": 1}})).unwrap()
+}
+
+fn patch(json: serde_json::Value) -> SubscriptionPatch {
+    serde_json::from_value(json).unwrap()
+}
+
+async fn deliveries(h: &Harness, tenant: &Tenant) -> Vec<Delivery> {
+    let mut all = Vec::new();
+    let mut cursor = None;
+    loop {
+        let query = DeliveryQuery {
+            limit: 100,
+            cursor,
+            ..Default::default()
+        };
+        let page = h.store.list_deliveries(&tenant.id, &query).await.unwrap();
+        all.extend(page.items);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return all,
+        }
+    }
+}
+
+/// An endpoint that answers 503 until `up` is set, then 200; `on_first_up` runs as the
+/// first 200 is answered (after the breaker's probe claim, before the attempt's record).
+fn switchable_with(on_first_up: impl Fn() + Send + Sync + 'static) -> (ScriptedSender, Arc<AtomicBool>) {
+    let up = Arc::new(AtomicBool::new(false));
+    let flag = up.clone();
+    let once = AtomicBool::new(false);
+    let sender = ScriptedSender::new(move |_, _| {
+        if !flag.load(Ordering::SeqCst) {
+            return status_outcome(503);
+        }
+        if !once.swap(true, Ordering::SeqCst) {
+            on_first_up();
+        }
+        status_outcome(200)
+    });
+    (sender, up)
+}
+
+fn statuses(all: &[Delivery]) -> HashMap<&'static str, usize> {
+    let mut counts = HashMap::new();
+    for d in all {
+        *counts.entry(d.status.as_str()).or_default() += 1;
+    }
+    counts
+}
+
+/// A tenant with one subscription (a schedule of 20 retries 10 minutes apart, so nothing
+/// gives up during a test), 40 events to it, and its endpoint down: the breaker opens after
+/// five failures and holds the other 35.
+async fn open_breaker_holding(h: &Harness, breaker: CircuitBreaker) -> (Tenant, Subscription) {
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![600; 20], None, breaker))
+        .await
+        .unwrap()
+        .subscription;
+    for _ in 0..40 {
+        h.services.ingest(&tenant, event(), None).await.unwrap();
+    }
+    h.drain_now().await;
+    let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
+    assert_eq!(overview.circuit.state, CircuitState::Open);
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 5);
+    assert!(h.scheduler.held(&sub.id, 100).await.unwrap().len() >= 34);
+    (tenant, sub)
+}
+
+#[tokio::test]
+async fn given_an_open_breaker_turned_off_then_what_it_held_is_released_within_seconds() {
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    h.services
+        .update_subscription(
+            &tenant,
+            &sub.id,
+            patch(serde_json::json!({"circuit_breaker": {"enabled": false}})),
+        )
+        .await
+        .unwrap();
+    // The change itself lets them go (on AWS the scheduler's tick is a minute away).
+    assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+    // The ramp releases 10, then 20 a second: the 34 parked within five seconds, not at
+    // their give-up time 3 hours away. (The five attempted retry on their schedule, and the
+    // next probe, on its way, comes at the probe time.)
+    h.run_for(Duration::seconds(5), Duration::seconds(1)).await;
+    let all = deliveries(&h, &tenant).await;
+    assert_eq!(statuses(&all).get("delivered"), Some(&34), "{:?}", statuses(&all));
+    assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+    h.run_for(Duration::seconds(30), Duration::seconds(1)).await;
+    let all = deliveries(&h, &tenant).await;
+    assert_eq!(statuses(&all).get("delivered"), Some(&35), "{:?}", statuses(&all));
+}
+
+#[tokio::test]
+async fn given_a_subscription_disabled_or_deleted_while_its_breaker_holds_then_the_held_are_settled_at_once() {
+    for delete in [false, true] {
+        let (sender, _up) = switchable();
+        let h = Harness::new(sender);
+        let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+        if delete {
+            h.services.delete_subscription(&tenant, &sub.id).await.unwrap();
+        } else {
+            h.services
+                .update_subscription(&tenant, &sub.id, patch(serde_json::json!({"status": "disabled"})))
+                .await
+                .unwrap();
+        }
+        // The change itself lets them go (on AWS the scheduler's tick is a minute away).
+        assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+        h.run_for(Duration::seconds(2), Duration::seconds(1)).await;
+        let all = deliveries(&h, &tenant).await;
+        // The 34 parked die now, unattempted, with the reason. (The five attempted are
+        // retrying: their next attempt, 10 minutes away, settles them; the next probe, on
+        // its way, at the probe time.)
+        let dead: Vec<_> = all.iter().filter(|d| d.status == DeliveryStatus::Dead).collect();
+        assert_eq!(dead.len(), 34, "delete: {delete}, {:?}", statuses(&all));
+        assert!(
+            dead.iter().all(|d| d.attempts == 0 && d.last_error.is_some()),
+            "{dead:?}"
+        );
+        assert_eq!(h.sender.requests.lock().unwrap().len(), 5, "no POST to settle them");
+        assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+        h.run_for(Duration::seconds(30), Duration::seconds(1)).await;
+        let all = deliveries(&h, &tenant).await;
+        assert_eq!(statuses(&all).get("dead"), Some(&35), "{:?}", statuses(&all));
+    }
+}
+
+#[tokio::test]
+async fn given_the_probes_message_lost_then_the_scheduler_queues_another_probe() {
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    // The probe time: its message is lost (a purge, a consumer that died with it).
+    h.clock.advance(Duration::seconds(30));
+    let lost = h.queue.take_visible();
+    assert_eq!(lost.len(), 1, "the probe's message: {lost:?}");
+    // Within the probe's grace and a tick, another held attempt is queued to be the probe;
+    // it closes the breaker, and the rest are released.
+    h.run_for(Duration::seconds(20), Duration::seconds(1)).await;
+    let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
+    assert_eq!(overview.circuit.state, CircuitState::Closed);
+    let all = deliveries(&h, &tenant).await;
+    // The one whose message was lost is retrying: its own retry (10 minutes) brings it.
+    assert_eq!(statuses(&all).get("delivered"), Some(&34), "{:?}", statuses(&all));
+}
+
+#[tokio::test]
+async fn given_a_successful_probe_whose_closing_write_failed_then_the_breaker_closes_after_the_next_probe() {
+    // The first POST the endpoint accepts makes the breaker's next write fail: the probe's
+    // own closing. (The same as a crash between the probe's record and the breaker's move.)
+    let store: Arc<OnceLock<Arc<MemoryStore>>> = Arc::default();
+    let cell = store.clone();
+    let (sender, up) = switchable_with(move || cell.get().unwrap().failing_circuit_writes.store(1, Ordering::SeqCst));
+    let h = Harness::new(sender);
+    store.set(h.store.clone()).ok();
+    let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    h.run_for(Duration::seconds(31), Duration::seconds(1)).await;
+    let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
+    assert_eq!(overview.circuit.state, CircuitState::HalfOpen, "its closing was lost");
+    // The lost probe counts as lost after an interval; the tick then queues the next probe.
+    h.run_for(Duration::seconds(45), Duration::seconds(1)).await;
+    let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
+    assert_eq!(overview.circuit.state, CircuitState::Closed);
+    let all = deliveries(&h, &tenant).await;
+    assert_eq!(statuses(&all).get("delivered"), Some(&35), "{:?}", statuses(&all));
+}
+
+#[tokio::test]
+async fn given_the_release_failing_to_queue_its_page_then_the_page_is_released_again() {
+    // As the probe succeeds, the next enqueue fails: the closing's release of its page.
+    let queue: Arc<OnceLock<Arc<MemoryQueue>>> = Arc::default();
+    let cell = queue.clone();
+    let (sender, up) = switchable_with(move || cell.get().unwrap().failing_enqueues.store(1, Ordering::SeqCst));
+    let h = Harness::new(sender);
+    queue.set(h.queue.clone()).ok();
+    let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    h.run_for(Duration::seconds(31), Duration::seconds(1)).await;
+    let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
+    assert_eq!(overview.circuit.state, CircuitState::Closed);
+    assert_eq!(
+        h.scheduler.held(&sub.id, 100).await.unwrap().len(),
+        34,
+        "the page is still held"
+    );
+    // Its claim runs out after a minute, and the scheduler's tick releases it again.
+    h.run_for(Duration::seconds(70), Duration::seconds(1)).await;
+    let all = deliveries(&h, &tenant).await;
+    assert_eq!(statuses(&all).get("delivered"), Some(&35), "{:?}", statuses(&all));
+    assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn given_the_next_probe_arriving_early_then_it_is_queued_again_for_the_probe_time_not_parked() {
+    let (sender, _up) = switchable();
+    let h = Harness::new(sender);
+    let (_tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    // The one message queued for the probe time is the next probe's.
+    let log = h.queue.log.lock().unwrap().clone();
+    let (probe, _) = log
+        .iter()
+        .rev()
+        .find(|(t, delay)| t.held_until.is_some() && *delay > 0)
+        .cloned()
+        .expect("the next probe is queued");
+    // A copy of it arrives now, 30 s early.
+    let outcome = h.services.deliver(&probe).await.unwrap();
+    assert!(matches!(outcome, DeliverOutcome::Held { .. }), "{outcome:?}");
+    let held = h.scheduler.held(&sub.id, 100).await.unwrap();
+    assert!(
+        held.iter().all(|i| i.task.delivery_id != probe.delivery_id),
+        "the next probe is not parked"
+    );
+    let requeued = h.queue.log.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(requeued.0.delivery_id, probe.delivery_id);
+    assert_eq!(requeued.1, 30, "queued again for the probe time");
+}
+
+#[tokio::test]
+async fn given_a_schedule_shorter_than_the_probe_interval_then_the_breaker_costs_no_delivery_its_attempts() {
+    // The new user: [1, 1, 1], an endpoint that fails each message's first POST and
+    // accepts the second, 200 events. The breaker opens, but holding would outlast each
+    // schedule (the probe is 30 s away), so nothing is held: all arrive on their second try.
+    let h = Harness::new(ScriptedSender::per_message(|n| {
+        status_outcome(if n == 0 { 500 } else { 200 })
+    }));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, subscription(vec![1, 1, 1], None, CircuitBreaker::on()))
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        h.services.ingest(&tenant, event(), None).await.unwrap();
+    }
+    h.run_for(Duration::seconds(10), Duration::seconds(1)).await;
+    let all = deliveries(&h, &tenant).await;
+    assert_eq!(statuses(&all).get("delivered"), Some(&200), "{:?}", statuses(&all));
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 400, "each POSTed twice");
+}
+
+#[tokio::test]
+async fn given_a_retry_waiting_long_for_its_rate_limit_slot_then_the_sweep_does_not_queue_it_again() {
+    let h = Harness::new(ScriptedSender::per_message(|n| {
+        status_outcome(if n == 0 { 500 } else { 200 })
+    }));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![1, 600], Some(1), CircuitBreaker::off()))
+        .await
+        .unwrap()
+        .subscription;
+    h.services.ingest(&tenant, event(), None).await.unwrap();
+    h.drain_now().await;
+    // A backlog: 400 slots taken, one a second, by attempts on their way.
+    for _ in 0..400 {
+        h.store
+            .reserve_slot(&sub.id, std::time::Duration::from_secs(1), h.clock.now())
+            .await
+            .unwrap();
+    }
+    // The retry's slot is 400 s ahead, past the sweep's 5 minutes: it waits for it, once.
+    h.run_for(Duration::seconds(420), Duration::seconds(1)).await;
+    let all = deliveries(&h, &tenant).await;
+    assert_eq!(statuses(&all).get("delivered"), Some(&1), "{:?}", statuses(&all));
+    assert!(
+        all[0].updated_at - all[0].created_at > Duration::minutes(6),
+        "{:?}",
+        all[0]
+    );
+    let log = h.queue.log.lock().unwrap().clone();
+    let retries: Vec<_> = log
+        .iter()
+        .filter(|(t, _)| t.attempt == 2)
+        .map(|(t, d)| (t.slot.is_some(), *d))
+        .collect();
+    assert_eq!(
+        retries.iter().filter(|(slotted, _)| !slotted).count(),
+        1,
+        "queued by its attempt, and not again by the sweep: {retries:?}"
+    );
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn given_the_write_of_a_delivered_attempt_throttled_then_it_is_tried_again_and_the_delivery_is_delivered() {
+    // The endpoint answers 200; the attempt's write is throttled three times.
+    let store: Arc<OnceLock<Arc<MemoryStore>>> = Arc::default();
+    let cell = store.clone();
+    let (sender, up) = switchable_with(move || cell.get().unwrap().failing_delivery_writes.store(3, Ordering::SeqCst));
+    let h = Harness::new(sender);
+    store.set(h.store.clone()).ok();
+    up.store(true, Ordering::SeqCst);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, subscription(vec![60], None, CircuitBreaker::on()))
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event(), None).await.unwrap();
+    let tasks = h.queue.take_visible();
+    let outcome = h.services.deliver(&tasks[0]).await.expect("recorded after its retries");
+    assert_eq!(outcome, DeliverOutcome::Delivered);
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 1, "one POST");
+    // A failed attempt's write is not tried again here: its message comes back instead.
+    h.services.ingest(&tenant, event(), None).await.unwrap();
+    up.store(false, Ordering::SeqCst);
+    h.store.failing_delivery_writes.store(1, Ordering::SeqCst);
+    let tasks = h.queue.take_visible();
+    assert!(h.services.deliver(&tasks[0]).await.is_err());
+}

@@ -555,16 +555,28 @@ impl SchedulerTable for DynamoScheduler {
             .await
             .map_err(|e| classify("hold an attempt", e))?;
         // After the held item: an endpoint found holding none is let go, then looked at
-        // again, so a hold between the two is seen.
-        let mut listed = holding_key(sub);
-        listed.insert("tenant_id".into(), s(tenant.as_str()));
-        self.client
-            .put_item()
+        // again, so a hold between the two is seen. Read first (a strongly consistent read),
+        // written only if missing: a storm's holds read one item rather than write it.
+        let listed = self
+            .client
+            .get_item()
             .table_name(&self.table)
-            .set_item(Some(listed))
+            .set_key(Some(holding_key(sub)))
+            .consistent_read(true)
             .send()
             .await
-            .map_err(|e| classify("list an endpoint as holding", e))?;
+            .map_err(|e| classify("read an endpoint's holding entry", e))?;
+        if listed.item.is_none() {
+            let mut entry = holding_key(sub);
+            entry.insert("tenant_id".into(), s(tenant.as_str()));
+            self.client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(entry))
+                .send()
+                .await
+                .map_err(|e| classify("list an endpoint as holding", e))?;
+        }
         self.schedule(item).await
     }
 

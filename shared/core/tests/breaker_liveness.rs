@@ -358,3 +358,41 @@ async fn given_the_write_of_a_delivered_attempt_throttled_then_it_is_tried_again
     let tasks = h.queue.take_visible();
     assert!(h.services.deliver(&tasks[0]).await.is_err());
 }
+
+#[tokio::test]
+async fn given_a_subscription_disabled_while_its_breaker_holds_more_than_a_page_then_the_change_lets_go_of_one_and_the_tick_of_the_rest(
+) {
+    // The change's own time limit (an API request, a Lambda invocation) allows a page; the
+    // scheduler's tick does the rest.
+    let (sender, _up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![600; 20], None, CircuitBreaker::on()))
+        .await
+        .unwrap()
+        .subscription;
+    for _ in 0..6 {
+        let events: Vec<NewEvent> = (0..100).map(|_| event()).collect();
+        for e in events {
+            h.services.ingest(&tenant, e, None).await.unwrap();
+        }
+    }
+    h.drain_now().await;
+    assert_eq!(h.scheduler.held(&sub.id, 1_000).await.unwrap().len(), 594);
+    h.services
+        .update_subscription(&tenant, &sub.id, patch(serde_json::json!({"status": "disabled"})))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.scheduler.held(&sub.id, 1_000).await.unwrap().len(),
+        94,
+        "one page let go"
+    );
+    h.services.run_scheduler().await.unwrap();
+    assert!(
+        h.scheduler.held(&sub.id, 1_000).await.unwrap().is_empty(),
+        "the tick lets go of the rest"
+    );
+}

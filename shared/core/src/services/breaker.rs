@@ -23,6 +23,8 @@
 //! queued, a release that stopped goes on, and what a breaker turned off, or a subscription
 //! disabled or deleted, still holds is let go. A change of the subscription tends it at once.
 
+use std::time::Instant;
+
 use chrono::{DateTime, Utc};
 
 use super::{DeliverOutcome, Services};
@@ -149,6 +151,9 @@ impl Services {
                 }
                 // Its message is queued for the probe time (by `hold`) before its claim is
                 // written: a claim never names a probe that is not on its way.
+                // Named the next probe on what a fresh read says: a kept copy may be older
+                // than a closing, and the claim is not waited for.
+                Admission::Candidate(_) if !fresh => {}
                 Admission::Candidate(next) => {
                     let at = next.next_probe_at.unwrap_or(now);
                     let read = circuit.clone().unwrap_or_else(|| Circuit::closed(now));
@@ -284,8 +289,14 @@ impl Services {
             Some((at, claim)) => {
                 self.schedule_attempt(held, at.min(until)).await?;
                 if let Some(Claim { read, next }) = claim {
-                    // Another change came first: the message still comes, and is judged then.
-                    self.write_circuit(sub, &next, Some(&read)).await?;
+                    // Best effort: its message is queued, and is judged when it comes (another
+                    // change came first, or the write failed: without the claim, the first to
+                    // come at the probe time is the probe). An error here would send the
+                    // message back and queue a second copy.
+                    if let Err(err) = self.write_circuit(sub, &next, Some(&read)).await {
+                        self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
+                        tracing::warn!(error = %err, subscription_id = %sub.id, "could not name the next probe on the breaker");
+                    }
                 }
             }
             None => {
@@ -303,7 +314,7 @@ impl Services {
     /// (`Admission::Candidate`). Whatever step fails, a message is on its way or the attempt
     /// is still parked, where the scheduler's tick finds the probe overdue.
     async fn queue_next_probe(&self, sub: &Subscription, circuit: Circuit) -> Result<()> {
-        let Some(first) = self.ports.scheduler.held(&sub.id, 1).await?.pop() else {
+        let Some(first) = self.first_held(&sub.id).await? else {
             return Ok(());
         };
         let at = circuit.next_probe_at.unwrap_or_else(|| self.now());
@@ -316,6 +327,26 @@ impl Services {
         self.write_circuit(sub, &claim, Some(&circuit)).await?;
         self.ports.scheduler.release(&sub.id, &[first]).await?;
         Ok(())
+    }
+
+    /// The held attempt due to give up soonest, of those not given up yet: one whose give-up
+    /// time has passed made its last attempt then (its scheduled copy), and is un-parked here.
+    async fn first_held(&self, sub: &SubscriptionId) -> Result<Option<ScheduledTask>> {
+        let now = self.now();
+        loop {
+            let page = self.ports.scheduler.held(sub, 50).await?;
+            let (gone, waiting): (Vec<_>, Vec<_>) = page.iter().cloned().partition(|i| i.due <= now);
+            if let Some(first) = waiting.into_iter().next() {
+                if !gone.is_empty() {
+                    self.ports.scheduler.release(sub, &gone).await?;
+                }
+                return Ok(Some(first));
+            }
+            if gone.is_empty() {
+                return Ok(None);
+            }
+            self.ports.scheduler.release(sub, &gone).await?;
+        }
     }
 
     /// A held (or released) attempt that found its delivery moved on: if it was on its way to
@@ -343,7 +374,15 @@ impl Services {
                 ..circuit.clone()
             },
             CircuitState::HalfOpen => {
-                let success = delivery.status == DeliveryStatus::Delivered;
+                // Only a move made since the probe began is its outcome (an older copy of its
+                // message, stale already, says nothing of it): a 2xx, or a 429 (up, pacing).
+                let began = circuit
+                    .next_probe_at
+                    .map(|at| at - sub.circuit_breaker.probe_interval());
+                if began.is_none_or(|b| delivery.updated_at < b) {
+                    return Ok(());
+                }
+                let success = delivery.status == DeliveryStatus::Delivered || delivery.last_status_code == Some(429);
                 let failures = sub.circuit_breaker.failure_threshold;
                 match circuit::after_attempt(Some(&circuit), &sub.circuit_breaker, success, failures, now) {
                     Some(next) => next,
@@ -428,19 +467,22 @@ impl Services {
     /// - Open, or half open, past the probe time by [`PROBE_GRACE`] (the probe's message was
     ///   lost, or its claim's writer died): the held attempt soonest to give up is queued now,
     ///   to be the probe.
-    pub(crate) async fn tend_breaker(&self, holding: &Holding) -> Result<()> {
+    ///
+    /// A disabled or deleted subscription's held attempts are queued a page at a time until
+    /// `until`.
+    pub(crate) async fn tend_breaker(&self, holding: &Holding, until: Instant) -> Result<()> {
         let scheduler = &self.ports.scheduler;
         let sub_id = &holding.subscription_id;
-        let Some(first) = scheduler.held(sub_id, 1).await?.pop() else {
+        if scheduler.held(sub_id, 1).await?.is_empty() {
             scheduler.stop_holding(sub_id).await?;
             if let Some(late) = scheduler.held(sub_id, 1).await?.pop() {
                 scheduler.hold(&holding.tenant_id, sub_id, &late).await?;
             }
             return Ok(());
-        };
+        }
         let sub = self.ports.store.get_subscription(&holding.tenant_id, sub_id).await?;
         let Some(sub) = sub.filter(|s| s.status == SubscriptionStatus::Active) else {
-            return self.let_go_of_held(sub_id).await;
+            return self.let_go_of_held(sub_id, until).await;
         };
         let now = self.now();
         match self.kept_circuit(&sub, true).await? {
@@ -454,10 +496,13 @@ impl Services {
                 if c.next_probe_at.is_some_and(|at| now < at + PROBE_GRACE) {
                     return Ok(());
                 }
+                let Some(next) = self.first_held(sub_id).await? else {
+                    return Ok(());
+                };
                 tracing::warn!(subscription_id = %sub.id, next_probe_at = ?c.next_probe_at,
                     "the circuit breaker's probe is overdue; the next held attempt is queued to be it");
-                self.schedule_attempt(first.task.clone(), now).await?;
-                scheduler.release(sub_id, &[first]).await?;
+                self.schedule_attempt(next.task.clone(), now).await?;
+                scheduler.release(sub_id, &[next]).await?;
                 Ok(())
             }
             // Turned off while open, or closed (or never stored) with attempts still held.
@@ -466,14 +511,15 @@ impl Services {
     }
 
     /// [`Self::tend_breaker`] after a change of the subscription (its breaker turned off, it
-    /// disabled or deleted), so what it held is let go now, not at the next tick. Best effort:
-    /// the tick does it otherwise.
+    /// disabled or deleted), so what it held is let go now, not at the next tick: its first
+    /// page (the request or the attempt that made the change has its own time limit; the
+    /// scheduler's tick does the rest). Best effort: the tick does it otherwise.
     pub(crate) async fn tend_after_change(&self, tenant: &TenantId, sub: &SubscriptionId) {
         let holding = Holding {
             subscription_id: sub.clone(),
             tenant_id: tenant.clone(),
         };
-        if let Err(err) = self.tend_breaker(&holding).await {
+        if let Err(err) = self.tend_breaker(&holding, Instant::now()).await {
             self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
             tracing::warn!(error = %err, subscription_id = %sub,
                 "could not let go of what the circuit breaker held; the scheduler's tick will");
@@ -496,9 +542,10 @@ impl Services {
         Ok(())
     }
 
-    /// Queue everything a disabled or deleted subscription's breaker held, at once: each is
-    /// settled on arrival (dead, its owner told), with no POST.
-    async fn let_go_of_held(&self, sub: &SubscriptionId) -> Result<()> {
+    /// Queue what a disabled or deleted subscription's breaker held, a page at a time until
+    /// `until` (one page at least): each is settled on arrival (dead, its owner told), with
+    /// no POST.
+    async fn let_go_of_held(&self, sub: &SubscriptionId, until: Instant) -> Result<()> {
         loop {
             let page = self.ports.scheduler.held(sub, RELEASE_PAGE).await?;
             if page.is_empty() {
@@ -509,6 +556,9 @@ impl Services {
             self.ports.scheduler.release(sub, &page).await?;
             tracing::info!(subscription_id = %sub, settled = page.len(),
                 "held attempts of a disabled or deleted subscription queued to be settled");
+            if Instant::now() >= until {
+                return Ok(());
+            }
         }
     }
 }

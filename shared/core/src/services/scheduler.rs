@@ -17,6 +17,7 @@ use rand::Rng;
 use super::Services;
 use crate::error::{PortError, Result};
 use crate::metrics;
+use crate::ports::Holding;
 use crate::state::{next_task, requeued};
 
 /// Items handled per query.
@@ -25,6 +26,8 @@ const PAGE: u32 = 500;
 const EMAIL_SHARE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Store writes in flight at once while sweeping.
 const SWEEP_CONCURRENCY: usize = 16;
+/// Endpoints whose breakers are tended at once.
+const TEND_CONCURRENCY: usize = 8;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SchedulerReport {
@@ -68,7 +71,7 @@ impl Services {
     async fn tick(&self) -> Result<SchedulerReport> {
         let until = Instant::now() + self.config.scheduler_budget;
         let moved = self.move_due_retries(until).await?;
-        let tended = self.tend_breakers(until).await?;
+        let tended = self.tend_breakers(until).await;
         let requeued = self.sweep_overdue(until).await?;
         // Emails get their share even when the sweep spent the budget (the Scheduler
         // function's 60 s hold the budget and this).
@@ -89,28 +92,58 @@ impl Services {
     }
 
     /// Tend the breaker of every endpoint that holds attempts (`Services::tend_breaker`),
-    /// page after page within the tick's budget. One that fails is logged and counted, and
-    /// tended at the next tick; the others go on.
-    async fn tend_breakers(&self, until: Instant) -> Result<usize> {
+    /// within the tick's budget (each endpoint's own work too), a few at once. Best effort:
+    /// what fails is logged and counted, and tended at the next tick; the tick goes on.
+    async fn tend_breakers(&self, until: Instant) -> usize {
         let mut after = None;
         let mut tended = 0;
         loop {
-            let page = self.ports.scheduler.holding(after.as_ref(), PAGE).await?;
-            for holding in &page {
-                if let Err(error) = self.tend_breaker(holding).await {
+            let page = match self.ports.scheduler.holding(after.as_ref(), PAGE).await {
+                Ok(page) => page,
+                Err(error) => {
                     self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
-                    tracing::warn!(%error, subscription_id = %holding.subscription_id,
-                        "could not tend the circuit breaker; the next tick tries again");
+                    tracing::warn!(%error, "could not list the endpoints holding attempts; the next tick tries again");
+                    return tended;
                 }
-                tended += 1;
-            }
+            };
+            // The futures are built first, so the stream's type names no closure (see
+            // `deliver_batch_within`).
+            let calls: Vec<_> = page.iter().map(|holding| self.tend_in_time(holding, until)).collect();
+            let done = futures::stream::iter(calls)
+                .buffer_unordered(TEND_CONCURRENCY)
+                .filter(|tended| std::future::ready(*tended))
+                .count()
+                .await;
+            tended += done;
             match page.last() {
                 Some(last) if page.len() >= PAGE as usize && Instant::now() < until => {
                     after = Some(last.subscription_id.clone());
                 }
-                _ => return Ok(tended),
+                _ => {
+                    if done < page.len() {
+                        tracing::warn!(
+                            tended,
+                            "the tick ran out of time tending breakers; the next tick goes on"
+                        );
+                    }
+                    return tended;
+                }
             }
         }
+    }
+
+    /// Tend one endpoint's breaker if the tick has time left (`false` if not); an error is
+    /// logged and counted.
+    async fn tend_in_time(&self, holding: &Holding, until: Instant) -> bool {
+        if Instant::now() >= until {
+            return false;
+        }
+        if let Err(error) = self.tend_breaker(holding, until).await {
+            self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
+            tracing::warn!(%error, subscription_id = %holding.subscription_id,
+                "could not tend the circuit breaker; the next tick tries again");
+        }
+        true
     }
 
     async fn move_due_retries(&self, until: Instant) -> Result<usize> {

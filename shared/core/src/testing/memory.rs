@@ -535,7 +535,6 @@ impl SchedulerTable for MemoryScheduler {
         Ok(())
     }
     async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
-        lock(&self.holding).insert(sub.clone(), tenant.clone());
         let same = |(s, i): &(SubscriptionId, ScheduledTask)| {
             s == sub
                 && (&i.task.delivery_id, i.task.round, i.task.attempt)
@@ -547,6 +546,8 @@ impl SchedulerTable for MemoryScheduler {
             held.push((sub.clone(), item.clone()));
             held.sort_by_key(|(_, i)| i.due);
         }
+        // Parked, then listed (as the other backends): see `Services::tend_breaker`.
+        lock(&self.holding).insert(sub.clone(), tenant.clone());
         self.schedule(item).await
     }
     async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>> {

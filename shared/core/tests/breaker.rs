@@ -1,17 +1,21 @@
 //! The circuit breaker on in-memory ports: it opens after the threshold, holds what comes
 //! (not attempted, not counted), probes once per interval, closes on a success and releases
 //! what it held; held to its retry schedule's end, a delivery makes its last attempt then.
+//!
+//! Then the ways it and the rate limiter used to stop making progress, each staged (a lost
+//! message, a failed write, an operator's change) and judged by what the endpoint received.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use chrono::Duration;
 use hookwise_core::circuit::{CircuitBreaker, CircuitState};
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, SchedulerTable, Store};
-use hookwise_core::services::{NewEvent, NewSubscription};
-use hookwise_core::testing::memory::{status_outcome, Harness, ScriptedSender};
+use hookwise_core::services::{DeliverOutcome, NewEvent, NewSubscription, SubscriptionPatch};
+use hookwise_core::testing::memory::{status_outcome, Harness, MemoryQueue, MemoryStore, ScriptedSender};
 
 /// An endpoint that answers 503 until `up` is set, then 200.
 fn switchable() -> (ScriptedSender, Arc<AtomicBool>) {
@@ -40,11 +44,51 @@ fn event() -> NewEvent {
 }
 
 async fn deliveries(h: &Harness, tenant: &Tenant) -> Vec<Delivery> {
-    let query = DeliveryQuery {
-        limit: 100,
-        ..Default::default()
-    };
-    h.store.list_deliveries(&tenant.id, &query).await.unwrap().items
+    let mut all = Vec::new();
+    let mut cursor = None;
+    loop {
+        let query = DeliveryQuery {
+            limit: 100,
+            cursor,
+            ..Default::default()
+        };
+        let page = h.store.list_deliveries(&tenant.id, &query).await.unwrap();
+        all.extend(page.items);
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return all,
+        }
+    }
+}
+
+/// An endpoint that answers 503 until `up` is set, then 200; `on_first_up` runs as the
+/// first 200 is answered (after the breaker's probe claim, before the attempt's record).
+fn switchable_with(on_first_up: impl Fn() + Send + Sync + 'static) -> (ScriptedSender, Arc<AtomicBool>) {
+    let up = Arc::new(AtomicBool::new(false));
+    let flag = up.clone();
+    let once = AtomicBool::new(false);
+    let sender = ScriptedSender::new(move |_, _| {
+        if !flag.load(Ordering::SeqCst) {
+            return status_outcome(503);
+        }
+        if !once.swap(true, Ordering::SeqCst) {
+            on_first_up();
+        }
+        status_outcome(200)
+    });
+    (sender, up)
+}
+
+fn patch(json: serde_json::Value) -> SubscriptionPatch {
+    serde_json::from_value(json).unwrap()
+}
+
+fn statuses(all: &[Delivery]) -> HashMap<&'static str, usize> {
+    let mut counts = HashMap::new();
+    for d in all {
+        *counts.entry(d.status.as_str()).or_default() += 1;
+    }
+    counts
 }
 
 #[tokio::test]
@@ -52,16 +96,8 @@ async fn given_a_failing_endpoint_then_the_breaker_holds_its_attempts_probes_onc
 ) {
     let (sender, up) = switchable();
     let h = Harness::new(sender);
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    let sub = h
-        .services
-        .create_subscription(&tenant, subscription(vec![10; 20], None, CircuitBreaker::on()))
-        .await
-        .unwrap()
-        .subscription;
-    for _ in 0..40 {
-        h.services.ingest(&tenant, event(), None).await.unwrap();
-    }
+    let (tenant, sub) = subscribed(&h, vec![10; 20], CircuitBreaker::on()).await;
+    ingest(&h, &tenant, 40).await;
     h.drain_now().await;
     // Five failed attempts open it; the other 35 first attempts are held, unattempted.
     assert_eq!(h.sender.requests.lock().unwrap().len(), 5);
@@ -225,4 +261,324 @@ async fn given_a_bad_breaker_setting_then_the_subscription_is_refused_with_its_c
 async fn given_an_endpoint_answering_429_then_its_breaker_stays_closed() {
     // Up and pacing its callers: every attempt of the schedule is made, none held.
     assert_every_attempt_made(429, CircuitBreaker::on()).await;
+}
+
+/// A tenant, and its subscription with this schedule and breaker (no rate limit).
+async fn subscribed(h: &Harness, schedule: Vec<u64>, breaker: CircuitBreaker) -> (Tenant, Subscription) {
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(schedule, None, breaker))
+        .await
+        .unwrap()
+        .subscription;
+    (tenant, sub)
+}
+
+async fn ingest(h: &Harness, tenant: &Tenant, n: usize) {
+    for _ in 0..n {
+        h.services.ingest(tenant, event(), None).await.unwrap();
+    }
+}
+
+async fn circuit_state(h: &Harness, tenant: &Tenant, sub: &Subscription) -> CircuitState {
+    h.services
+        .subscription_overview(tenant, &sub.id)
+        .await
+        .unwrap()
+        .circuit
+        .state
+}
+
+/// How many of the tenant's deliveries are `status` (all of them printed when that is 0).
+async fn count(h: &Harness, tenant: &Tenant, status: &str) -> usize {
+    let all = deliveries(h, tenant).await;
+    let n = all.iter().filter(|d| d.status.as_str() == status).count();
+    if n == 0 {
+        eprintln!("no delivery {status}: {:?}", statuses(&all));
+    }
+    n
+}
+
+/// A tenant with one subscription (a schedule of 20 retries 10 minutes apart, so nothing
+/// gives up during a test), 40 events to it, and its endpoint down: the breaker opens after
+/// five failures and holds the other 35.
+async fn open_breaker_holding(h: &Harness, breaker: CircuitBreaker) -> (Tenant, Subscription) {
+    let (tenant, sub) = subscribed(h, vec![600; 20], breaker).await;
+    ingest(h, &tenant, 40).await;
+    h.drain_now().await;
+    assert_eq!(circuit_state(h, &tenant, &sub).await, CircuitState::Open);
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 5);
+    assert!(h.scheduler.held(&sub.id, 100).await.unwrap().len() >= 34);
+    (tenant, sub)
+}
+
+#[tokio::test]
+async fn given_an_open_breaker_turned_off_then_what_it_held_is_released_within_seconds() {
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    h.services
+        .update_subscription(
+            &tenant,
+            &sub.id,
+            patch(serde_json::json!({"circuit_breaker": {"enabled": false}})),
+        )
+        .await
+        .unwrap();
+    // The change itself lets them go (on AWS the scheduler's tick is a minute away).
+    assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+    // The ramp releases 10, then 20 a second: the 34 parked within five seconds, not at
+    // their give-up time 3 hours away. (The five attempted retry on their schedule, and the
+    // next probe, on its way, comes at the probe time.)
+    h.run_for(Duration::seconds(5), Duration::seconds(1)).await;
+    assert_eq!(count(&h, &tenant, "delivered").await, 34);
+    assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+    h.run_for(Duration::seconds(30), Duration::seconds(1)).await;
+    assert_eq!(count(&h, &tenant, "delivered").await, 35);
+}
+
+#[tokio::test]
+async fn given_a_subscription_disabled_or_deleted_while_its_breaker_holds_then_the_held_are_settled_at_once() {
+    for delete in [false, true] {
+        let (sender, _up) = switchable();
+        let h = Harness::new(sender);
+        let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+        if delete {
+            h.services.delete_subscription(&tenant, &sub.id).await.unwrap();
+        } else {
+            h.services
+                .update_subscription(&tenant, &sub.id, patch(serde_json::json!({"status": "disabled"})))
+                .await
+                .unwrap();
+        }
+        // The change itself lets them go (on AWS the scheduler's tick is a minute away).
+        assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+        h.run_for(Duration::seconds(2), Duration::seconds(1)).await;
+        let all = deliveries(&h, &tenant).await;
+        // The 34 parked die now, unattempted, with the reason. (The five attempted are
+        // retrying: their next attempt, 10 minutes away, settles them; the next probe, on
+        // its way, at the probe time.)
+        let dead: Vec<_> = all.iter().filter(|d| d.status == DeliveryStatus::Dead).collect();
+        assert_eq!(dead.len(), 34, "delete: {delete}, {:?}", statuses(&all));
+        assert!(
+            dead.iter().all(|d| d.attempts == 0 && d.last_error.is_some()),
+            "{dead:?}"
+        );
+        assert_eq!(h.sender.requests.lock().unwrap().len(), 5, "no POST to settle them");
+        assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+        h.run_for(Duration::seconds(30), Duration::seconds(1)).await;
+        assert_eq!(count(&h, &tenant, "dead").await, 35);
+    }
+}
+
+#[tokio::test]
+async fn given_the_probes_message_lost_then_the_scheduler_queues_another_probe() {
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    // The probe time: its message is lost (a purge, a consumer that died with it).
+    h.clock.advance(Duration::seconds(30));
+    let lost = h.queue.take_visible();
+    assert_eq!(lost.len(), 1, "the probe's message: {lost:?}");
+    // Within the probe's grace and a tick, another held attempt is queued to be the probe;
+    // it closes the breaker, and the rest are released.
+    h.run_for(Duration::seconds(20), Duration::seconds(1)).await;
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Closed);
+    let all = deliveries(&h, &tenant).await;
+    // The one whose message was lost is retrying: its own retry (10 minutes) brings it.
+    assert_eq!(statuses(&all).get("delivered"), Some(&34), "{:?}", statuses(&all));
+}
+
+#[tokio::test]
+async fn given_a_successful_probe_whose_closing_write_failed_then_the_breaker_closes_after_the_next_probe() {
+    // The first POST the endpoint accepts makes the breaker's next write fail: the probe's
+    // own closing. (The same as a crash between the probe's record and the breaker's move.)
+    let store: Arc<OnceLock<Arc<MemoryStore>>> = Arc::default();
+    let cell = store.clone();
+    let (sender, up) = switchable_with(move || cell.get().unwrap().failing_circuit_writes.store(1, Ordering::SeqCst));
+    let h = Harness::new(sender);
+    store.set(h.store.clone()).ok();
+    let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    h.run_for(Duration::seconds(31), Duration::seconds(1)).await;
+    assert_eq!(
+        circuit_state(&h, &tenant, &sub).await,
+        CircuitState::HalfOpen,
+        "its closing was lost"
+    );
+    // The lost probe counts as lost after an interval; the tick then queues the next probe.
+    h.run_for(Duration::seconds(45), Duration::seconds(1)).await;
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Closed);
+    assert_eq!(count(&h, &tenant, "delivered").await, 35);
+}
+
+#[tokio::test]
+async fn given_the_release_failing_to_queue_its_page_then_the_page_is_released_again() {
+    // As the probe succeeds, the next enqueue fails: the closing's release of its page.
+    let queue: Arc<OnceLock<Arc<MemoryQueue>>> = Arc::default();
+    let cell = queue.clone();
+    let (sender, up) = switchable_with(move || cell.get().unwrap().failing_enqueues.store(1, Ordering::SeqCst));
+    let h = Harness::new(sender);
+    queue.set(h.queue.clone()).ok();
+    let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    h.run_for(Duration::seconds(31), Duration::seconds(1)).await;
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Closed);
+    assert_eq!(
+        h.scheduler.held(&sub.id, 100).await.unwrap().len(),
+        34,
+        "the page is still held"
+    );
+    // Its claim runs out after a minute, and the scheduler's tick releases it again.
+    h.run_for(Duration::seconds(70), Duration::seconds(1)).await;
+    assert_eq!(count(&h, &tenant, "delivered").await, 35);
+    assert!(h.scheduler.held(&sub.id, 100).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn given_the_next_probe_arriving_early_then_it_is_queued_again_for_the_probe_time_not_parked() {
+    let (sender, _up) = switchable();
+    let h = Harness::new(sender);
+    let (_tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    // The one message queued for the probe time is the next probe's.
+    let log = h.queue.log.lock().unwrap().clone();
+    let (probe, _) = log
+        .iter()
+        .rev()
+        .find(|(t, delay)| t.held_until.is_some() && *delay > 0)
+        .cloned()
+        .expect("the next probe is queued");
+    // A copy of it arrives now, 30 s early.
+    let outcome = h.services.deliver(&probe).await.unwrap();
+    assert!(matches!(outcome, DeliverOutcome::Held { .. }), "{outcome:?}");
+    let held = h.scheduler.held(&sub.id, 100).await.unwrap();
+    assert!(
+        held.iter().all(|i| i.task.delivery_id != probe.delivery_id),
+        "the next probe is not parked"
+    );
+    let requeued = h.queue.log.lock().unwrap().last().cloned().unwrap();
+    assert_eq!(requeued.0.delivery_id, probe.delivery_id);
+    assert_eq!(requeued.1, 30, "queued again for the probe time");
+}
+
+#[tokio::test]
+async fn given_a_schedule_shorter_than_the_probe_interval_then_the_breaker_costs_no_delivery_its_attempts() {
+    // The new user: [1, 1, 1], an endpoint that fails each message's first POST and
+    // accepts the second, 200 events. The breaker opens, but holding would outlast each
+    // schedule (the probe is 30 s away), so nothing is held: all arrive on their second try.
+    let h = Harness::new(ScriptedSender::per_message(|n| {
+        status_outcome(if n == 0 { 500 } else { 200 })
+    }));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, subscription(vec![1, 1, 1], None, CircuitBreaker::on()))
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        h.services.ingest(&tenant, event(), None).await.unwrap();
+    }
+    h.run_for(Duration::seconds(10), Duration::seconds(1)).await;
+    assert_eq!(count(&h, &tenant, "delivered").await, 200);
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 400, "each POSTed twice");
+}
+
+#[tokio::test]
+async fn given_a_retry_waiting_long_for_its_rate_limit_slot_then_the_sweep_does_not_queue_it_again() {
+    let h = Harness::new(ScriptedSender::per_message(|n| {
+        status_outcome(if n == 0 { 500 } else { 200 })
+    }));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![1, 600], Some(1), CircuitBreaker::off()))
+        .await
+        .unwrap()
+        .subscription;
+    h.services.ingest(&tenant, event(), None).await.unwrap();
+    h.drain_now().await;
+    // A backlog: 400 slots taken, one a second, by attempts on their way.
+    for _ in 0..400 {
+        h.store
+            .reserve_slot(&sub.id, std::time::Duration::from_secs(1), h.clock.now())
+            .await
+            .unwrap();
+    }
+    // The retry's slot is 400 s ahead, past the sweep's 5 minutes: it waits for it, once.
+    h.run_for(Duration::seconds(420), Duration::seconds(1)).await;
+    assert_eq!(count(&h, &tenant, "delivered").await, 1);
+    let all = deliveries(&h, &tenant).await;
+    assert!(
+        all[0].updated_at - all[0].created_at > Duration::minutes(6),
+        "{:?}",
+        all[0]
+    );
+    let log = h.queue.log.lock().unwrap().clone();
+    let retries: Vec<_> = log
+        .iter()
+        .filter(|(t, _)| t.attempt == 2)
+        .map(|(t, d)| (t.slot.is_some(), *d))
+        .collect();
+    assert_eq!(
+        retries.iter().filter(|(slotted, _)| !slotted).count(),
+        1,
+        "queued by its attempt, and not again by the sweep: {retries:?}"
+    );
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn given_the_write_of_a_delivered_attempt_throttled_then_it_is_tried_again_and_the_delivery_is_delivered() {
+    // The endpoint answers 200; the attempt's write is throttled three times.
+    let store: Arc<OnceLock<Arc<MemoryStore>>> = Arc::default();
+    let cell = store.clone();
+    let (sender, up) = switchable_with(move || cell.get().unwrap().failing_delivery_writes.store(3, Ordering::SeqCst));
+    let h = Harness::new(sender);
+    store.set(h.store.clone()).ok();
+    up.store(true, Ordering::SeqCst);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, subscription(vec![60], None, CircuitBreaker::on()))
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event(), None).await.unwrap();
+    let tasks = h.queue.take_visible();
+    let outcome = h.services.deliver(&tasks[0]).await.expect("recorded after its retries");
+    assert_eq!(outcome, DeliverOutcome::Delivered);
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 1, "one POST");
+    // A failed attempt's write is not tried again here: its message comes back instead.
+    h.services.ingest(&tenant, event(), None).await.unwrap();
+    up.store(false, Ordering::SeqCst);
+    h.store.failing_delivery_writes.store(1, Ordering::SeqCst);
+    let tasks = h.queue.take_visible();
+    assert!(h.services.deliver(&tasks[0]).await.is_err());
+}
+
+#[tokio::test]
+async fn given_a_subscription_disabled_while_its_breaker_holds_more_than_a_page_then_the_change_lets_go_of_one_and_the_tick_of_the_rest(
+) {
+    // The change's own time limit (an API request, a Lambda invocation) allows a page; the
+    // scheduler's tick does the rest.
+    let (sender, _up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, sub) = subscribed(&h, vec![600; 20], CircuitBreaker::on()).await;
+    ingest(&h, &tenant, 600).await;
+    h.drain_now().await;
+    assert_eq!(h.scheduler.held(&sub.id, 1_000).await.unwrap().len(), 594);
+    h.services
+        .update_subscription(&tenant, &sub.id, patch(serde_json::json!({"status": "disabled"})))
+        .await
+        .unwrap();
+    assert_eq!(
+        h.scheduler.held(&sub.id, 1_000).await.unwrap().len(),
+        94,
+        "one page let go"
+    );
+    h.services.run_scheduler().await.unwrap();
+    assert!(
+        h.scheduler.held(&sub.id, 1_000).await.unwrap().is_empty(),
+        "the tick lets go of the rest"
+    );
 }

@@ -528,6 +528,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         slot: None,
         tenant_id: None,
         held_until: None,
+        redrives: 0,
     });
     admin
         .sqs

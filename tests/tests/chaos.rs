@@ -396,6 +396,7 @@ impl Backend for Aws {
                     slot: None,
                     tenant_id: None,
                     held_until: None,
+                    redrives: 0,
                 };
                 self.sqs
                     .send_message()

@@ -312,6 +312,7 @@ mod tests {
             slot: None,
             tenant_id: None,
             held_until: None,
+            redrives: 0,
         };
         let body = encode_task(&task);
         assert!(body.contains("\"attempt\":3"));

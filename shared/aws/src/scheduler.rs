@@ -137,6 +137,11 @@ fn decode(item: &Item) -> PortResult<ScheduledTask> {
             slot,
             tenant_id,
             held_until,
+            redrives: if item.contains_key("redrives") {
+                get_n(item, "redrives")?
+            } else {
+                0
+            },
         },
         due,
     })
@@ -168,6 +173,9 @@ fn task_attributes(mut record: Item, item: &ScheduledTask, retention: chrono::Du
     }
     if let Some(until) = task.held_until {
         record.insert("held_until".into(), time(until));
+    }
+    if task.redrives > 0 {
+        record.insert("redrives".into(), n(task.redrives));
     }
     record
 }
@@ -649,6 +657,7 @@ mod tests {
                 slot: None,
                 tenant_id: None,
                 held_until: None,
+                redrives: 0,
             },
             due,
         };

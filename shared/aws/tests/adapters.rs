@@ -23,6 +23,7 @@ fn task(at: chrono::DateTime<Utc>) -> ScheduledTask {
             slot: None,
             tenant_id: None,
             held_until: None,
+            redrives: 0,
         },
         due: at,
     }

@@ -242,6 +242,14 @@ pub struct DeliveryTask {
     /// held (where its retry schedule would have ended). Kept through a release.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_until: Option<DateTime<Utc>>,
+    /// How many times the dead-letter handler has put this attempt back on its schedule after
+    /// the queue gave up on its message (see `Services::handle_dead_letters`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub redrives: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The delivery queue and its dead-letter queue.

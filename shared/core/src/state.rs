@@ -197,5 +197,6 @@ pub fn next_task(delivery: &Delivery) -> DeliveryTask {
         slot: None,
         tenant_id: Some(delivery.tenant_id.clone()),
         held_until: None,
+        redrives: 0,
     }
 }

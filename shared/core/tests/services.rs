@@ -183,6 +183,7 @@ async fn given_an_always_failing_endpoint_then_it_dies_after_the_schedule_and_th
         slot: None,
         tenant_id: None,
         held_until: None,
+        redrives: 0,
     };
     h.services.handle_dead_letters(&[again]).await.unwrap();
     assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);
@@ -2158,4 +2159,41 @@ async fn given_plain_secrets_in_several_tenants_then_seal_stored_secrets_seals_t
         untouched.updated_at, sealed_already.updated_at,
         "a sealed one is not written"
     );
+}
+
+#[tokio::test]
+async fn given_the_queue_giving_up_on_an_attempts_messages_again_and_again_then_it_counts_as_failed_and_the_cycle_ends()
+{
+    // A worker that never finishes (its messages go to the dead-letter queue each time): the
+    // third time for one attempt, the attempt counts as failed, and the schedule (one retry)
+    // decides: a retry, then dead, told once. Not put back for ever.
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![1])).await;
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let id = &ingested.deliveries[0].id;
+    let mut redriven = h.queue.take_visible();
+    let mut counted = 0;
+    for _ in 0..6 {
+        assert_eq!(redriven.len(), 1, "{redriven:?}");
+        let report = h.services.handle_dead_letters(&redriven).await.unwrap();
+        counted += report.counted;
+        h.clock.advance(Duration::seconds(2));
+        redriven = h.queue.take_visible();
+    }
+    assert_eq!(counted, 2, "each attempt counted once, the third time");
+    let (delivery, attempts) = h.services.get_delivery(&tenant, id).await.unwrap();
+    assert_eq!(
+        (delivery.status, delivery.attempts),
+        (DeliveryStatus::Dead, 2),
+        "{delivery:?}"
+    );
+    assert!(
+        attempts.iter().all(|a| a.status_code.is_none() && a.error.is_some()),
+        "{attempts:?}"
+    );
+    assert!(h.sender.requests.lock().unwrap().is_empty());
+    // Its death is handed on, and its owner told.
+    let dead = h.queue.take_dead();
+    let report = h.services.handle_dead_letters(&dead).await.unwrap();
+    assert_eq!(report.queued, 1, "{report:?}");
 }

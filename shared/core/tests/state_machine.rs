@@ -91,7 +91,7 @@ proptest! {
             match s {
                 Step::Attempt(status) | Step::StaleMessage { status, .. } => {
                     let task = match s {
-                        Step::StaleMessage { back, .. } => DeliveryTask { delivery_id: d.id.clone(), round: d.round, attempt: d.attempts.saturating_sub(back), queued_at: None, slot: None, tenant_id: None, held_until: None },
+                        Step::StaleMessage { back, .. } => DeliveryTask { delivery_id: d.id.clone(), round: d.round, attempt: d.attempts.saturating_sub(back), queued_at: None, slot: None, tenant_id: None, held_until: None, redrives: 0 },
                         _ => next_task(&d),
                     };
                     if !is_due_attempt(&d, &task) {

@@ -186,6 +186,7 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                         slot: None,
                         tenant_id: None,
                         held_until: None,
+                        redrives: 0,
                     },
                     0,
                 )])

@@ -41,6 +41,7 @@ fn task(rng: &mut StdRng) -> DeliveryTask {
         slot: None,
         tenant_id: None,
         held_until: None,
+        redrives: 0,
     }
 }
 

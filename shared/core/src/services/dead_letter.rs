@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use super::Services;
-use crate::error::Result;
+use crate::error::{PortError, Result};
 use crate::model::*;
-use crate::ports::{DeadNotice, DeliveryTask};
-use crate::state::{is_due_attempt, next_task};
+use crate::ports::{DeadNotice, DeliveryTask, SendErrorKind, SendOutcome};
+use crate::state::{after_attempt, decide, is_due_attempt, next_task, AttemptContext};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeadLetterReport {
@@ -19,7 +19,16 @@ pub struct DeadLetterReport {
     /// Deliveries that were not dead (the queue had given up on their message) and went
     /// back on their schedule.
     pub rescheduled: usize,
+    /// Attempts whose messages the queue gave up on [`MAX_REDRIVES`] times, counted as
+    /// failed attempts.
+    pub counted: usize,
 }
+
+/// The times the queue may give up on one attempt's messages (each time after its
+/// `maxReceiveCount` receives) before the attempt counts as failed: so an attempt is POSTed
+/// at most 3 × 5 = 15 times, and a delivery cannot cycle through the dead-letter queue for
+/// ever.
+pub const MAX_REDRIVES: u32 = 3;
 
 impl Services {
     /// Each task's delivery is judged again: still due means the queue gave up on its message
@@ -46,12 +55,24 @@ impl Services {
             if delivery.round != task.round {
                 continue; // replayed since: this round's death is old news
             }
+            if is_due_attempt(&delivery, task) && task.redrives + 1 >= MAX_REDRIVES {
+                // The queue has given up on this attempt's messages again and again: each
+                // time up to its maxReceiveCount receives, each of which may have POSTed.
+                // It counts as one failed attempt now, and its schedule decides what follows.
+                self.count_unfinished_attempt(&delivery, task).await?;
+                report.counted += 1;
+                continue;
+            }
             if is_due_attempt(&delivery, task) {
                 // Not dead: the queue gave up on the message after failed receives (timeouts,
                 // throttling, a crash), which is no verdict on the delivery. Back on its
-                // schedule it goes, due now or when it was due.
+                // schedule it goes, due now or when it was due, counted.
                 let due = delivery.next_attempt_at.unwrap_or(self.now()).max(self.now());
-                self.schedule_attempt(next_task(&delivery), due).await?;
+                let again = DeliveryTask {
+                    redrives: task.redrives + 1,
+                    ..next_task(&delivery)
+                };
+                self.schedule_attempt(again, due).await?;
                 tracing::warn!(
                     delivery_id = %delivery.id, event_id = %delivery.event_id, tenant_id = %delivery.tenant_id,
                     attempt = task.attempt, %due,
@@ -95,6 +116,53 @@ impl Services {
             }
         }
         Ok(report)
+    }
+
+    /// An attempt whose messages the queue gave up on [`MAX_REDRIVES`] times, recorded as a
+    /// failed attempt (it may have been made, its outcome never recorded): the subscription's
+    /// schedule decides, as after any failure, so these cycles end with the schedule.
+    async fn count_unfinished_attempt(&self, delivery: &Delivery, task: &DeliveryTask) -> Result<()> {
+        let Some(sub) = self
+            .kept_subscription(&delivery.tenant_id, &delivery.subscription_id)
+            .await?
+        else {
+            // Its subscription is gone: the next message's worker abandons it.
+            return Ok(self.schedule_attempt(next_task(delivery), self.now()).await?);
+        };
+        let retries = self
+            .kept_tenant(&delivery.tenant_id)
+            .await?
+            .is_none_or(|t| t.retries_enabled);
+        let now = self.now();
+        let outcome = SendOutcome {
+            status_code: None,
+            error: Some((
+                SendErrorKind::Other,
+                format!(
+                    "the worker never finished this attempt: the queue gave up on its messages {MAX_REDRIVES} times"
+                ),
+            )),
+            response_excerpt: None,
+            duration_ms: 0,
+            retry_after: None,
+        };
+        let ctx = AttemptContext {
+            attempt: task.attempt,
+            previous_delay: delivery.last_delay_seconds,
+            health: None,
+            retries_enabled: retries,
+        };
+        let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
+        let change = after_attempt(delivery, task.attempt, now, &outcome, decision, now);
+        match self.ports.store.apply_change(&change).await {
+            Ok(()) => {}
+            Err(PortError::ConditionFailed(_)) => return Ok(()), // moved on meanwhile
+            Err(e) => return Err(e.into()),
+        }
+        tracing::warn!(delivery_id = %delivery.id, attempt = task.attempt, ?decision,
+            "the queue gave up on this attempt's messages {MAX_REDRIVES} times; it counts as a failed attempt");
+        self.hand_on(&change.next, decision, task.held_until).await?;
+        Ok(())
     }
 
     /// Who hears of a dead delivery: its subscription's owner, or else its tenant's.

@@ -320,7 +320,7 @@ impl Services {
 
     /// After the change is stored: queue the next attempt, or hand a dead one on. A delivery
     /// the breaker held keeps the time it gives up if held again (`held_until`).
-    async fn hand_on(
+    pub(super) async fn hand_on(
         &self,
         delivery: &Delivery,
         decision: Decision,
@@ -575,5 +575,6 @@ fn dead_task(delivery: &Delivery) -> DeliveryTask {
         slot: None,
         tenant_id: Some(delivery.tenant_id.clone()),
         held_until: None,
+        redrives: 0,
     }
 }

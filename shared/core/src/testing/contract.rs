@@ -254,6 +254,7 @@ impl Fixture {
             slot: None,
             tenant_id: None,
             held_until: None,
+            redrives: 0,
         }
     }
 }
@@ -1671,9 +1672,10 @@ pub async fn scheduled_items_come_due_earliest_first(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let ms = chrono::Duration::milliseconds;
     let mut first = scheduled(&mut fx, t0() + minutes(10) + ms(250));
-    // A rate-limited attempt's slot and its tenant come back with it.
+    // A rate-limited attempt's slot, its tenant and its count of redrives come back with it.
     first.task.slot = Some(t0() + minutes(11) + ms(5));
     first.task.tenant_id = Some(fx.tenant().id);
+    first.task.redrives = 2;
     let second = scheduled(&mut fx, t0() + minutes(20));
     let third = scheduled(&mut fx, t0() + minutes(30));
     let much_later = scheduled(&mut fx, t0() + chrono::Duration::hours(2));

@@ -61,6 +61,7 @@ fn message(id: &str) -> QueueMessage {
         slot: None,
         tenant_id: None,
         held_until: None,
+        redrives: 0,
     };
     QueueMessage {
         message_id: id.into(),

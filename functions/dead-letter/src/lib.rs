@@ -93,9 +93,11 @@ mod tests {
         assert_eq!(d.status, DeliveryStatus::Pending, "no verdict on the delivery: {d:?}");
         assert_eq!(
             h.queue.take_visible(),
-            // The delivery is stored: the new message has no first-queued time to look with.
+            // The delivery is stored: the new message has no first-queued time to look with,
+            // and counts this redrive.
             vec![hookwise_core::ports::DeliveryTask {
                 queued_at: None,
+                redrives: 1,
                 ..task
             }],
             "queued again, due now (once, though it came twice)"

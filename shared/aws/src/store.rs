@@ -14,7 +14,7 @@
 //! | owner's emails     | `OWNER#{email}`          | `#DIGEST` (last sent, claim, count)      |
 //! | waiting notice     | `OWNER#{email}`          | `NOTICE#{delivery}#{round:010}`          |
 //! | endpoint health    | `HEALTH#{subscription}`  | `#HEALTH`                     |
-//! | rate limiter       | `RATE#{subscription}`    | `#RATE` (`next_slot`, µs)     |
+//! | rate limiter       | `RATE#{subscription}`    | `#RATE` (`next_turn`, `last_slot`, µs) |
 //! | circuit breaker    | `CIRCUIT#{subscription}` | `#CIRCUIT` (its state, `version`) |
 //!
 //! Deliveries are read by id alone (queue messages carry only the id) and strongly
@@ -72,6 +72,7 @@ use hookwise_core::circuit::Circuit;
 use hookwise_core::health::EndpointHealth;
 use hookwise_core::model::*;
 use hookwise_core::ports::*;
+use hookwise_core::rate_limit::{Arrival, Verdict, SLOT_WAIT, TOLERANCE};
 use hookwise_core::PortError;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -222,9 +223,9 @@ pub struct DynamoStore {
     retention: chrono::Duration,
     counter: Option<RequestCounter>,
     recent_events: RecentEvents,
-    /// Each rate-limited endpoint's next free slot as this process last saw it, to guess
-    /// whether the limiter is idle (see `reserve_slot`).
-    slots_seen: std::sync::Arc<std::sync::Mutex<HashMap<SubscriptionId, i64>>>,
+    /// Each rate-limited endpoint's next free turn as this process last saw it, to guess
+    /// whether its send line is idle (see `limit_rate`).
+    turns_seen: std::sync::Arc<std::sync::Mutex<HashMap<SubscriptionId, i64>>>,
 }
 
 /// A write's condition: its expression, and the attribute names and values it refers to.
@@ -262,7 +263,7 @@ impl DynamoStore {
             retention: crate::item::ttl_retention(config.retention),
             counter: None,
             recent_events: RecentEvents::default(),
-            slots_seen: Default::default(),
+            turns_seen: Default::default(),
         }
     }
 
@@ -370,6 +371,47 @@ impl DynamoStore {
     }
 
     // --- calls
+
+    /// A conditional `UpdateItem` of `sub`'s rate-limit lines: the number `returned` became,
+    /// or `None` if the condition did not hold.
+    async fn write_line(
+        &self,
+        sub: &SubscriptionId,
+        update: &str,
+        condition: &str,
+        values: Vec<(&'static str, AttributeValue)>,
+        returned: &str,
+    ) -> PortResult<Option<i64>> {
+        const WHAT: &str = "take a rate-limit turn";
+        let mut call = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key_item(&rate_key(sub))))
+            .update_expression(update)
+            .condition_expression(condition)
+            .return_values(ReturnValue::UpdatedNew)
+            .set_return_consumed_capacity(self.rcc());
+        for (placeholder, value) in values {
+            call = call.expression_attribute_values(placeholder, value);
+        }
+        match call.send().await {
+            Ok(out) => {
+                self.charge(WHAT, true, out.consumed_capacity());
+                let item = out.attributes.unwrap_or_default();
+                Ok(Some(get_n(&item, returned)?))
+            }
+            Err(err)
+                if matches!(
+                    err.as_service_error(),
+                    Some(UpdateItemError::ConditionalCheckFailedException(_))
+                ) =>
+            {
+                Ok(None)
+            }
+            Err(err) => Err(classify(WHAT, err)),
+        }
+    }
 
     async fn get(&self, key: &Key, what: &str) -> Result<Option<Item>, PortError> {
         let out = self
@@ -1489,91 +1531,100 @@ impl Store for DynamoStore {
         Ok(overdue)
     }
 
-    /// One write a reservation, most of the time. In a backlog, an atomic `ADD` of the
-    /// interval hands out the next slot. An idle limiter (its next slot more than the
-    /// tolerance ago) starts afresh at now with a conditional `SET`, tried first when this
-    /// process last saw it idle; a wrong guess costs one more write. (The SDK's retry of a
-    /// lost `ADD` wastes a slot: the rate dips, never rises.)
-    async fn reserve_slot(
+    /// `rate_limit::admit`'s rules as conditions on atomic writes (a contract test holds the
+    /// two to the same verdicts), so workers on one endpoint never retry on each other:
+    /// 1. a turn on the send line: `ADD` the interval to `next_turn` while it is between the
+    ///    tolerance behind and [`SLOT_WAIT`] ahead, or `SET` it afresh past now once it has
+    ///    fallen behind (tried first when this process last saw it idle); for a new attempt,
+    ///    only while the turn is free now or the backlog's `last_slot` is before it;
+    /// 2. else a slot on the backlog: `ADD` the interval to `last_slot` while it is at or after
+    ///    the send line's next turn, else `SET` it to that turn.
+    ///
+    /// One write a verdict most of the time, a wrong guess one more; lines moving between two
+    /// steps go round again. (The SDK's retry of a lost `ADD` wastes a slot: the rate dips,
+    /// never rises.)
+    async fn limit_rate(
         &self,
         sub: &SubscriptionId,
         interval: std::time::Duration,
         now: DateTime<Utc>,
-    ) -> PortResult<DateTime<Utc>> {
-        const WHAT: &str = "reserve a rate-limit slot";
+        arrival: Arrival,
+    ) -> PortResult<Verdict> {
         let now_us = now.timestamp_micros();
         let interval_us = i64::try_from(interval.as_micros()).unwrap_or(i64::MAX).max(1);
-        let behind_us = now_us - hookwise_core::rate_limit::TOLERANCE.as_micros() as i64;
-        let seen = |next: i64| {
-            self.slots_seen
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(sub.clone(), next);
-        };
+        let behind_us = now_us - TOLERANCE.as_micros() as i64;
+        let latest_us = now_us + SLOT_WAIT.as_micros() as i64;
+        let at = |us: i64| DateTime::from_timestamp_micros(us).unwrap_or(now);
+        let new = arrival == Arrival::New;
         let last_seen = self
-            .slots_seen
+            .turns_seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(sub)
             .copied();
-        let mut guess_idle = last_seen.is_none_or(|next| next < behind_us);
+        let idle_first = last_seen.is_none_or(|next| next < behind_us);
         for _ in 0..4 {
-            if guess_idle {
-                // Afresh at now, unless someone reserved since it went idle.
-                let afresh = self
-                    .client
-                    .update_item()
-                    .table_name(&self.table)
-                    .set_key(Some(key_item(&rate_key(sub))))
-                    .update_expression("SET next_slot = :next")
-                    .condition_expression("attribute_not_exists(next_slot) OR next_slot < :behind")
-                    .expression_attribute_values(":next", n(now_us + interval_us))
-                    .expression_attribute_values(":behind", n(behind_us))
-                    .set_return_consumed_capacity(self.rcc())
-                    .send()
-                    .await;
-                match afresh {
-                    Ok(out) => {
-                        self.charge(WHAT, true, out.consumed_capacity());
-                        seen(now_us + interval_us);
-                        return Ok(now);
-                    }
-                    Err(err)
-                        if matches!(
-                            err.as_service_error(),
-                            Some(UpdateItemError::ConditionalCheckFailedException(_))
-                        ) => {}
-                    Err(err) => return Err(classify(WHAT, err)),
+            for idle in [idle_first, !idle_first] {
+                let turn = if idle {
+                    // Afresh at now: a turn free now, whoever comes.
+                    let condition = "attribute_not_exists(next_turn) OR next_turn < :behind";
+                    let values = vec![(":next", n(now_us + interval_us)), (":behind", n(behind_us))];
+                    self.write_line(sub, "SET next_turn = :next", condition, values, "next_turn")
+                        .await?
+                        .map(|_| now_us)
+                } else {
+                    let condition = if new {
+                        "next_turn BETWEEN :behind AND :latest AND (next_turn <= :now OR attribute_not_exists(last_slot) OR last_slot < next_turn)"
+                    } else {
+                        "next_turn BETWEEN :behind AND :latest"
+                    };
+                    let mut values = vec![
+                        (":interval", n(interval_us)),
+                        (":behind", n(behind_us)),
+                        (":latest", n(latest_us)),
+                    ];
+                    values.extend(new.then(|| (":now", n(now_us))));
+                    self.write_line(sub, "ADD next_turn :interval", condition, values, "next_turn")
+                        .await?
+                        .map(|next| next - interval_us)
+                };
+                if let Some(turn) = turn {
+                    self.turns_seen
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(sub.clone(), turn + interval_us);
+                    return Ok(Verdict::SendAt(at(turn)));
                 }
             }
-            let out = self
-                .client
-                .update_item()
-                .table_name(&self.table)
-                .set_key(Some(key_item(&rate_key(sub))))
-                .update_expression("ADD next_slot :interval")
-                .expression_attribute_values(":interval", n(interval_us))
-                .return_values(ReturnValue::UpdatedNew)
-                .set_return_consumed_capacity(self.rcc())
-                .send()
-                .await
-                .map_err(|e| classify(WHAT, e))?;
-            self.charge(WHAT, true, out.consumed_capacity());
-            let next = out
-                .attributes
-                .as_ref()
-                .map(|a| get_n(a, "next_slot"))
-                .transpose()?
-                .ok_or_else(|| corrupt("rate limiter", "ADD returned no next_slot"))?;
-            seen(next);
-            let slot = next - interval_us;
-            if slot >= behind_us {
-                return Ok(DateTime::from_timestamp_micros(slot).unwrap_or(now));
+            let after_last = self
+                .write_line(
+                    sub,
+                    "ADD last_slot :interval",
+                    "last_slot >= next_turn",
+                    vec![(":interval", n(interval_us))],
+                    "last_slot",
+                )
+                .await?;
+            let slot = match after_last {
+                Some(slot) => Some(slot),
+                None => {
+                    self.write_line(
+                        sub,
+                        "SET last_slot = next_turn",
+                        "attribute_exists(next_turn) AND (attribute_not_exists(last_slot) OR last_slot < next_turn)",
+                        vec![],
+                        "last_slot",
+                    )
+                    .await?
+                }
+            };
+            if let Some(slot) = slot {
+                return Ok(Verdict::Wait(at(slot)));
             }
-            guess_idle = true;
         }
-        // Contended while going idle, four times over: send now rather than hold the attempt.
-        Ok(now)
+        // The lines moved under every step, four times over: come back in a moment, no turn
+        // taken.
+        Ok(Verdict::Wait(now + chrono::Duration::seconds(2)))
     }
 
     async fn circuit(&self, sub: &SubscriptionId) -> PortResult<Option<Circuit>> {

@@ -132,17 +132,17 @@ pub trait Store: Send + Sync {
     /// replay) whose next attempt was due before `due_before`.
     async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>>;
 
-    /// The rate limiter: reserve the next slot for an attempt to `sub`'s endpoint, where two
-    /// slots are `interval` apart, shared by every worker and process on the store. The
-    /// slot is the one after the last reserved, or `now` if that has passed; a limiter may
-    /// run up to [`crate::rate_limit::TOLERANCE`] behind `now` before it starts afresh at
-    /// `now` ([`crate::rate_limit::reserve`] is the rule).
-    async fn reserve_slot(
+    /// The rate limiter: the verdict of [`crate::rate_limit::admit`] on an attempt to `sub`'s
+    /// endpoint arriving at `now`, two slots `interval` apart, decided on the endpoint's
+    /// stored lines and the lines it returns stored, as one atomic step for every worker and
+    /// process on the store.
+    async fn limit_rate(
         &self,
         sub: &SubscriptionId,
         interval: std::time::Duration,
         now: DateTime<Utc>,
-    ) -> PortResult<DateTime<Utc>>;
+        arrival: crate::rate_limit::Arrival,
+    ) -> PortResult<crate::rate_limit::Verdict>;
 
     /// The endpoint's circuit breaker; `None` if none was ever stored (closed).
     async fn circuit(&self, sub: &SubscriptionId) -> PortResult<Option<Circuit>>;

@@ -1,25 +1,91 @@
-//! The per-endpoint rate limit: a virtual scheduler (GCRA). Each attempt reserves a slot, the
-//! one `interval` after the last reserved; an attempt whose slot is ahead waits for it (on the
-//! queue, then a moment in its worker) and is sent then, without reserving again.
+//! The per-endpoint rate limit: two lines of slots `interval` apart, each a virtual scheduler
+//! (GCRA), shared by every worker and process on the store.
 //!
-//! The limiter may fall behind `now` by [`TOLERANCE`] and still hand out its next slot (one in
-//! the past is sent at once): a worker a moment late keeps its place. So any one second holds
-//! at most `rate × (1 + TOLERANCE)` attempts, and one: under the `rate × 1.1 + 1` promised.
+//! - The **send line**: every attempt takes its turn there as it is about to be sent, the
+//!   line's next free slot (or `now`, once the line has fallen more than [`TOLERANCE`]
+//!   behind). An attempt whose turn is within [`SLOT_WAIT`] waits for it in its worker and
+//!   goes. So any one second holds at most `rate × (1 + TOLERANCE)` attempts, and one (under
+//!   the `rate × 1.1 + 1` promised), however late or bunched the attempts arrive.
+//! - The **backlog line** orders the attempts the send line has no turn for yet: each gets a
+//!   slot there and goes back on the queue to arrive a little before it, then takes its turn
+//!   on the send line. A new attempt joins the backlog while the backlog holds a slot at or
+//!   after the turn it would take, so the attempts already waiting go first, unless that turn
+//!   is free now (the backlog's attempts are late, and it would go unused). A slot follows
+//!   the last one given, or is the send line's next turn if that is later.
+//!
+//! An attempt that comes back after its slot (its workers were busy elsewhere) still takes
+//! the send line's next turn: a late pickup costs the endpoint none of its rate, where one
+//! line alone would send it to the back again, and every late attempt again (a livelock).
+//! Only an attempt that finds the send line full (late ones bunched up) joins the backlog
+//! again.
 
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, TimeDelta, Utc};
 
-/// How far behind `now` the next slot may be before the limiter starts afresh at `now`.
+/// How far behind `now` a line's next slot may be before the line starts afresh at `now`.
 pub const TOLERANCE: Duration = Duration::from_millis(50);
 
-/// The slot for an attempt when the next free one is `next` (`None`: never reserved), and the
-/// next free one after it.
-pub fn reserve(next: Option<DateTime<Utc>>, interval: Duration, now: DateTime<Utc>) -> (DateTime<Utc>, DateTime<Utc>) {
-    reserve_many(next, interval, now, 1)
+/// The longest a worker waits for an attempt's turn; one further ahead goes back on the queue
+/// (which delays in whole seconds) to arrive up to this much before its slot.
+pub const SLOT_WAIT: Duration = Duration::from_secs(1);
+
+/// An endpoint's two lines (`None`: never used).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Lines {
+    /// The send line's next free turn.
+    pub next_turn: Option<DateTime<Utc>>,
+    /// The backlog's last slot given.
+    pub last_slot: Option<DateTime<Utc>>,
 }
 
-/// [`reserve`] for `n` attempts at once (the storm calculator's cohorts): the first one's
+/// How an attempt comes to the limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// For the first time: it goes behind any backlog.
+    New,
+    /// Back from the backlog, its slot due (or gone by).
+    FromBacklog,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Send at this time (now, or within [`SLOT_WAIT`]).
+    SendAt(DateTime<Utc>),
+    /// Come back for this slot of the backlog.
+    Wait(DateTime<Utc>),
+}
+
+/// The verdict on an attempt arriving at `now`, and the lines after it.
+pub fn admit(lines: Lines, interval: Duration, now: DateTime<Utc>, arrival: Arrival) -> (Verdict, Lines) {
+    let interval = TimeDelta::from_std(interval).unwrap_or(TimeDelta::MAX);
+    let turn = next_free(lines.next_turn, now);
+    // A turn free now would go unused (the backlog's attempts are late): a new one takes it.
+    let behind_backlog = arrival == Arrival::New && turn > now && lines.last_slot.is_some_and(|last| last >= turn);
+    if turn - now <= TimeDelta::from_std(SLOT_WAIT).unwrap_or_default() && !behind_backlog {
+        let next_turn = Some(turn + interval);
+        return (Verdict::SendAt(turn), Lines { next_turn, ..lines });
+    }
+    let slot = match lines.last_slot {
+        Some(last) if last >= turn => last + interval,
+        _ => turn,
+    };
+    (
+        Verdict::Wait(slot),
+        Lines {
+            last_slot: Some(slot),
+            ..lines
+        },
+    )
+}
+
+/// A line's next free slot at `now`.
+fn next_free(next: Option<DateTime<Utc>>, now: DateTime<Utc>) -> DateTime<Utc> {
+    let behind = now - TimeDelta::from_std(TOLERANCE).unwrap_or_default();
+    next.filter(|n| *n >= behind).unwrap_or(now)
+}
+
+/// `n` attempts joining one line at once (the storm calculator's cohorts): the first one's
 /// slot, the rest each `interval` after the one before, and the next free after the last.
 pub fn reserve_many(
     next: Option<DateTime<Utc>>,
@@ -27,53 +93,117 @@ pub fn reserve_many(
     now: DateTime<Utc>,
     n: u64,
 ) -> (DateTime<Utc>, DateTime<Utc>) {
-    let behind = now - chrono::Duration::from_std(TOLERANCE).unwrap_or_default();
-    let slot = next.filter(|n| *n >= behind).unwrap_or(now);
+    let slot = next_free(next, now);
     let span = interval.saturating_mul(u32::try_from(n).unwrap_or(u32::MAX));
-    (
-        slot,
-        slot + chrono::Duration::from_std(span).unwrap_or(chrono::TimeDelta::MAX),
-    )
+    (slot, slot + TimeDelta::from_std(span).unwrap_or(TimeDelta::MAX))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn slots_follow_each_other_and_start_afresh_once_the_limiter_falls_behind() {
-        let now: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().unwrap();
-        let ms = |n: i64| chrono::Duration::milliseconds(n);
-        let every = Duration::from_millis(10);
-        assert_eq!(reserve(None, every, now), (now, now + ms(10)));
-        // Ahead: the next one, wherever now is.
-        assert_eq!(reserve(Some(now + ms(500)), every, now), (now + ms(500), now + ms(510)));
-        // A little behind: its place in the line, sent at once.
-        assert_eq!(reserve(Some(now - ms(50)), every, now), (now - ms(50), now - ms(40)));
-        // Far behind (idle): afresh at now, so an idle spell is not a burst later.
-        assert_eq!(reserve(Some(now - ms(51)), every, now), (now, now + ms(10)));
+    fn ms(n: i64) -> TimeDelta {
+        TimeDelta::milliseconds(n)
+    }
+
+    fn t0() -> DateTime<Utc> {
+        "2026-01-01T00:00:00Z".parse().unwrap()
     }
 
     #[test]
-    fn no_second_holds_more_than_the_rate_a_tenth_and_one() {
-        // Reservations as fast as they come, each at its own `now`, in a storm of 5 000.
-        let start: DateTime<Utc> = "2026-01-01T00:00:00Z".parse().unwrap();
+    fn turns_follow_each_other_for_a_second_then_the_backlog_takes_the_rest_in_order() {
+        let every = Duration::from_millis(250);
+        let mut lines = Lines::default();
+        let mut verdicts = Vec::new();
+        for _ in 0..7 {
+            let (verdict, after) = admit(lines, every, t0(), Arrival::New);
+            verdicts.push(verdict);
+            lines = after;
+        }
+        let send = |n| Verdict::SendAt(t0() + ms(n));
+        let wait = |n| Verdict::Wait(t0() + ms(n));
+        assert_eq!(
+            verdicts,
+            [
+                send(0),
+                send(250),
+                send(500),
+                send(750),
+                send(1000),
+                wait(1250),
+                wait(1500)
+            ]
+        );
+        // Back a second before its slot: it waits that second, in its turn.
+        let (verdict, after) = admit(lines, every, t0() + ms(250), Arrival::FromBacklog);
+        assert_eq!(verdict, send(1250));
+        // A new one goes behind the backlog, though the send line has a turn free soon.
+        let (verdict, _) = admit(after, every, t0() + ms(250), Arrival::New);
+        assert_eq!(verdict, wait(1750));
+    }
+
+    #[test]
+    fn an_attempt_back_late_takes_the_next_turn_and_an_idle_line_starts_afresh() {
+        let every = Duration::from_millis(10);
+        let now = t0();
+        let lines = |next_turn| Lines {
+            next_turn,
+            last_slot: Some(now + ms(60_000)),
+        };
+        // Late, with the send line just used: the next turn, though the backlog is long.
+        assert_eq!(
+            admit(lines(Some(now + ms(5))), every, now, Arrival::FromBacklog).0,
+            Verdict::SendAt(now + ms(5))
+        );
+        // A little behind: its place, sent at once.
+        assert_eq!(
+            admit(lines(Some(now - ms(50))), every, now, Arrival::FromBacklog).0,
+            Verdict::SendAt(now - ms(50))
+        );
+        // Far behind (idle): afresh at now, so an idle spell is not a burst later.
+        let (verdict, after) = admit(lines(Some(now - ms(51))), every, now, Arrival::FromBacklog);
+        assert_eq!((verdict, after.next_turn), (Verdict::SendAt(now), Some(now + ms(10))));
+        // The send line full (late ones bunched): to the backlog's end.
+        assert_eq!(
+            admit(lines(Some(now + ms(1_001))), every, now, Arrival::FromBacklog).0,
+            Verdict::Wait(now + ms(60_010))
+        );
+    }
+
+    #[test]
+    fn no_second_holds_more_than_the_rate_a_tenth_and_one_however_late_attempts_come_back() {
+        // A storm of 5 000 at ~588/s, rate 100/s: each new one admitted or given a backlog
+        // slot; each of those comes back between 0 and 5 s after its slot (its workers busy
+        // elsewhere), in the order it happens to arrive.
         let rate = 100u32;
         let every = Duration::from_secs(1) / rate;
-        let mut next = None;
+        let mut lines = Lines::default();
         let mut sent = Vec::new();
-        for i in 0..5_000i64 {
-            let now = start + chrono::Duration::microseconds(i * 1_700); // arrivals at ~588/s
-            let (slot, after) = reserve(next, every, now);
-            next = Some(after);
-            sent.push(slot.max(now));
+        let mut arrivals: Vec<(DateTime<Utc>, Arrival)> = (0..5_000i64)
+            .map(|i| (t0() + TimeDelta::microseconds(i * 1_700), Arrival::New))
+            .collect();
+        let mut late = 0i64;
+        while let Some(i) = (0..arrivals.len()).min_by_key(|i| arrivals[*i].0) {
+            let (now, arrival) = arrivals.swap_remove(i);
+            let (verdict, after) = admit(lines, every, now, arrival);
+            lines = after;
+            match verdict {
+                Verdict::SendAt(at) => sent.push(at.max(now)),
+                Verdict::Wait(slot) => {
+                    late = (late + 1_237) % 5_000;
+                    arrivals.push((slot - ms(1_000) + ms(late), Arrival::FromBacklog));
+                }
+            }
         }
         sent.sort();
-        let window = chrono::Duration::seconds(1);
+        let window = TimeDelta::seconds(1);
         let most = (0..sent.len())
             .map(|i| sent[i..].iter().take_while(|t| **t - sent[i] <= window).count())
             .max()
             .unwrap();
         assert!(most as f64 <= f64::from(rate) * 1.1 + 1.0, "{most} in one second");
+        // And the endpoint had its rate: 5 000 in little more than 50 s.
+        let span = (*sent.last().unwrap() - sent[0]).as_seconds_f64();
+        assert!(5_000.0 / span >= 0.9 * f64::from(rate), "{:.1}/s", 5_000.0 / span);
     }
 }

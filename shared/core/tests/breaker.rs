@@ -14,6 +14,7 @@ use hookwise_core::circuit::{CircuitBreaker, CircuitState};
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, SchedulerTable, Store};
+use hookwise_core::rate_limit::Arrival;
 use hookwise_core::services::{DeliverOutcome, NewEvent, NewSubscription, SubscriptionPatch};
 use hookwise_core::testing::memory::{status_outcome, Harness, MemoryQueue, MemoryStore, ScriptedSender};
 
@@ -499,10 +500,10 @@ async fn given_a_retry_waiting_long_for_its_rate_limit_slot_then_the_sweep_does_
         .subscription;
     h.services.ingest(&tenant, event(), None).await.unwrap();
     h.drain_now().await;
-    // A backlog: 400 slots taken, one a second, by attempts on their way.
+    // A backlog: 400 turns and slots taken, one a second, by attempts on their way.
     for _ in 0..400 {
         h.store
-            .reserve_slot(&sub.id, std::time::Duration::from_secs(1), h.clock.now())
+            .limit_rate(&sub.id, std::time::Duration::from_secs(1), h.clock.now(), Arrival::New)
             .await
             .unwrap();
     }

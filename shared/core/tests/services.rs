@@ -6,7 +6,9 @@ use hookwise_core::circuit::CircuitBreaker;
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, SendOutcome, Store};
-use hookwise_core::services::{Config, DeliverOutcome, KeyRef, NewEvent, NewSubscription, Services, TenantPatch};
+use hookwise_core::services::{
+    Config, DeliverOutcome, KeyRef, NewEvent, NewSubscription, Services, TenantPatch, DISABLE_NOTICE_CLAIM,
+};
 use hookwise_core::signing;
 use hookwise_core::testing::memory::{status_outcome, Harness, ScriptedSender};
 use hookwise_core::Error;
@@ -1733,7 +1735,7 @@ async fn given_a_rate_limit_then_an_attempt_past_the_next_second_is_deferred_onc
 }
 
 #[tokio::test]
-async fn given_a_deferred_attempt_arriving_after_its_slot_went_by_then_it_reserves_another_rather_than_burst() {
+async fn given_a_deferred_attempt_arriving_after_its_slot_went_by_then_it_takes_the_next_turn_rather_than_burst() {
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, _) = h.tenant("owner@example.com").await;
     let new = NewSubscription {
@@ -1758,7 +1760,7 @@ async fn given_a_deferred_attempt_arriving_after_its_slot_went_by_then_it_reserv
     assert_eq!(slot, t0 + Duration::seconds(2));
     let (deferred, _) = h.queue.log.lock().unwrap().last().cloned().unwrap();
     // Its workers were busy: it comes back 10 s after its slot, just after the fourth took
-    // the limiter's slot of that second.
+    // the limiter's turn of that second.
     h.clock.set(t0 + Duration::seconds(12));
     h.services.deliver(&tasks[3]).await.unwrap();
     let sent_before = h.sender.requests.lock().unwrap().len();
@@ -1766,14 +1768,101 @@ async fn given_a_deferred_attempt_arriving_after_its_slot_went_by_then_it_reserv
     assert_eq!(
         late,
         DeliverOutcome::Delivered,
-        "a fresh slot, a second after the one just used"
+        "the next turn, a second after the one just used"
     );
     assert_eq!(
         h.clock.now(),
         t0 + Duration::seconds(13),
-        "sent in its new slot, not at once"
+        "sent in its turn, not at once"
     );
     assert_eq!(h.sender.requests.lock().unwrap().len(), sent_before + 1);
+}
+
+#[tokio::test]
+async fn given_a_backlog_its_workers_pick_up_late_then_the_endpoint_still_gets_nine_tenths_of_its_rate_and_no_more() {
+    // Every message is handled 1 to 5 s after it becomes visible (the workers busy with
+    // another tenant's slow endpoint), each by its own worker, side by side: a late attempt
+    // used to go to the back of the line, and come back late again, and the endpoint got
+    // nothing.
+    let sent_at = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let time = std::sync::Arc::new(std::sync::OnceLock::<std::sync::Arc<dyn Clock>>::new());
+    let (record, now) = (sent_at.clone(), time.clone());
+    let (h, clock) = Harness::stepped(
+        ScriptedSender::new(move |_, _| {
+            record.lock().unwrap().push(now.get().unwrap().now());
+            status_outcome(200)
+        }),
+        Config::default(),
+    );
+    assert!(time.set(h.clock.clone()).is_ok());
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let rate = 10u32;
+    let new = NewSubscription {
+        rate_limit_per_second: Some(rate),
+        ..new_sub("https://a.example.com/", &["*"], None)
+    };
+    h.services.create_subscription(&tenant, new).await.unwrap();
+    let events = 300;
+    for _ in 0..events {
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    let received = || h.sender.requests.lock().unwrap().len();
+    let end = h.clock.now() + Duration::seconds(120);
+    let mut picked_up: Vec<(chrono::DateTime<chrono::Utc>, DeliveryTask)> = Vec::new();
+    let mut workers = futures::stream::FuturesUnordered::new();
+    let mut n = 0i64;
+    while h.clock.now() < end && received() < events {
+        clock.advance(Duration::milliseconds(10));
+        for task in h.queue.take_visible() {
+            n += 1;
+            picked_up.push((h.clock.now() + Duration::milliseconds(1_000 + n * 1_237 % 4_000), task));
+        }
+        picked_up.sort_by_key(|(at, _)| *at);
+        let due = picked_up.iter().take_while(|(at, _)| *at <= h.clock.now()).count();
+        for (_, task) in picked_up.drain(..due) {
+            let services = &h.services;
+            workers.push(async move { services.deliver(&task).await.unwrap() });
+        }
+        // Each worker runs until it waits for time to move, or is done.
+        std::future::poll_fn(|cx| {
+            while let std::task::Poll::Ready(Some(_)) = futures::StreamExt::poll_next_unpin(&mut workers, cx) {}
+            std::task::Poll::Ready(())
+        })
+        .await;
+    }
+
+    // Judged by what the endpoint received.
+    let ids: std::collections::HashSet<_> = h
+        .sender
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.headers.iter().find(|(k, _)| k == "webhook-id").unwrap().1.clone())
+        .collect();
+    assert_eq!(
+        (received(), ids.len()),
+        (events, events),
+        "each event once, all of them"
+    );
+    let mut times = sent_at.lock().unwrap().clone();
+    times.sort();
+    let span = (*times.last().unwrap() - times[0]).as_seconds_f64();
+    let per_second = events as f64 / span;
+    assert!(
+        per_second >= 0.9 * f64::from(rate),
+        "{per_second:.1}/s while the backlog lasted"
+    );
+    let most = (0..times.len())
+        .map(|i| {
+            times[i..]
+                .iter()
+                .take_while(|t| **t - times[i] <= Duration::seconds(1))
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert!(most as f64 <= f64::from(rate) * 1.1 + 1.0, "{most} in one second");
 }
 
 #[tokio::test]
@@ -1916,7 +2005,13 @@ async fn given_the_auto_disable_email_failing_then_the_message_comes_back_and_it
         sent.iter().filter(|m| m.subject.contains("disabled")).count()
     };
     assert_eq!(told(&h), 0);
-    // It comes back: its attempt is recorded (stale), and the owner is told.
+    // A copy arriving at once leaves the email to the call that took it on (which may yet
+    // send it), and comes back later itself.
+    assert!(h.services.deliver(&task).await.is_err());
+    assert_eq!(told(&h), 0);
+    // It comes back after the queue's visibility timeout: its attempt is recorded (stale),
+    // the email is free again, and the owner is told.
+    h.clock.advance(Duration::seconds(120));
     assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
     assert_eq!(told(&h), 1);
     let done = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
@@ -1924,6 +2019,43 @@ async fn given_the_auto_disable_email_failing_then_the_message_comes_back_and_it
     h.clock.advance(Duration::seconds(31)); // past the lookups' time to live
     assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
     assert_eq!(told(&h), 1, "once");
+}
+
+#[tokio::test]
+async fn given_another_process_keeping_a_copy_of_the_subscription_with_its_email_pending_then_the_owner_is_told_once() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let other = operator(&h);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = disabled_after_an_hour(&h, &tenant).await;
+    h.clock.advance(Duration::minutes(61));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let tasks = h.queue.take_visible();
+    h.mailer
+        .refusing_once
+        .lock()
+        .unwrap()
+        .insert("owner@example.com".into());
+    // This process disables it; the email fails, and its message will come back.
+    assert!(h.services.deliver(&tasks[0]).await.is_err());
+    h.clock.advance(DISABLE_NOTICE_CLAIM + Duration::seconds(1));
+    // The other process handles the second event's delivery, keeping the disabled copy.
+    assert_eq!(other.deliver(&tasks[1]).await.unwrap(), DeliverOutcome::Dead);
+    // The first message comes back here, and the owner is told.
+    assert_eq!(h.services.deliver(&tasks[0]).await.unwrap(), DeliverOutcome::Stale);
+    let told = || {
+        let sent = h.mailer.sent.lock().unwrap();
+        sent.iter().filter(|m| m.subject.contains("disabled")).count()
+    };
+    assert_eq!(told(), 1);
+    // A copy of it reaches the other process, whose copy still says pending: not again.
+    assert_eq!(other.deliver(&tasks[0]).await.unwrap(), DeliverOutcome::Stale);
+    assert_eq!(told(), 1, "once");
+    let done = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert_eq!(
+        (done.disable_notice_pending, done.disable_notice_claimed_at),
+        (false, None)
+    );
 }
 
 /// A subscription of `tenant` with no retries, disabled after an hour without a success.

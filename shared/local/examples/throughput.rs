@@ -57,6 +57,7 @@ async fn main() {
         circuit_breaker: Default::default(),
         active_since: None,
         disable_notice_pending: false,
+        disable_notice_claimed_at: None,
         disabled_reason: None,
         owner_email: None,
         description: None,

@@ -13,7 +13,8 @@ use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 /// `rate_slots`, and `queue.grp` (the tenant a receive takes turns by). 5: `circuits` and
 /// `held` (the circuit breaker's state and the attempts it holds). 6: `queue_by_group`
 /// replaces `queue_by_visibility`. 7: `holding` (the endpoints the scheduler tends).
-const VERSION: i64 = 7;
+/// 8: `rate_lines` (the limiter's send and backlog lines) replaces `rate_slots`.
+const VERSION: i64 = 8;
 
 /// Prepared statements kept per connection: more than the backend has.
 const STATEMENT_CACHE: usize = 128;
@@ -24,11 +25,14 @@ CREATE TABLE IF NOT EXISTS tenants (
     doc           TEXT NOT NULL
 );
 
--- Each rate-limited endpoint's next free slot (nanoseconds).
-CREATE TABLE IF NOT EXISTS rate_slots (
+-- Each rate-limited endpoint's lines (`rate_limit::Lines`, nanoseconds).
+CREATE TABLE IF NOT EXISTS rate_lines (
     subscription_id  TEXT PRIMARY KEY,
-    next_slot        INTEGER NOT NULL
-);
+    next_turn        INTEGER,
+    last_slot        INTEGER
+) WITHOUT ROWID;
+-- Before version 8, one line. (Attempts waiting for its slots still come back with them.)
+DROP TABLE IF EXISTS rate_slots;
 
 -- Each endpoint's circuit breaker, once it first opened.
 CREATE TABLE IF NOT EXISTS circuits (

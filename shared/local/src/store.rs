@@ -8,6 +8,7 @@ use hookwise_core::model::*;
 use hookwise_core::ports::{
     Created, DeadNotice, DeliveryChange, DeliveryPage, DeliveryQuery, DigestClaim, PortResult, Store,
 };
+use hookwise_core::rate_limit::{self, Arrival, Lines, Verdict};
 use hookwise_core::PortError;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -566,26 +567,37 @@ impl Store for LocalBackend {
         .await
     }
 
-    async fn reserve_slot(
+    async fn limit_rate(
         &self,
         sub: &SubscriptionId,
         interval: std::time::Duration,
         now: DateTime<Utc>,
-    ) -> PortResult<DateTime<Utc>> {
+        arrival: Arrival,
+    ) -> PortResult<Verdict> {
         let sub = sub.to_string();
-        self.with_conn("reserve a rate-limit slot", move |conn| {
-            let next: Option<i64> = conn
-                .prepare_cached("SELECT next_slot FROM rate_slots WHERE subscription_id = ?1")
-                .and_then(|mut s| s.query_row([&sub], |row| row.get(0)).optional())
-                .map_err(|e| db_err("read a rate-limit slot", e))?;
-            let (slot, after) = hookwise_core::rate_limit::reserve(next.map(from_nanos), interval, now);
+        self.with_conn("take a rate-limit turn", move |conn| {
+            let lines = conn
+                .prepare_cached("SELECT next_turn, last_slot FROM rate_lines WHERE subscription_id = ?1")
+                .and_then(|mut s| {
+                    s.query_row([&sub], |row| {
+                        Ok(Lines {
+                            next_turn: row.get::<_, Option<i64>>(0)?.map(from_nanos),
+                            last_slot: row.get::<_, Option<i64>>(1)?.map(from_nanos),
+                        })
+                    })
+                    .optional()
+                })
+                .map_err(|e| db_err("read the rate-limit lines", e))?
+                .unwrap_or_default();
+            let (verdict, after) = rate_limit::admit(lines, interval, now, arrival);
             conn.prepare_cached(
-                "INSERT INTO rate_slots (subscription_id, next_slot) VALUES (?1, ?2)
-                 ON CONFLICT (subscription_id) DO UPDATE SET next_slot = excluded.next_slot",
+                "INSERT INTO rate_lines (subscription_id, next_turn, last_slot) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (subscription_id) DO UPDATE
+                 SET next_turn = excluded.next_turn, last_slot = excluded.last_slot",
             )
-            .and_then(|mut s| s.execute(params![sub, nanos(after)]))
-            .map_err(|e| db_err("reserve a rate-limit slot", e))?;
-            Ok(slot)
+            .and_then(|mut s| s.execute(params![sub, after.next_turn.map(nanos), after.last_slot.map(nanos)]))
+            .map_err(|e| db_err("write the rate-limit lines", e))?;
+            Ok(verdict)
         })
         .await
     }

@@ -77,6 +77,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         circuit_breaker: Default::default(),
         active_since: None,
         disable_notice_pending: false,
+        disable_notice_claimed_at: None,
         disabled_reason: None,
         owner_email: None,
         description: None,

@@ -140,6 +140,10 @@ pub struct Subscription {
     /// (the disabling call, or a message of its coming back after that call failed).
     #[serde(default)]
     pub disable_notice_pending: bool,
+    /// When a call took the pending email on, to send it: another call leaves it to that one
+    /// until [`crate::services::DISABLE_NOTICE_CLAIM`] has passed, so the owner is told once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disable_notice_claimed_at: Option<DateTime<Utc>>,
     pub owner_email: Option<Email>,
     pub description: Option<String>,
     pub created_at: DateTime<Utc>,

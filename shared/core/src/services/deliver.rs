@@ -13,7 +13,7 @@ use crate::health::HealthSample;
 use crate::metrics;
 use crate::model::*;
 use crate::ports::{DeliveryChange, DeliveryTask, ScheduledTask, WebhookRequest};
-use crate::rate_limit;
+use crate::rate_limit::{self, Arrival, Verdict};
 use crate::signing::signature_header;
 use crate::state::{self, after_attempt, decide, give_up, is_due_attempt, AttemptContext, Decision};
 
@@ -44,9 +44,11 @@ pub enum DeliverOutcome {
 /// The `disabled_reason` of a subscription whose endpoint answered 410.
 const GONE: &str = "the endpoint answered 410 Gone";
 
-/// The longest a worker waits for an attempt's slot; one further ahead goes back on the queue
-/// (which delays in whole seconds) to arrive up to this much before its slot.
-pub const SLOT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+/// How long a call that took on a disabled subscription's email (to send it) has it to itself:
+/// longer than any such call lives (the Deliver function's 60 s), shorter than the queue's
+/// visibility timeout (180 s on AWS, 120 s locally), so the message of a call that died finds
+/// the email free when it comes back, and sends it.
+pub const DISABLE_NOTICE_CLAIM: chrono::Duration = chrono::Duration::seconds(90);
 
 /// How long an ingest may take between queueing a first attempt and storing its delivery: no
 /// longer than the API's own time limit (API Gateway's 30 s; the ingest Lambda's is 15 s).
@@ -272,14 +274,11 @@ impl Services {
         }
     }
 
-    /// Under the endpoint's rate limit, the attempt's slot: reserved now, or (on a deferred
-    /// message) reserved before. A slot within [`SLOT_WAIT`] is waited for here; one further
-    /// ahead sends the message back to arrive shortly before it, with its slot, and is
-    /// returned: the attempt is deferred once, whatever the backlog. A message that comes back
-    /// after its slot has gone by (its workers were busy) reserves another: sent late in its
-    /// old one, many such would make a burst. A deferred delivery the sweep looks after has
-    /// its next attempt moved to its slot first, so the sweep does not queue it again while
-    /// it waits.
+    /// Under the endpoint's rate limit ([`rate_limit`]): wait here for the attempt's turn to
+    /// send, or send the message back to arrive shortly before its slot in the backlog, which
+    /// is returned. A message back early (the queue delays in whole seconds) goes back again,
+    /// its slot kept. A deferred delivery the sweep looks after has its next attempt moved to
+    /// its slot first, so the sweep does not queue it again while it waits.
     async fn wait_for_slot(
         &self,
         sub: &Subscription,
@@ -289,16 +288,28 @@ impl Services {
         let Some(interval) = sub.slot_interval() else {
             return Ok(None);
         };
-        let late = self.now() - chrono::Duration::from_std(rate_limit::TOLERANCE).unwrap_or_default();
-        let slot = match task.slot {
-            Some(slot) if slot >= late => slot,
-            _ => self.ports.store.reserve_slot(&sub.id, interval, self.now()).await?,
+        let wait = chrono::Duration::from_std(rate_limit::SLOT_WAIT).unwrap_or_default();
+        let verdict = match task.slot {
+            Some(slot) if slot - self.now() > wait => Verdict::Wait(slot),
+            slot => {
+                let arrival = if slot.is_some() {
+                    Arrival::FromBacklog
+                } else {
+                    Arrival::New
+                };
+                self.ports
+                    .store
+                    .limit_rate(&sub.id, interval, self.now(), arrival)
+                    .await?
+            }
         };
-        let wait = chrono::Duration::from_std(SLOT_WAIT).unwrap_or_default();
-        if slot - self.now() <= wait {
-            self.ports.clock.sleep_until(slot).await;
-            return Ok(None);
-        }
+        let slot = match verdict {
+            Verdict::SendAt(turn) => {
+                self.ports.clock.sleep_until(turn).await;
+                return Ok(None);
+            }
+            Verdict::Wait(slot) => slot,
+        };
         if delivery.is_swept() && delivery.next_attempt_at.is_none_or(|at| at < slot) {
             match self
                 .ports
@@ -472,6 +483,8 @@ impl Services {
             sub.status = SubscriptionStatus::Disabled;
             sub.disabled_reason = Some(reason.into());
             sub.disable_notice_pending = notice_pending;
+            // The call that disables it sends the email: taken on in the same write.
+            sub.disable_notice_claimed_at = notice_pending.then(|| self.now());
             sub.updated_at = super::subscriptions::next_version(read_at, self.now());
             let result = self.replace_subscription(&mut sub, read_at).await;
             self.forget_subscription(&sub.tenant_id, &sub.id);
@@ -525,20 +538,56 @@ impl Services {
 
     /// A message that found its attempt recorded: if its subscription was disabled for failing
     /// and its owner not told (the call that disabled it failed before the email), tell them.
+    /// The copy this process keeps only says whether to look: the email is taken on, on the
+    /// stored copy, so that of two calls that find it pending one sends it.
     async fn tell_of_disabling(&self, delivery: &Delivery) -> Result<()> {
-        let sub = self
+        let pending = |s: &Subscription| s.disable_notice_pending && s.status == SubscriptionStatus::Disabled;
+        let kept = self
             .kept_subscription(&delivery.tenant_id, &delivery.subscription_id)
             .await?;
-        let Some(sub) = sub.filter(|s| s.disable_notice_pending && s.status == SubscriptionStatus::Disabled) else {
+        if !kept.as_ref().is_some_and(pending) {
+            return Ok(());
+        }
+        let stored = self
+            .ports
+            .store
+            .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
+            .await?;
+        let Some(mut sub) = stored.filter(pending) else {
+            self.forget_subscription(&delivery.tenant_id, &delivery.subscription_id);
             return Ok(());
         };
+        if let Some(at) = sub
+            .disable_notice_claimed_at
+            .filter(|at| self.now() - *at < DISABLE_NOTICE_CLAIM)
+        {
+            // Another call is sending it. Should that call die, this message, back later,
+            // sends it.
+            return Err(PortError::retryable(
+                "tell of the disabling",
+                format!("the email is being sent by another call (since {at})"),
+            )
+            .into());
+        }
+        let read_at = sub.updated_at;
+        sub.disable_notice_claimed_at = Some(self.now());
+        sub.updated_at = super::subscriptions::next_version(read_at, self.now());
+        let taken = self.replace_subscription(&mut sub, read_at).await;
+        self.forget_subscription(&sub.tenant_id, &sub.id);
+        match taken {
+            Ok(()) => {}
+            // Changed since: taken on by another call, or re-enabled.
+            Err(PortError::ConditionFailed(_)) => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
         let tenant = self.kept_tenant(&sub.tenant_id).await?;
         let since = sub.failing_since(self.stored_health(&sub.id).await?.last_success_at);
         self.send_disable_notice(sub, tenant.as_ref(), since).await
     }
 
     /// Email the owner of a subscription disabled for failing (its endpoint failing `since`),
-    /// then mark it told. An error leaves it pending.
+    /// the email taken on by this call, then mark it told. An error leaves it pending, taken
+    /// on until [`DISABLE_NOTICE_CLAIM`] has passed.
     async fn send_disable_notice(
         &self,
         mut sub: Subscription,
@@ -555,6 +604,7 @@ impl Services {
         }
         let read_at = sub.updated_at;
         sub.disable_notice_pending = false;
+        sub.disable_notice_claimed_at = None;
         sub.updated_at = super::subscriptions::next_version(read_at, self.now());
         let result = self.replace_subscription(&mut sub, read_at).await;
         self.forget_subscription(&sub.tenant_id, &sub.id);

@@ -27,7 +27,7 @@ use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, SecretKeeper, S
 pub use breaker::CIRCUIT_TTL;
 pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
-pub use deliver::{DeliverOutcome, INGEST_WINDOW};
+pub use deliver::{DeliverOutcome, DISABLE_NOTICE_CLAIM, INGEST_WINDOW};
 pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD_BYTES};
 pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;

@@ -261,6 +261,7 @@ impl Services {
             disabled_reason: None,
             active_since: Some(now),
             disable_notice_pending: false,
+            disable_notice_claimed_at: None,
             owner_email: new.owner_email,
             description: new.description,
             created_at: now,
@@ -362,6 +363,7 @@ impl Services {
             if status == SubscriptionStatus::Active {
                 sub.disabled_reason = None;
                 sub.disable_notice_pending = false;
+                sub.disable_notice_claimed_at = None;
             }
             sub.status = status;
         }

@@ -94,7 +94,7 @@ macro_rules! store_contract_tests {
             a_released_claim_leaves_its_notices_waiting,
             a_notice_recorded_while_an_email_is_out_waits_for_the_next,
             endpoint_health_starts_empty_and_round_trips,
-            rate_limit_slots_follow_each_other_start_afresh_after_idle_and_never_repeat,
+            rate_limit_turns_follow_each_other_then_the_backlog_and_none_is_given_twice,
             tasks_enqueued_without_delay_are_visible_at_once,
             a_delayed_task_stays_hidden_until_its_delay_has_passed,
             the_queue_accepts_its_max_delay_and_refuses_longer,
@@ -195,6 +195,7 @@ impl Fixture {
             },
             active_since: None,
             disable_notice_pending: false,
+            disable_notice_claimed_at: None,
             disabled_reason: None,
             owner_email: None,
             description: Some("orders".into()),
@@ -1518,38 +1519,59 @@ pub async fn a_notice_recorded_while_an_email_is_out_waits_for_the_next(b: &dyn 
     assert_eq!(told(&next), vec![(ds[1].id.clone(), 0)]);
 }
 
-pub async fn rate_limit_slots_follow_each_other_start_afresh_after_idle_and_never_repeat(b: &dyn ContractBackend) {
+pub async fn rate_limit_turns_follow_each_other_then_the_backlog_and_none_is_given_twice(b: &dyn ContractBackend) {
+    use crate::rate_limit::{Arrival, Verdict};
     let mut fx = Fixture::new();
     let tenant = fx.tenant().id;
     let sub = fx.subscription(&tenant, t0()).id;
-    let every = Duration::from_millis(20);
-    let step = chrono::Duration::milliseconds(20);
+    let every = Duration::from_millis(250);
+    let ms = chrono::Duration::milliseconds;
     let store = b.store();
-    for i in 0..3 {
-        assert_eq!(
-            store.reserve_slot(&sub, every, t0()).await.expect("reserve"),
-            t0() + step * i
-        );
+    let sub = &sub;
+    let take = |at, arrival| async move { store.limit_rate(sub, every, at, arrival).await.expect("a verdict") };
+    let send = |n| Verdict::SendAt(t0() + ms(n));
+    let wait = |n| Verdict::Wait(t0() + ms(n));
+    // A second's worth of turns on the send line, then slots on the backlog.
+    let mut verdicts = Vec::new();
+    for _ in 0..7 {
+        verdicts.push(take(t0(), Arrival::New).await);
     }
-    // Idle for a while: afresh at the new now, not a burst of the slots missed.
-    let later = t0() + minutes(1);
-    assert_eq!(store.reserve_slot(&sub, every, later).await.expect("reserve"), later);
     assert_eq!(
-        store.reserve_slot(&sub, every, later).await.expect("reserve"),
-        later + step
+        verdicts,
+        [
+            send(0),
+            send(250),
+            send(500),
+            send(750),
+            send(1000),
+            wait(1250),
+            wait(1500)
+        ]
     );
+    // Back from the backlog a second early: the next turn, waited for.
+    assert_eq!(take(t0() + ms(250), Arrival::FromBacklog).await, send(1250));
+    // A new one goes behind the backlog.
+    assert_eq!(take(t0() + ms(250), Arrival::New).await, wait(1750));
+    // Back late, the send line fallen behind: a turn at once, though the backlog is ahead.
+    assert_eq!(take(t0() + ms(1700), Arrival::FromBacklog).await, send(1700));
+    // Idle for a while: afresh at the new now, not a burst of the turns missed.
+    let later = t0() + minutes(1);
+    assert_eq!(take(later, Arrival::New).await, Verdict::SendAt(later));
+    assert_eq!(take(later, Arrival::New).await, Verdict::SendAt(later + ms(250)));
 
-    // Many at once (as many workers would): each its own slot, one interval apart.
+    // Many at once (as many workers would): each its own turn or slot, one interval apart.
     let other = fx.subscription(&tenant, t0()).id;
     let at = t0() + minutes(2);
-    let mut slots: Vec<DateTime<Utc>> =
-        futures::future::join_all((0..40).map(|_| store.reserve_slot(&other, every, at)))
-            .await
-            .into_iter()
-            .map(|s| s.expect("reserve"))
-            .collect();
+    let every = Duration::from_millis(100);
+    let verdicts = futures::future::join_all((0..40).map(|_| store.limit_rate(&other, every, at, Arrival::New))).await;
+    let mut slots: Vec<DateTime<Utc>> = verdicts
+        .into_iter()
+        .map(|v| match v.expect("a verdict") {
+            Verdict::SendAt(t) | Verdict::Wait(t) => t,
+        })
+        .collect();
     slots.sort();
-    let want: Vec<DateTime<Utc>> = (0..40).map(|i| at + step * i).collect();
+    let want: Vec<DateTime<Utc>> = (0..40).map(|i| at + ms(100) * i).collect();
     assert_eq!(slots, want);
 }
 

@@ -29,7 +29,7 @@ struct StoreData {
     attempts: Vec<Attempt>,
     health: HashMap<SubscriptionId, EndpointHealth>,
     /// Each rate-limited endpoint's next free slot.
-    slots: HashMap<SubscriptionId, DateTime<Utc>>,
+    rate_lines: HashMap<SubscriptionId, crate::rate_limit::Lines>,
     circuits: HashMap<SubscriptionId, Circuit>,
     /// Dead rounds' notices: to whom, and whether sent.
     notices: HashMap<(DeliveryId, u32), (Email, DeadNotice, bool)>,
@@ -297,16 +297,18 @@ impl Store for MemoryStore {
             .cloned()
             .collect())
     }
-    async fn reserve_slot(
+    async fn limit_rate(
         &self,
         sub: &SubscriptionId,
         interval: std::time::Duration,
         now: DateTime<Utc>,
-    ) -> PortResult<DateTime<Utc>> {
+        arrival: crate::rate_limit::Arrival,
+    ) -> PortResult<crate::rate_limit::Verdict> {
         let mut d = lock(&self.data);
-        let (slot, next) = crate::rate_limit::reserve(d.slots.get(sub).copied(), interval, now);
-        d.slots.insert(sub.clone(), next);
-        Ok(slot)
+        let lines = d.rate_lines.get(sub).copied().unwrap_or_default();
+        let (verdict, after) = crate::rate_limit::admit(lines, interval, now, arrival);
+        d.rate_lines.insert(sub.clone(), after);
+        Ok(verdict)
     }
     async fn circuit(&self, sub: &SubscriptionId) -> PortResult<Option<Circuit>> {
         Ok(lock(&self.data).circuits.get(sub).cloned())
@@ -742,6 +744,55 @@ impl Clock for ManualClock {
     }
 }
 
+/// A clock for runs with workers side by side: time moves only when [`Self::advance`] moves
+/// it, and `sleep_until` waits for that, as a real worker waits, where [`ManualClock`]'s
+/// jumps (moving time on for every worker at once).
+pub struct SteppedClock {
+    pub manual: Arc<ManualClock>,
+    sleepers: Mutex<Vec<(DateTime<Utc>, std::task::Waker)>>,
+}
+
+impl SteppedClock {
+    pub fn new(manual: Arc<ManualClock>) -> Self {
+        Self {
+            manual,
+            sleepers: Mutex::default(),
+        }
+    }
+
+    /// Move time on, and wake whoever was waiting for it.
+    pub fn advance(&self, by: Duration) {
+        self.manual.advance(by);
+        let now = self.manual.now();
+        let woken: Vec<_> = {
+            let mut sleepers = lock(&self.sleepers);
+            let (due, waiting) = sleepers.drain(..).partition(|(at, _)| *at <= now);
+            *sleepers = waiting;
+            due
+        };
+        for (_, waker) in woken {
+            waker.wake();
+        }
+    }
+}
+
+#[async_trait]
+impl Clock for SteppedClock {
+    fn now(&self) -> DateTime<Utc> {
+        self.manual.now()
+    }
+    async fn sleep_until(&self, at: DateTime<Utc>) {
+        std::future::poll_fn(|cx| {
+            if self.manual.now() >= at {
+                return std::task::Poll::Ready(());
+            }
+            lock(&self.sleepers).push((at, cx.waker().clone()));
+            std::task::Poll::Pending
+        })
+        .await
+    }
+}
+
 /// Services on in-memory ports, with handles to each port.
 pub struct Harness {
     pub services: Services,
@@ -767,8 +818,27 @@ impl Harness {
 
     pub fn with_config(sender: ScriptedSender, config: Config, queue_max_delay: u32) -> Self {
         let clock = Arc::new(ManualClock::new("2026-01-01T00:00:00Z".parse().expect("a valid time")));
+        Self::on_clock(sender, config, queue_max_delay, clock.clone(), clock)
+    }
+
+    /// Services whose workers wait for time to move ([`SteppedClock`]): a run drives them side
+    /// by side, moving time with the clock returned.
+    pub fn stepped(sender: ScriptedSender, config: Config) -> (Self, Arc<SteppedClock>) {
+        let manual = Arc::new(ManualClock::new("2026-01-01T00:00:00Z".parse().expect("a valid time")));
+        let stepped = Arc::new(SteppedClock::new(manual.clone()));
+        (Self::on_clock(sender, config, 900, manual, stepped.clone()), stepped)
+    }
+
+    /// `clock` is what the services read and wait on; `manual`, the time it reads.
+    fn on_clock(
+        sender: ScriptedSender,
+        config: Config,
+        queue_max_delay: u32,
+        manual: Arc<ManualClock>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let store = Arc::new(MemoryStore::default());
-        let queue = Arc::new(MemoryQueue::new(clock.clone(), queue_max_delay));
+        let queue = Arc::new(MemoryQueue::new(manual.clone(), queue_max_delay));
         let scheduler = Arc::new(MemoryScheduler::default());
         let mailer = Arc::new(MemoryMailer::default());
         let secrets = Arc::new(MemorySecrets::default());
@@ -781,7 +851,7 @@ impl Harness {
             mailer: mailer.clone(),
             secrets: secrets.clone(),
             sender: sender.clone(),
-            clock: clock.clone(),
+            clock,
         };
         let services = Services::new(ports, config, rand::rngs::StdRng::seed_from_u64(42));
         Self {
@@ -792,7 +862,7 @@ impl Harness {
             mailer,
             secrets,
             sender,
-            clock,
+            clock: manual,
         }
     }
 

@@ -14,7 +14,7 @@
 //! | owner's emails     | `OWNER#{email}`          | `#DIGEST` (last sent, claim, count)      |
 //! | waiting notice     | `OWNER#{email}`          | `NOTICE#{delivery}#{round:010}`          |
 //! | endpoint health    | `HEALTH#{subscription}`  | `#HEALTH`                     |
-//! | rate limiter       | `RATE#{subscription}`    | `#RATE` (`next_turn`, `last_slot`, µs) |
+//! | rate limiter       | `RATE#{subscription}`    | `#RATE` (`next_turn`, `last_slot`, `alive`, µs) |
 //! | circuit breaker    | `CIRCUIT#{subscription}` | `#CIRCUIT` (its state, `version`) |
 //!
 //! Deliveries are read by id alone (queue messages carry only the id) and strongly
@@ -72,7 +72,7 @@ use hookwise_core::circuit::Circuit;
 use hookwise_core::health::EndpointHealth;
 use hookwise_core::model::*;
 use hookwise_core::ports::*;
-use hookwise_core::rate_limit::{Arrival, Verdict, SLOT_WAIT, TOLERANCE};
+use hookwise_core::rate_limit::{Arrival, Verdict, BACKLOG_GONE, SLOT_WAIT, TOLERANCE};
 use hookwise_core::PortError;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -373,7 +373,7 @@ impl DynamoStore {
     // --- calls
 
     /// A conditional `UpdateItem` of `sub`'s rate-limit lines: the number `returned` became,
-    /// or `None` if the condition did not hold.
+    /// or, if the condition did not hold, the lines as they were.
     async fn write_line(
         &self,
         sub: &SubscriptionId,
@@ -381,7 +381,7 @@ impl DynamoStore {
         condition: &str,
         values: Vec<(&'static str, AttributeValue)>,
         returned: &str,
-    ) -> PortResult<Option<i64>> {
+    ) -> PortResult<Result<i64, Item>> {
         const WHAT: &str = "take a rate-limit turn";
         let mut call = self
             .client
@@ -391,6 +391,7 @@ impl DynamoStore {
             .update_expression(update)
             .condition_expression(condition)
             .return_values(ReturnValue::UpdatedNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .set_return_consumed_capacity(self.rcc());
         for (placeholder, value) in values {
             call = call.expression_attribute_values(placeholder, value);
@@ -399,17 +400,14 @@ impl DynamoStore {
             Ok(out) => {
                 self.charge(WHAT, true, out.consumed_capacity());
                 let item = out.attributes.unwrap_or_default();
-                Ok(Some(get_n(&item, returned)?))
+                Ok(Ok(get_n(&item, returned)?))
             }
-            Err(err)
-                if matches!(
-                    err.as_service_error(),
-                    Some(UpdateItemError::ConditionalCheckFailedException(_))
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(err) => Err(classify(WHAT, err)),
+            Err(err) => match err.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
+                    Ok(Err(failed.item().cloned().unwrap_or_default()))
+                }
+                _ => Err(classify(WHAT, err)),
+            },
         }
     }
 
@@ -1535,14 +1533,17 @@ impl Store for DynamoStore {
     /// two to the same verdicts), so workers on one endpoint never retry on each other:
     /// 1. a turn on the send line: `ADD` the interval to `next_turn` while it is between the
     ///    tolerance behind and [`SLOT_WAIT`] ahead, or `SET` it afresh past now once it has
-    ///    fallen behind (tried first when this process last saw it idle); for a new attempt,
-    ///    only while the turn is free now or the backlog's `last_slot` is before it;
-    /// 2. else a slot on the backlog: `ADD` the interval to `last_slot` while it is at or after
-    ///    the send line's next turn, else `SET` it to that turn.
+    ///    fallen behind (tried first when this process last saw it idle). An attempt back from
+    ///    the backlog marks it `alive`; one that finds the line full comes back for its next
+    ///    turn, read from the refused write. A new attempt takes a turn only while the turn is
+    ///    free now, or no backlog slot (of a backlog alive) is at or after it;
+    /// 2. else a new attempt gets a slot on the backlog: `ADD` the interval to `last_slot`
+    ///    while it is at or after the send line's next turn and the backlog alive, else `SET`
+    ///    it to that turn, alive from now.
     ///
     /// One write a verdict most of the time, a wrong guess one more; lines moving between two
-    /// steps go round again. (The SDK's retry of a lost `ADD` wastes a slot: the rate dips,
-    /// never rises.)
+    /// steps go round again. (The SDK's retry of a lost `ADD` wastes a turn or slot: the rate
+    /// dips, never rises.)
     async fn limit_rate(
         &self,
         sub: &SubscriptionId,
@@ -1554,6 +1555,7 @@ impl Store for DynamoStore {
         let interval_us = i64::try_from(interval.as_micros()).unwrap_or(i64::MAX).max(1);
         let behind_us = now_us - TOLERANCE.as_micros() as i64;
         let latest_us = now_us + SLOT_WAIT.as_micros() as i64;
+        let gone_us = now_us - BACKLOG_GONE.as_micros() as i64;
         let at = |us: i64| DateTime::from_timestamp_micros(us).unwrap_or(now);
         let new = arrival == Arrival::New;
         let last_seen = self
@@ -1565,60 +1567,86 @@ impl Store for DynamoStore {
         let idle_first = last_seen.is_none_or(|next| next < behind_us);
         for _ in 0..4 {
             for idle in [idle_first, !idle_first] {
-                let turn = if idle {
-                    // Afresh at now: a turn free now, whoever comes.
+                let written = if idle {
+                    let (update, mut values) = if new {
+                        ("SET next_turn = :next", vec![])
+                    } else {
+                        ("SET next_turn = :next, alive = :now", vec![(":now", n(now_us))])
+                    };
+                    values.extend([(":next", n(now_us + interval_us)), (":behind", n(behind_us))]);
                     let condition = "attribute_not_exists(next_turn) OR next_turn < :behind";
-                    let values = vec![(":next", n(now_us + interval_us)), (":behind", n(behind_us))];
-                    self.write_line(sub, "SET next_turn = :next", condition, values, "next_turn")
+                    self.write_line(sub, update, condition, values, "next_turn")
                         .await?
                         .map(|_| now_us)
                 } else {
-                    let condition = if new {
-                        "next_turn BETWEEN :behind AND :latest AND (next_turn <= :now OR attribute_not_exists(last_slot) OR last_slot < next_turn)"
-                    } else {
-                        "next_turn BETWEEN :behind AND :latest"
-                    };
                     let mut values = vec![
                         (":interval", n(interval_us)),
                         (":behind", n(behind_us)),
                         (":latest", n(latest_us)),
+                        (":now", n(now_us)),
                     ];
-                    values.extend(new.then(|| (":now", n(now_us))));
-                    self.write_line(sub, "ADD next_turn :interval", condition, values, "next_turn")
+                    let (update, condition) = if new {
+                        values.push((":gone", n(gone_us)));
+                        (
+                            "ADD next_turn :interval",
+                            "next_turn BETWEEN :behind AND :latest AND (next_turn <= :now \
+                             OR attribute_not_exists(last_slot) OR last_slot < next_turn \
+                             OR attribute_not_exists(alive) OR alive <= :gone)",
+                        )
+                    } else {
+                        (
+                            "ADD next_turn :interval SET alive = :now",
+                            "next_turn BETWEEN :behind AND :latest",
+                        )
+                    };
+                    self.write_line(sub, update, condition, values, "next_turn")
                         .await?
                         .map(|next| next - interval_us)
                 };
-                if let Some(turn) = turn {
-                    self.turns_seen
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(sub.clone(), turn + interval_us);
-                    return Ok(Verdict::SendAt(at(turn)));
+                match written {
+                    Ok(turn) => {
+                        self.turns_seen
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(sub.clone(), turn + interval_us);
+                        return Ok(Verdict::SendAt(at(turn)));
+                    }
+                    // Back from the backlog to a full send line: back for its next turn.
+                    Err(lines) if !new => {
+                        if let Some(turn) = get_n::<i64>(&lines, "next_turn").ok().filter(|t| *t > latest_us) {
+                            return Ok(Verdict::Wait(at(turn)));
+                        }
+                    }
+                    Err(_) => {}
                 }
             }
-            let after_last = self
+            if !new {
+                continue;
+            }
+            let joined = self
                 .write_line(
                     sub,
                     "ADD last_slot :interval",
-                    "last_slot >= next_turn",
-                    vec![(":interval", n(interval_us))],
+                    "last_slot >= next_turn AND alive > :gone",
+                    vec![(":interval", n(interval_us)), (":gone", n(gone_us))],
                     "last_slot",
                 )
                 .await?;
-            let slot = match after_last {
-                Some(slot) => Some(slot),
-                None => {
+            let slot = match joined {
+                Ok(slot) => Ok(slot),
+                Err(_) => {
                     self.write_line(
                         sub,
-                        "SET last_slot = next_turn",
-                        "attribute_exists(next_turn) AND (attribute_not_exists(last_slot) OR last_slot < next_turn)",
-                        vec![],
+                        "SET last_slot = next_turn, alive = :now",
+                        "attribute_exists(next_turn) AND (attribute_not_exists(last_slot) OR last_slot < next_turn \
+                         OR attribute_not_exists(alive) OR alive <= :gone)",
+                        vec![(":now", n(now_us)), (":gone", n(gone_us))],
                         "last_slot",
                     )
                     .await?
                 }
             };
-            if let Some(slot) = slot {
+            if let Ok(slot) = slot {
                 return Ok(Verdict::Wait(at(slot)));
             }
         }

@@ -134,8 +134,10 @@ pub trait Store: Send + Sync {
 
     /// The rate limiter: the verdict of [`crate::rate_limit::admit`] on an attempt to `sub`'s
     /// endpoint arriving at `now`, two slots `interval` apart, decided on the endpoint's
-    /// stored lines and the lines it returns stored, as one atomic step for every worker and
-    /// process on the store.
+    /// stored lines, and the lines it returns stored, shared by every worker and process on
+    /// the store: no two verdicts name one turn or one slot. (SQLite and memory decide in one
+    /// step; DynamoDB in conditional writes, where lines moving between two of them can make
+    /// a verdict one a moment later would give.)
     async fn limit_rate(
         &self,
         sub: &SubscriptionId,

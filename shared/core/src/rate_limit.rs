@@ -6,18 +6,22 @@
 //!   behind). An attempt whose turn is within [`SLOT_WAIT`] waits for it in its worker and
 //!   goes. So any one second holds at most `rate × (1 + TOLERANCE)` attempts, and one (under
 //!   the `rate × 1.1 + 1` promised), however late or bunched the attempts arrive.
-//! - The **backlog line** orders the attempts the send line has no turn for yet: each gets a
-//!   slot there and goes back on the queue to arrive a little before it, then takes its turn
-//!   on the send line. A new attempt joins the backlog while the backlog holds a slot at or
-//!   after the turn it would take, so the attempts already waiting go first, unless that turn
-//!   is free now (the backlog's attempts are late, and it would go unused). A slot follows
-//!   the last one given, or is the send line's next turn if that is later.
+//! - The **backlog line** orders the new attempts the send line has no turn for yet: each
+//!   gets a slot there and goes back on the queue to arrive a little before it, then takes its
+//!   turn on the send line. A new attempt joins the backlog while the backlog holds a slot at
+//!   or after the turn it would take, so the attempts already waiting go first, unless that
+//!   turn is free now (it would go unused). A slot follows the last one given, or is the send
+//!   line's next turn if that is later.
 //!
-//! An attempt that comes back after its slot (its workers were busy elsewhere) still takes
-//! the send line's next turn: a late pickup costs the endpoint none of its rate, where one
+//! An attempt back from the backlog takes the send line's next turn, whenever it comes: a
+//! late pickup (its workers busy elsewhere) costs the endpoint little of its rate, where one
 //! line alone would send it to the back again, and every late attempt again (a livelock).
-//! Only an attempt that finds the send line full (late ones bunched up) joins the backlog
-//! again.
+//! If late ones bunched up and the send line is full, it comes back for the send line's next
+//! turn, not the backlog's end, so no turn goes unused while attempts wait.
+//!
+//! A backlog none of whose attempts has come back for [`BACKLOG_GONE`] is taken for gone
+//! (its deliveries were settled some other way): new attempts neither wait behind it nor
+//! follow its last slot.
 
 use std::time::Duration;
 
@@ -30,6 +34,10 @@ pub const TOLERANCE: Duration = Duration::from_millis(50);
 /// (which delays in whole seconds) to arrive up to this much before its slot.
 pub const SLOT_WAIT: Duration = Duration::from_secs(1);
 
+/// How long a backlog may go without an attempt coming back from it before it is taken for
+/// gone: longer than a pickup is late (seconds) and the second an attempt comes early.
+pub const BACKLOG_GONE: Duration = Duration::from_secs(15);
+
 /// An endpoint's two lines (`None`: never used).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Lines {
@@ -37,6 +45,9 @@ pub struct Lines {
     pub next_turn: Option<DateTime<Utc>>,
     /// The backlog's last slot given.
     pub last_slot: Option<DateTime<Utc>>,
+    /// When an attempt last came back from the backlog and took its turn, or the backlog
+    /// last started afresh.
+    pub alive: Option<DateTime<Utc>>,
 }
 
 /// How an attempt comes to the limiter.
@@ -60,20 +71,39 @@ pub enum Verdict {
 pub fn admit(lines: Lines, interval: Duration, now: DateTime<Utc>, arrival: Arrival) -> (Verdict, Lines) {
     let interval = TimeDelta::from_std(interval).unwrap_or(TimeDelta::MAX);
     let turn = next_free(lines.next_turn, now);
-    // A turn free now would go unused (the backlog's attempts are late): a new one takes it.
-    let behind_backlog = arrival == Arrival::New && turn > now && lines.last_slot.is_some_and(|last| last >= turn);
-    if turn - now <= TimeDelta::from_std(SLOT_WAIT).unwrap_or_default() && !behind_backlog {
+    let within_wait = turn - now <= TimeDelta::from_std(SLOT_WAIT).unwrap_or_default();
+    if arrival == Arrival::FromBacklog {
+        if !within_wait {
+            return (Verdict::Wait(turn), lines);
+        }
+        let (next_turn, alive) = (Some(turn + interval), Some(now));
+        return (
+            Verdict::SendAt(turn),
+            Lines {
+                next_turn,
+                alive,
+                ..lines
+            },
+        );
+    }
+    let gone = now - TimeDelta::from_std(BACKLOG_GONE).unwrap_or_default();
+    let backlog = lines.last_slot.filter(|_| lines.alive.is_some_and(|at| at > gone));
+    let behind_backlog = turn > now && backlog.is_some_and(|last| last >= turn);
+    if within_wait && !behind_backlog {
         let next_turn = Some(turn + interval);
         return (Verdict::SendAt(turn), Lines { next_turn, ..lines });
     }
-    let slot = match lines.last_slot {
-        Some(last) if last >= turn => last + interval,
-        _ => turn,
+    let (slot, alive) = match backlog {
+        Some(last) if last >= turn => (last + interval, lines.alive),
+        // Afresh at the send line's next turn: alive from now.
+        _ => (turn, Some(now)),
     };
+    let last_slot = Some(slot);
     (
         Verdict::Wait(slot),
         Lines {
-            last_slot: Some(slot),
+            last_slot,
+            alive,
             ..lines
         },
     )
@@ -149,6 +179,7 @@ mod tests {
         let lines = |next_turn| Lines {
             next_turn,
             last_slot: Some(now + ms(60_000)),
+            alive: Some(now),
         };
         // Late, with the send line just used: the next turn, though the backlog is long.
         assert_eq!(
@@ -163,10 +194,45 @@ mod tests {
         // Far behind (idle): afresh at now, so an idle spell is not a burst later.
         let (verdict, after) = admit(lines(Some(now - ms(51))), every, now, Arrival::FromBacklog);
         assert_eq!((verdict, after.next_turn), (Verdict::SendAt(now), Some(now + ms(10))));
-        // The send line full (late ones bunched): to the backlog's end.
+        // The send line full (late ones bunched): back for its next turn, not the backlog's
+        // end, the lines as they were.
+        let full = lines(Some(now + ms(1_001)));
         assert_eq!(
-            admit(lines(Some(now + ms(1_001))), every, now, Arrival::FromBacklog).0,
-            Verdict::Wait(now + ms(60_010))
+            admit(full, every, now, Arrival::FromBacklog),
+            (Verdict::Wait(now + ms(1_001)), full)
+        );
+        // A new one, though, goes to the backlog's end.
+        assert_eq!(admit(full, every, now, Arrival::New).0, Verdict::Wait(now + ms(60_010)));
+    }
+
+    #[test]
+    fn a_backlog_none_came_back_from_for_a_while_is_taken_for_gone() {
+        let every = Duration::from_millis(100);
+        let now = t0();
+        let busy = |alive| Lines {
+            next_turn: Some(now + ms(500)),
+            last_slot: Some(now + ms(3_600_000)),
+            alive: Some(alive),
+        };
+        // Alive: a new one waits behind it.
+        let gone = TimeDelta::from_std(BACKLOG_GONE).unwrap();
+        assert_eq!(
+            admit(busy(now - gone + ms(1)), every, now, Arrival::New).0,
+            Verdict::Wait(now + ms(3_600_100))
+        );
+        // Gone: it takes its turn, and when the send line is full starts the backlog afresh.
+        assert_eq!(
+            admit(busy(now - gone), every, now, Arrival::New).0,
+            Verdict::SendAt(now + ms(500))
+        );
+        let full = Lines {
+            next_turn: Some(now + ms(1_500)),
+            ..busy(now - gone)
+        };
+        let (verdict, after) = admit(full, every, now, Arrival::New);
+        assert_eq!(
+            (verdict, after.last_slot, after.alive),
+            (Verdict::Wait(now + ms(1_500)), Some(now + ms(1_500)), Some(now))
         );
     }
 

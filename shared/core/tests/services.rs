@@ -1783,7 +1783,14 @@ async fn given_a_backlog_its_workers_pick_up_late_then_the_endpoint_still_gets_n
     // Every message is handled 1 to 5 s after it becomes visible (the workers busy with
     // another tenant's slow endpoint), each by its own worker, side by side: a late attempt
     // used to go to the back of the line, and come back late again, and the endpoint got
-    // nothing.
+    // nothing. At a low limit, late ones bunched up must not leave turns unused either.
+    for (rate, events) in [(10, 300), (1, 60), (2, 100)] {
+        late_pickup_run(rate, events).await;
+    }
+}
+
+/// `events` to an endpoint limited to `rate` a second, each message picked up late.
+async fn late_pickup_run(rate: u32, events: usize) {
     let sent_at = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let time = std::sync::Arc::new(std::sync::OnceLock::<std::sync::Arc<dyn Clock>>::new());
     let (record, now) = (sent_at.clone(), time.clone());
@@ -1796,18 +1803,16 @@ async fn given_a_backlog_its_workers_pick_up_late_then_the_endpoint_still_gets_n
     );
     assert!(time.set(h.clock.clone()).is_ok());
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let rate = 10u32;
     let new = NewSubscription {
         rate_limit_per_second: Some(rate),
         ..new_sub("https://a.example.com/", &["*"], None)
     };
     h.services.create_subscription(&tenant, new).await.unwrap();
-    let events = 300;
     for _ in 0..events {
         h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     }
     let received = || h.sender.requests.lock().unwrap().len();
-    let end = h.clock.now() + Duration::seconds(120);
+    let end = h.clock.now() + Duration::seconds(2 * events as i64 / i64::from(rate) + 60);
     let mut picked_up: Vec<(chrono::DateTime<chrono::Utc>, DeliveryTask)> = Vec::new();
     let mut workers = futures::stream::FuturesUnordered::new();
     let mut n = 0i64;
@@ -2055,6 +2060,63 @@ async fn given_another_process_keeping_a_copy_of_the_subscription_with_its_email
     assert_eq!(
         (done.disable_notice_pending, done.disable_notice_claimed_at),
         (false, None)
+    );
+}
+
+#[tokio::test]
+async fn given_the_answers_of_the_disabling_and_told_writes_lost_then_the_owner_is_told_once_all_the_same() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = disabled_after_an_hour(&h, &tenant).await;
+    h.clock.advance(Duration::minutes(61));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().pop().unwrap();
+    // The disabling lands, and so does the "told" write, but each answers as a retry of a
+    // write whose answer was lost: "changed since it was read".
+    h.store
+        .lost_subscription_answers
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Dead);
+    let told = |h: &Harness| {
+        let sent = h.mailer.sent.lock().unwrap();
+        sent.iter().filter(|m| m.subject.contains("disabled")).count()
+    };
+    assert_eq!(told(&h), 1, "the call that disabled it knew its own write");
+    let done = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert_eq!(
+        (done.status, done.disable_notice_pending, done.disable_notice_claimed_at),
+        (SubscriptionStatus::Disabled, false, None),
+        "and marked it told"
+    );
+    h.clock.advance(DISABLE_NOTICE_CLAIM + Duration::seconds(1));
+    assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
+    assert_eq!(told(&h), 1, "once");
+}
+
+#[tokio::test]
+async fn given_an_edit_just_before_the_told_write_then_it_is_marked_told_on_the_fresh_copy_and_not_sent_again() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = disabled_after_an_hour(&h, &tenant).await;
+    h.clock.advance(Duration::minutes(61));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().pop().unwrap();
+    // The disabling goes through; the owner edits the subscription just before the "told"
+    // write.
+    *h.store.edit_before_subscription_write.lock().unwrap() = Some(1);
+    assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Dead);
+    let done = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert_eq!(
+        (done.disable_notice_pending, done.disable_notice_claimed_at),
+        (false, None)
+    );
+    h.clock.advance(DISABLE_NOTICE_CLAIM + Duration::seconds(1));
+    assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
+    let sent = h.mailer.sent.lock().unwrap();
+    assert_eq!(
+        sent.iter().filter(|m| m.subject.contains("disabled")).count(),
+        1,
+        "once"
     );
 }
 

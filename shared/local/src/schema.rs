@@ -13,7 +13,8 @@ use crate::{db_err, Synchronous, BUSY_TIMEOUT};
 /// `rate_slots`, and `queue.grp` (the tenant a receive takes turns by). 5: `circuits` and
 /// `held` (the circuit breaker's state and the attempts it holds). 6: `queue_by_group`
 /// replaces `queue_by_visibility`. 7: `holding` (the endpoints the scheduler tends).
-/// 8: `rate_lines` (the limiter's send and backlog lines) replaces `rate_slots`.
+/// 8: `rate_lines` (the limiter's send and backlog lines) replaces `rate_slots` (left for a
+/// process of the version before still running on the file; it is no longer read).
 const VERSION: i64 = 8;
 
 /// Prepared statements kept per connection: more than the backend has.
@@ -29,10 +30,9 @@ CREATE TABLE IF NOT EXISTS tenants (
 CREATE TABLE IF NOT EXISTS rate_lines (
     subscription_id  TEXT PRIMARY KEY,
     next_turn        INTEGER,
-    last_slot        INTEGER
+    last_slot        INTEGER,
+    alive            INTEGER
 ) WITHOUT ROWID;
--- Before version 8, one line. (Attempts waiting for its slots still come back with them.)
-DROP TABLE IF EXISTS rate_slots;
 
 -- Each endpoint's circuit breaker, once it first opened.
 CREATE TABLE IF NOT EXISTS circuits (

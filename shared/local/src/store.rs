@@ -577,12 +577,13 @@ impl Store for LocalBackend {
         let sub = sub.to_string();
         self.with_conn("take a rate-limit turn", move |conn| {
             let lines = conn
-                .prepare_cached("SELECT next_turn, last_slot FROM rate_lines WHERE subscription_id = ?1")
+                .prepare_cached("SELECT next_turn, last_slot, alive FROM rate_lines WHERE subscription_id = ?1")
                 .and_then(|mut s| {
                     s.query_row([&sub], |row| {
                         Ok(Lines {
                             next_turn: row.get::<_, Option<i64>>(0)?.map(from_nanos),
                             last_slot: row.get::<_, Option<i64>>(1)?.map(from_nanos),
+                            alive: row.get::<_, Option<i64>>(2)?.map(from_nanos),
                         })
                     })
                     .optional()
@@ -591,11 +592,18 @@ impl Store for LocalBackend {
                 .unwrap_or_default();
             let (verdict, after) = rate_limit::admit(lines, interval, now, arrival);
             conn.prepare_cached(
-                "INSERT INTO rate_lines (subscription_id, next_turn, last_slot) VALUES (?1, ?2, ?3)
+                "INSERT INTO rate_lines (subscription_id, next_turn, last_slot, alive) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT (subscription_id) DO UPDATE
-                 SET next_turn = excluded.next_turn, last_slot = excluded.last_slot",
+                 SET next_turn = excluded.next_turn, last_slot = excluded.last_slot, alive = excluded.alive",
             )
-            .and_then(|mut s| s.execute(params![sub, after.next_turn.map(nanos), after.last_slot.map(nanos)]))
+            .and_then(|mut s| {
+                s.execute(params![
+                    sub,
+                    after.next_turn.map(nanos),
+                    after.last_slot.map(nanos),
+                    after.alive.map(nanos)
+                ])
+            })
             .map_err(|e| db_err("write the rate-limit lines", e))?;
             Ok(verdict)
         })

@@ -47,7 +47,8 @@ const GONE: &str = "the endpoint answered 410 Gone";
 /// How long a call that took on a disabled subscription's email (to send it) has it to itself:
 /// longer than any such call lives (the Deliver function's 60 s), shorter than the queue's
 /// visibility timeout (180 s on AWS, 120 s locally), so the message of a call that died finds
-/// the email free when it comes back, and sends it.
+/// the email free when it comes back, and sends it. One back sooner (locally a failed batch's
+/// messages can come back in half the timeout) is sent back again, at the cost of a receive.
 pub const DISABLE_NOTICE_CLAIM: chrono::Duration = chrono::Duration::seconds(90);
 
 /// How long an ingest may take between queueing a first attempt and storing its delivery: no
@@ -392,7 +393,6 @@ impl Services {
     /// subscription's disabling. Do those again; both are idempotent (the owner is still told
     /// only once).
     async fn finish_stale(&self, delivery: &Delivery, task: &DeliveryTask) -> Result<DeliverOutcome> {
-        self.tell_of_disabling(delivery).await?;
         if task.held_until.is_some() {
             self.probe_moved_on(delivery).await?;
         }
@@ -416,6 +416,9 @@ impl Services {
             }
             self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;
         }
+        // Last: it may answer that another call is sending the email (an error that brings
+        // this message back), which must not hold up the steps above.
+        self.tell_of_disabling(delivery).await?;
         tracing::debug!(status = delivery.status.as_str(), "stale message");
         Ok(DeliverOutcome::Stale)
     }
@@ -498,6 +501,11 @@ impl Services {
             }
             match self.ports.store.get_subscription(&sub.tenant_id, &sub.id).await? {
                 Some(fresh) if fresh.status == SubscriptionStatus::Active => sub = fresh,
+                // This very write, made by a retry of a call whose answer was lost.
+                Some(fresh) if fresh.updated_at == sub.updated_at => {
+                    self.tend_after_change(&fresh.tenant_id, &fresh.id).await;
+                    return Ok(Some(fresh));
+                }
                 _ => return Ok(None), // deleted, or disabled by someone else
             }
         }
@@ -542,47 +550,51 @@ impl Services {
     /// stored copy, so that of two calls that find it pending one sends it.
     async fn tell_of_disabling(&self, delivery: &Delivery) -> Result<()> {
         let pending = |s: &Subscription| s.disable_notice_pending && s.status == SubscriptionStatus::Disabled;
-        let kept = self
-            .kept_subscription(&delivery.tenant_id, &delivery.subscription_id)
-            .await?;
-        if !kept.as_ref().is_some_and(pending) {
-            return Ok(());
-        }
-        let stored = self
-            .ports
-            .store
-            .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
-            .await?;
-        let Some(mut sub) = stored.filter(pending) else {
-            self.forget_subscription(&delivery.tenant_id, &delivery.subscription_id);
-            return Ok(());
-        };
-        if let Some(at) = sub
-            .disable_notice_claimed_at
-            .filter(|at| self.now() - *at < DISABLE_NOTICE_CLAIM)
+        let (tenant_id, id) = (&delivery.tenant_id, &delivery.subscription_id);
+        if !self
+            .kept_subscription(tenant_id, id)
+            .await?
+            .as_ref()
+            .is_some_and(pending)
         {
-            // Another call is sending it. Should that call die, this message, back later,
-            // sends it.
-            return Err(PortError::retryable(
-                "tell of the disabling",
-                format!("the email is being sent by another call (since {at})"),
-            )
-            .into());
+            return Ok(());
         }
-        let read_at = sub.updated_at;
-        sub.disable_notice_claimed_at = Some(self.now());
-        sub.updated_at = super::subscriptions::next_version(read_at, self.now());
-        let taken = self.replace_subscription(&mut sub, read_at).await;
-        self.forget_subscription(&sub.tenant_id, &sub.id);
-        match taken {
-            Ok(()) => {}
-            // Changed since: taken on by another call, or re-enabled.
-            Err(PortError::ConditionFailed(_)) => return Ok(()),
-            Err(e) => return Err(e.into()),
+        let mut taken_on = None;
+        for _ in 0..3 {
+            let Some(mut sub) = self.ports.store.get_subscription(tenant_id, id).await?.filter(pending) else {
+                self.forget_subscription(tenant_id, id);
+                return Ok(());
+            };
+            let claimed = sub.disable_notice_claimed_at;
+            // Taken on by this call: its write landed, though its answer was lost.
+            if claimed.is_none() || claimed != taken_on {
+                if let Some(at) = claimed.filter(|at| self.now() - *at < DISABLE_NOTICE_CLAIM) {
+                    // Another call is sending it. Should that call die, this message, back
+                    // later, sends it.
+                    return Err(PortError::retryable(
+                        "tell of the disabling",
+                        format!("the email is being sent by another call (since {at})"),
+                    )
+                    .into());
+                }
+                let read_at = sub.updated_at;
+                taken_on = Some(self.now());
+                sub.disable_notice_claimed_at = taken_on;
+                sub.updated_at = super::subscriptions::next_version(read_at, self.now());
+                let taken = self.replace_subscription(&mut sub, read_at).await;
+                self.forget_subscription(tenant_id, id);
+                match taken {
+                    Ok(()) => {}
+                    // Changed since (taken on by another call, re-enabled, edited): look again.
+                    Err(PortError::ConditionFailed(_)) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let tenant = self.kept_tenant(&sub.tenant_id).await?;
+            let since = sub.failing_since(self.stored_health(&sub.id).await?.last_success_at);
+            return self.send_disable_notice(sub, tenant.as_ref(), since).await;
         }
-        let tenant = self.kept_tenant(&sub.tenant_id).await?;
-        let since = sub.failing_since(self.stored_health(&sub.id).await?.last_success_at);
-        self.send_disable_notice(sub, tenant.as_ref(), since).await
+        Err(PortError::retryable("tell of the disabling", "the subscription kept changing").into())
     }
 
     /// Email the owner of a subscription disabled for failing (its endpoint failing `since`),
@@ -602,17 +614,30 @@ impl Services {
             let hours = sub.auto_disable_after_hours.unwrap_or(DEFAULT_AUTO_DISABLE_HOURS);
             self.send_email(&self.disabled_email(&sub, to, since, hours)).await?;
         }
-        let read_at = sub.updated_at;
-        sub.disable_notice_pending = false;
-        sub.disable_notice_claimed_at = None;
-        sub.updated_at = super::subscriptions::next_version(read_at, self.now());
-        let result = self.replace_subscription(&mut sub, read_at).await;
-        self.forget_subscription(&sub.tenant_id, &sub.id);
-        match result {
-            // Changed since (re-enabled, say): the owner was told, and that change stands.
-            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()),
-            Err(e) => Err(e.into()),
+        let taken_on = sub.disable_notice_claimed_at;
+        for _ in 0..3 {
+            let read_at = sub.updated_at;
+            sub.disable_notice_pending = false;
+            sub.disable_notice_claimed_at = None;
+            sub.updated_at = super::subscriptions::next_version(read_at, self.now());
+            let result = self.replace_subscription(&mut sub, read_at).await;
+            self.forget_subscription(&sub.tenant_id, &sub.id);
+            match result {
+                Ok(()) => return Ok(()),
+                Err(PortError::ConditionFailed(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            // Changed since: still pending under this call's claim (an edit, or this very
+            // write landed with its answer lost), mark it told on the fresh copy; otherwise
+            // (re-enabled, say) that change stands.
+            match self.ports.store.get_subscription(&sub.tenant_id, &sub.id).await? {
+                Some(fresh) if fresh.disable_notice_pending && fresh.disable_notice_claimed_at == taken_on => {
+                    sub = fresh
+                }
+                _ => return Ok(()),
+            }
         }
+        Err(PortError::retryable("mark the disable email sent", "the subscription kept changing").into())
     }
 }
 

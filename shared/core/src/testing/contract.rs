@@ -1573,6 +1573,28 @@ pub async fn rate_limit_turns_follow_each_other_then_the_backlog_and_none_is_giv
     slots.sort();
     let want: Vec<DateTime<Utc>> = (0..40).map(|i| at + ms(100) * i).collect();
     assert_eq!(slots, want);
+
+    // Back from the backlog to a full send line: back for its next turn, the backlog kept.
+    let third = fx.subscription(&tenant, t0()).id;
+    let at = t0() + minutes(3);
+    let take = |at, arrival| {
+        let third = &third;
+        async move { store.limit_rate(third, every, at, arrival).await.expect("a verdict") }
+    };
+    for i in 0..11 {
+        assert_eq!(take(at, Arrival::New).await, Verdict::SendAt(at + ms(100) * i));
+    }
+    assert_eq!(take(at, Arrival::New).await, Verdict::Wait(at + ms(1100)));
+    assert_eq!(take(at, Arrival::FromBacklog).await, Verdict::Wait(at + ms(1100)));
+    assert_eq!(take(at, Arrival::New).await, Verdict::Wait(at + ms(1200)));
+    // None came back from that backlog for 20 s: taken for gone. A new attempt takes a turn,
+    // and, the send line full, starts the backlog afresh rather than follow its last slot.
+    let later = at + chrono::Duration::seconds(20);
+    for i in 0..11 {
+        assert_eq!(take(later, Arrival::New).await, Verdict::SendAt(later + ms(100) * i));
+    }
+    assert_eq!(take(later, Arrival::New).await, Verdict::Wait(later + ms(1100)));
+    assert_eq!(take(later, Arrival::New).await, Verdict::Wait(later + ms(1200)));
 }
 
 pub async fn endpoint_health_starts_empty_and_round_trips(b: &dyn ContractBackend) {

@@ -52,6 +52,12 @@ pub struct MemoryStore {
     pub unavailable: std::sync::atomic::AtomicBool,
     /// The next this many subscription writes fail (retryable).
     pub failing_subscription_writes: std::sync::atomic::AtomicU32,
+    /// The next this many subscription writes land, but answer that the copy changed, as the
+    /// SDK's retry of a write whose answer was lost does.
+    pub lost_subscription_answers: std::sync::atomic::AtomicU32,
+    /// `Some(k)`: the subscription write after the next `k` finds its copy edited by another
+    /// call just before (its version moved on, nothing else).
+    pub edit_before_subscription_write: Mutex<Option<usize>>,
     /// The next this many event writes fail (retryable), writing nothing.
     pub failing_event_writes: std::sync::atomic::AtomicU32,
     /// The next this many circuit breaker writes fail (retryable), writing nothing.
@@ -131,14 +137,33 @@ impl Store for MemoryStore {
                 "throttled (failing_subscription_writes)",
             ));
         }
+        let edit_now = {
+            let mut edit = lock(&self.edit_before_subscription_write);
+            let now = *edit == Some(0);
+            *edit = edit.and_then(|k| k.checked_sub(1));
+            now
+        };
         let mut d = lock(&self.data);
-        match d
+        let stored = d
             .subscriptions
             .iter_mut()
-            .find(|s| s.id == sub.id && s.tenant_id == sub.tenant_id)
-        {
+            .find(|s| s.id == sub.id && s.tenant_id == sub.tenant_id);
+        match stored {
+            Some(s) if edit_now => {
+                s.updated_at += chrono::Duration::microseconds(1);
+                Err(PortError::ConditionFailed(format!(
+                    "subscription `{}` changed since it was read (edit_before_subscription_write)",
+                    sub.id
+                )))
+            }
             Some(s) if s.updated_at == read_at => {
                 *s = sub.clone();
+                if take_one(&self.lost_subscription_answers) {
+                    return Err(PortError::ConditionFailed(format!(
+                        "subscription `{}` changed since it was read (lost_subscription_answers)",
+                        sub.id
+                    )));
+                }
                 Ok(())
             }
             Some(_) => Err(PortError::ConditionFailed(format!(

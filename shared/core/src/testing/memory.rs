@@ -495,6 +495,26 @@ impl MemoryQueue {
     pub fn pending(&self) -> usize {
         lock(&self.ready).len()
     }
+
+    /// Every message on the queue and when it is (or was) visible, in the order queued.
+    pub fn messages(&self) -> Vec<(DeliveryTask, DateTime<Utc>)> {
+        lock(&self.ready).clone()
+    }
+
+    /// Remove the `index`-th message of [`Self::messages`].
+    pub fn take_at(&self, index: usize) -> (DeliveryTask, DateTime<Utc>) {
+        lock(&self.ready).remove(index)
+    }
+
+    /// Put a message back, visible at `at` (its receiver did not finish with it), unlogged.
+    pub fn put_back(&self, task: DeliveryTask, at: DateTime<Utc>) {
+        lock(&self.ready).push((task, at));
+    }
+
+    /// The dead-letter queue's messages, left on it.
+    pub fn dead_letters(&self) -> Vec<DeliveryTask> {
+        lock(&self.dead).clone()
+    }
 }
 
 #[async_trait]
@@ -710,6 +730,16 @@ impl ScriptedSender {
         }
         Self {
             script: Box::new(move |request, before| script(before.iter().filter(|r| id(r) == id(request)).count())),
+            requests: Mutex::default(),
+        }
+    }
+
+    /// Each request answered by `script(request, every request before it)`.
+    pub fn with_requests(
+        script: impl Fn(&WebhookRequest, &[WebhookRequest]) -> SendOutcome + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            script: Box::new(script),
             requests: Mutex::default(),
         }
     }

@@ -11,15 +11,17 @@
 //! what is checked is the services as they are, not a model of them. States are told apart by
 //! a fingerprint of what decides what happens next (the stored deliveries, attempts and
 //! breaker, the queues, the scheduler table, the clock, the endpoint, the faults left), and
-//! each state is expanded once. From every state, a fair run to the end (the endpoint up, no
-//! faults, every message handled and time moving) must settle, and then:
+//! each state is expanded once. From every state, a fair run to the end (no faults, every
+//! message handled and time moving), once with the endpoint up and once with it down, must
+//! settle, and then:
 //!
 //! - every delivery is delivered or dead; its owner told of its last round's death, and of
 //!   no round twice (a round replayed before its notice was recorded needs none);
 //! - the endpoint's breaker is closed (or off), and holds nothing; and no attempt stayed held
 //!   longer than [`HELD_AT_MOST`] once the endpoint was up (a probe or a release is always
 //!   on its way: within the probe interval, `PROBE_GRACE` and a page's claim);
-//! - no delivery whose event the endpoint answered with a 2xx is dead;
+//! - no delivery whose event the endpoint answered with a 2xx is dead, and none is dead with
+//!   fewer attempts than its schedule gives it (unless given up for its deleted subscription);
 //! - no delivery has had more POSTs than its recorded attempts and [`EXTRA_POSTS`], in any
 //!   state along the way (each duplicated message or failed write can cost one).
 //!
@@ -51,6 +53,8 @@ const EXTRA_POSTS: usize = 3;
 /// room. The schedule's span (330 s) is longer, so an attempt left held till it gives up
 /// shows.
 const HELD_AT_MOST: i64 = 90;
+/// The schedule's attempts: the first and two retries (30 s and 300 s after).
+const ATTEMPTS: usize = 3;
 /// How long a message a handler did not finish stays hidden (the Deliver queue's).
 const VISIBILITY: i64 = 180;
 /// Receives before the queue moves a message to the dead-letter queue.
@@ -405,10 +409,10 @@ impl World {
         Ok(())
     }
 
-    /// The fair run to the end: the endpoint up, no faults left, every message handled, the
-    /// scheduler ticking and time moving; then the properties.
-    async fn settle_and_check(&mut self) -> Result<(), String> {
-        self.up.store(true, Ordering::SeqCst);
+    /// The fair run to the end: the endpoint `up` or down, no faults left, every message
+    /// handled, the scheduler ticking and time moving; then the properties.
+    async fn settle_and_check(&mut self, up: bool) -> Result<(), String> {
+        self.up.store(up, Ordering::SeqCst);
         for counter in [
             &self.h.store.failing_delivery_writes,
             &self.h.store.failing_circuit_writes,
@@ -421,7 +425,7 @@ impl World {
         let held = self.held().await;
         let mut quiet_since = None;
         while self.now() < give_up {
-            if self.now() - up_at > Duration::seconds(HELD_AT_MOST) {
+            if up && self.now() - up_at > Duration::seconds(HELD_AT_MOST) {
                 let parked = self.h.scheduler.held.lock().unwrap().len();
                 let mut unsettled = self.deliveries().await.into_iter();
                 let unsettled = unsettled.find(|d| held.contains(d.id.as_str()) && !d.status.is_final());
@@ -478,6 +482,14 @@ impl World {
                     d.id
                 ));
             }
+            // Dead of its attempts (not given up for its deleted subscription): all of them.
+            let abandoned = d.last_error.as_deref().is_some_and(|e| e.contains("subscription"));
+            if d.status == DeliveryStatus::Dead && !abandoned && (d.attempts as usize) < ATTEMPTS {
+                return Err(format!(
+                    "{} died after {} of its schedule's {ATTEMPTS} attempts",
+                    d.id, d.attempts
+                ));
+            }
             let dead_rounds = d.round as usize + usize::from(d.status == DeliveryStatus::Dead);
             let told = emails
                 .iter()
@@ -495,7 +507,7 @@ impl World {
         let breaker_on = sub
             .as_ref()
             .is_some_and(|s| s.circuit_breaker.enabled && s.status == SubscriptionStatus::Active);
-        if breaker_on && circuit.as_ref().is_some_and(|c| c.state != CircuitState::Closed) {
+        if up && breaker_on && circuit.as_ref().is_some_and(|c| c.state != CircuitState::Closed) {
             return Err(format!(
                 "the endpoint is up, but its breaker is {:?}",
                 circuit.map(|c| c.state)
@@ -556,8 +568,12 @@ async fn every_interleaving_to_the_bound_settles_with_each_delivery_final_told_o
                 stack.push(next);
             }
         }
-        if let Err(e) = world.settle_and_check().await {
-            panic!("{e}\n  after {path:?} and a fair run to the end");
+        if let Err(e) = world.settle_and_check(true).await {
+            panic!("{e}\n  after {path:?} and a fair run to the end, the endpoint up");
+        }
+        let mut world = replay(&path).await.expect("as the first time");
+        if let Err(e) = world.settle_and_check(false).await {
+            panic!("{e}\n  after {path:?} and a fair run to the end, the endpoint down");
         }
     }
     eprintln!(

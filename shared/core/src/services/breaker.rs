@@ -89,10 +89,11 @@ impl Services {
     }
 
     /// When the attempt `task` gives up if held: when its retry schedule would have made its
-    /// last attempt (at the latest), kept through probes and releases (`held_until`). Held
-    /// till then, it makes that attempt, the breaker open or not, so the breaker never kills
-    /// a delivery sooner than its schedule would have, nor without a last try. (So an attempt
-    /// with no retry after it, a tenant's with retries off say, is never held.)
+    /// last attempt (at the latest), kept through probes, releases and the retries after it
+    /// (`held_until`). Held till then, it is made, the breaker open or not, and so is every
+    /// retry after it, on its schedule: the breaker never kills a delivery sooner than its
+    /// schedule would have, nor with fewer attempts. (So an attempt with no retry after it, a
+    /// tenant's with retries off say, is never held.)
     pub(super) fn gives_up_at(
         &self,
         sub: &Subscription,

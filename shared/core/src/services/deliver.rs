@@ -215,12 +215,14 @@ impl Services {
                 error = ?outcome.error.as_ref().map(|e| e.0), "attempt failed");
         }
 
+        // An attempt held till its schedule's end goes on with the rest of its schedule (its
+        // `held_until`, past, keeps the breaker from holding it again): the breaker never
+        // costs a delivery an attempt.
         let ctx = AttemptContext {
             attempt: task.attempt,
             previous_delay: delivery.last_delay_seconds,
             health: health.score(now),
-            // Held till its schedule's end, this attempt was its last.
-            retries_enabled: retries_enabled && task.held_until.is_none_or(|until| started_at < until),
+            retries_enabled,
         };
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
         let change = after_attempt(&delivery, task.attempt, started_at, &outcome, decision, now);

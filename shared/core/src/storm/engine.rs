@@ -81,9 +81,12 @@ struct Key {
     prev: u32,
     /// Part of the population that failed at t = 0 (delivery times are measured for these).
     initial: bool,
+    /// Held by the breaker till their give-up second, and gone on with their schedule since:
+    /// never held again.
+    given_up: bool,
 }
 
-type PoolKey = (u32, u32, bool);
+type PoolKey = (u32, u32, bool, bool);
 
 /// Pending deliveries whose landings are tracked by expectation (see the module docs).
 #[derive(Debug, Default)]
@@ -354,8 +357,12 @@ impl<'a> Sim<'a> {
     }
 
     /// The second a cohort landing in second `t` gives up if the breaker holds it: when its
-    /// schedule would have made its last attempt (`RetryPolicy::remaining_span`).
+    /// schedule would have made its last attempt (`RetryPolicy::remaining_span`); one that
+    /// gave up once, at once.
     fn give_up(cfg: &StormConfig, t: u64, key: Key) -> u64 {
+        if key.given_up {
+            return t;
+        }
         let left = cfg
             .policy
             .remaining_span(key.attempt.saturating_sub(1), Self::previous_delay(key.prev));
@@ -369,13 +376,12 @@ impl<'a> Sim<'a> {
         if let Some(breaker) = &mut self.breaker {
             let passed = breaker.pass(t, through, |key| Self::give_up(cfg, t, key));
             through = passed.attempt;
-            // Their last attempt: a failure buries them.
-            let last = self.max_attempts;
+            // Given up: attempted, and on with the rest of their schedule, never held again.
             through.extend(
                 passed
                     .last
                     .into_iter()
-                    .map(|(key, n)| (Key { attempt: last, ..key }, n)),
+                    .map(|(key, n)| (Key { given_up: true, ..key }, n)),
             );
         }
         if let Some(limiter) = &mut self.limiter {
@@ -513,7 +519,7 @@ impl<'a> Sim<'a> {
             }
         } else {
             self.pools
-                .entry((key.shard, failures + 1, key.initial))
+                .entry((key.shard, failures + 1, key.initial, key.given_up))
                 .or_default()
                 .add(t, count, &kernel);
         }
@@ -543,6 +549,7 @@ impl<'a> Sim<'a> {
                     attempt: 1,
                     prev: 0,
                     initial: true,
+                    given_up: false,
                 };
                 self.fail(key, n, 0, health, streams.get(shard));
             }
@@ -570,7 +577,7 @@ impl<'a> Sim<'a> {
         let cfg = self.cfg;
         let mut streams = Streams::new(cfg, t);
         let mut offered = self.pending.remove(&t).unwrap_or_default();
-        for (&(shard, attempt, initial), pool) in self.pools.iter_mut() {
+        for (&(shard, attempt, initial, given_up), pool) in self.pools.iter_mut() {
             if let Some((n, mean_offset)) = pool.land(t, streams.get(shard)) {
                 if n > 0 {
                     let prev = if self.decorrelated {
@@ -584,6 +591,7 @@ impl<'a> Sim<'a> {
                             attempt,
                             prev: prev as u32,
                             initial,
+                            given_up,
                         },
                         n,
                     ));
@@ -605,6 +613,7 @@ impl<'a> Sim<'a> {
                             attempt: 1,
                             prev: 0,
                             initial: false,
+                            given_up: false,
                         },
                         n,
                     ));

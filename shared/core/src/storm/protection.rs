@@ -5,8 +5,8 @@
 //! Each second, what lands meets the breaker first, as in `Services::deliver_within`.
 //! Closed, it goes on. Open, it is held until its give-up second (when its schedule would
 //! have made its last attempt), but for one probe per interval and the held whose give-up
-//! has come, which make their last attempt; what would give up before the next probe is not
-//! held (`circuit::worth_holding`). Then the limiter: a line, out of which the
+//! has come, which are attempted and go on with the rest of their schedule, never held
+//! again; what would give up before the next probe is not held (`circuit::worth_holding`). Then the limiter: a line, out of which the
 //! limit's slots go to the consumer each second; an attempt waiting in it is not offered,
 //! nor counted, until its slot. After the consumer answers, the breaker moves: a success
 //! while open closes it and releases what it held (into the limiter's line if there is a
@@ -84,7 +84,7 @@ impl<K: Copy> Limiter<K> {
 pub(super) struct Passed<K> {
     /// Attempted as they are (the probe, or everything when closed).
     pub attempt: Vec<(K, u64)>,
-    /// Held to their give-up second: their last attempt.
+    /// Held to their give-up second: attempted, and on with their schedule.
     pub last: Vec<(K, u64)>,
 }
 

@@ -143,6 +143,9 @@ pub struct FaultPlan {
     /// the SDK's: the `X-Amz-Target` suffix for DynamoDB and SQS (or the query `Action`),
     /// and for SES v2 the names [`ses_operation`] gives (`SendEmail`, `GetAccount`, ...).
     pub spared: BTreeSet<(Service, String)>,
+    /// Faults the first faultable requests of a service get, in order, whatever the draws
+    /// say: a kind a service's few requests would likely all miss is sure to fire.
+    pub first: BTreeMap<Service, Vec<FaultKind>>,
 }
 
 impl Default for FaultPlan {
@@ -161,7 +164,14 @@ impl FaultPlan {
             latency: Duration::from_millis(50)..=Duration::from_millis(400),
             seed: 0,
             spared: BTreeSet::new(),
+            first: BTreeMap::new(),
         }
+    }
+
+    /// The first faultable requests of `service` get `kinds`, one each, in order.
+    pub fn first(mut self, service: Service, kinds: &[FaultKind]) -> Self {
+        self.first.insert(service, kinds.to_vec());
+        self
     }
 
     pub fn seed(mut self, seed: u64) -> Self {
@@ -435,6 +445,8 @@ struct Decider {
     plan: FaultPlan,
     rng: StdRng,
     stats: FaultStats,
+    /// Faultable requests by service since the plan was set (for [`FaultPlan::first`]).
+    since_plan: BTreeMap<Service, usize>,
 }
 
 /// What to do with one request.
@@ -450,12 +462,14 @@ impl Decider {
             rng: StdRng::seed_from_u64(plan.seed),
             plan,
             stats: FaultStats::default(),
+            since_plan: BTreeMap::new(),
         }
     }
 
     fn set_plan(&mut self, plan: FaultPlan) {
         self.rng = StdRng::seed_from_u64(plan.seed);
         self.plan = plan;
+        self.since_plan.clear();
     }
 
     /// Count the request and decide its fate. Every faultable request takes the same three
@@ -474,7 +488,7 @@ impl Decider {
         let hi = (self.plan.latency.end().as_millis() as u64).max(lo);
         let delay_ms = self.rng.random_range(lo..=hi);
 
-        let fault = if pick < faults.throttle {
+        let mut fault = if pick < faults.throttle {
             Some(FaultKind::Throttle)
         } else if pick < faults.throttle + faults.server_error {
             Some(FaultKind::ServerError)
@@ -483,7 +497,20 @@ impl Decider {
         } else {
             None
         };
-        let delay = (slow < faults.latency).then(|| Duration::from_millis(delay_ms));
+        let mut delay = (slow < faults.latency).then(|| Duration::from_millis(delay_ms));
+        let nth = self.since_plan.entry(call.service).or_default();
+        let scripted = self
+            .plan
+            .first
+            .get(&call.service)
+            .and_then(|kinds| kinds.get(*nth))
+            .copied();
+        *nth += 1;
+        match scripted {
+            Some(FaultKind::Latency) => delay = Some(Duration::from_millis(delay_ms)),
+            Some(kind) => fault = Some(kind),
+            None => {}
+        }
         if delay.is_some() {
             self.count(call.service, FaultKind::Latency);
         }
@@ -932,6 +959,27 @@ async fn forward(shared: &Shared, parts: &Parts, body: Bytes) -> Result<Response
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicUsize;
+
+    #[test]
+    fn the_first_requests_get_the_scripted_faults_then_the_draws_decide_and_a_new_plan_starts_over() {
+        let plan = FaultPlan::none().first(Service::Ses, &[FaultKind::Throttle, FaultKind::ServerError]);
+        let mut decider = Decider::new(plan.clone());
+        let call = |service| Call {
+            service,
+            operation: "SendEmail".into(),
+            protocol: Protocol::RestJson,
+        };
+        let faults = |d: &mut Decider, service| (0..3).map(|_| d.decide(&call(service)).fault).collect::<Vec<_>>();
+        let scripted = vec![Some(FaultKind::Throttle), Some(FaultKind::ServerError), None];
+        assert_eq!(faults(&mut decider, Service::Ses), scripted);
+        assert_eq!(
+            faults(&mut decider, Service::Sqs),
+            vec![None; 3],
+            "another service's are its own"
+        );
+        decider.set_plan(plan);
+        assert_eq!(faults(&mut decider, Service::Ses), scripted);
+    }
 
     /// A tiny upstream on 127.0.0.1:0: counts requests, answers 201 with a header and a body
     /// that echoes the method, path and query, a request header and the request body.

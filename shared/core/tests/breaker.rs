@@ -216,6 +216,45 @@ async fn given_a_breaker_open_past_the_retry_schedule_then_its_held_deliveries_g
     }
 }
 
+#[tokio::test]
+async fn given_many_held_deliveries_giving_up_in_the_same_second_then_they_go_out_on_the_ramp_not_as_a_herd() {
+    let clock: Arc<OnceLock<Arc<dyn Clock>>> = Arc::default();
+    let posted_at = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (now, record) = (clock.clone(), posted_at.clone());
+    let h = Harness::new(ScriptedSender::new(move |_, _| {
+        record.lock().unwrap().push(now.get().unwrap().now());
+        status_outcome(503)
+    }));
+    assert!(clock.set(h.clock.clone()).is_ok());
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let breaker = CircuitBreaker {
+        failure_threshold: 2,
+        probe_interval_seconds: 60,
+        ..CircuitBreaker::on()
+    };
+    h.services
+        .create_subscription(&tenant, subscription(vec![120, 600], None, breaker))
+        .await
+        .unwrap();
+    for _ in 0..300 {
+        h.services.ingest(&tenant, event(), None).await.unwrap();
+    }
+    // The breaker opens at once; the rest are held, all giving up 720 s on, in one second.
+    h.run_for(Duration::seconds(800), Duration::seconds(1)).await;
+    let start = *posted_at.lock().unwrap().first().unwrap();
+    let mut by_second = std::collections::BTreeMap::<i64, usize>::new();
+    for at in posted_at.lock().unwrap().iter() {
+        *by_second.entry((*at - start).num_seconds()).or_default() += 1;
+    }
+    let busiest = by_second.values().max().copied().unwrap_or(0);
+    // On the ramp: 10, 20, 40, 80, then the last 150.
+    assert!(busiest <= 150, "{busiest} POSTs in one second: {by_second:?}");
+    assert!(
+        by_second.values().sum::<usize>() >= 290,
+        "nearly all made their held attempt: {by_second:?}"
+    );
+}
+
 /// 20 events to an endpoint always answering `status`, on two attempts 10 s apart, with
 /// `breaker`: every attempt is made (40 POSTs in 15 s) and the breaker stays closed.
 async fn assert_every_attempt_made(status: u16, breaker: CircuitBreaker) {

@@ -15,6 +15,7 @@ use futures::{StreamExt, TryStreamExt};
 use rand::Rng;
 
 use super::Services;
+use crate::circuit;
 use crate::error::{PortError, Result};
 use crate::metrics;
 use crate::ports::Holding;
@@ -146,6 +147,9 @@ impl Services {
         true
     }
 
+    /// Queue the scheduled attempts due within the horizon, each with the delay left to it.
+    /// Attempts the breaker held that give up in the same second go out on the release ramp
+    /// (`circuit::ramp_offset`: 10 in the first second, doubling each second), not as a herd.
     async fn move_due_retries(&self, until: Instant) -> Result<usize> {
         let max_delay = self.ports.queue.max_delay_seconds();
         // Move only what the queue can hold until it is due: a longer residual delay would be
@@ -154,6 +158,7 @@ impl Services {
             .unwrap_or(Duration::minutes(15))
             .min(Duration::seconds(i64::from(max_delay)));
         let mut moved = 0;
+        let mut giving_up: std::collections::HashMap<i64, u64> = Default::default();
         loop {
             let now = self.now();
             let due = self.ports.scheduler.due(now + horizon, PAGE).await?;
@@ -163,7 +168,13 @@ impl Services {
             let tasks: Vec<_> = due
                 .iter()
                 .map(|item| {
-                    let residual = ((item.due - now).num_milliseconds().max(0) as u64)
+                    let mut at = item.due;
+                    if item.task.held_until == Some(item.due) {
+                        let n = giving_up.entry(item.due.timestamp()).or_default();
+                        at += Duration::seconds(circuit::ramp_offset(*n).into());
+                        *n += 1;
+                    }
+                    let residual = ((at - now).num_milliseconds().max(0) as u64)
                         .div_ceil(1000)
                         .min(u64::from(max_delay));
                     (item.task.clone(), residual as u32)

@@ -357,16 +357,16 @@ impl<'a> Sim<'a> {
     }
 
     /// The second a cohort landing in second `t` gives up if the breaker holds it: when its
-    /// schedule would have made its last attempt (`RetryPolicy::remaining_span`); one that
-    /// gave up once, at once.
-    fn give_up(cfg: &StormConfig, t: u64, key: Key) -> u64 {
+    /// schedule would have made its last attempt (`RetryPolicy::remaining_span`); `None` for
+    /// one that gave up once, which is never held again.
+    fn give_up(cfg: &StormConfig, t: u64, key: Key) -> Option<u64> {
         if key.given_up {
-            return t;
+            return None;
         }
         let left = cfg
             .policy
             .remaining_span(key.attempt.saturating_sub(1), Self::previous_delay(key.prev));
-        t + left.ceil() as u64
+        Some(t + left.ceil() as u64)
     }
 
     /// What of the cohorts landing in second `t` the breaker and the limiter let through.
@@ -376,13 +376,24 @@ impl<'a> Sim<'a> {
         if let Some(breaker) = &mut self.breaker {
             let passed = breaker.pass(t, through, |key| Self::give_up(cfg, t, key));
             through = passed.attempt;
-            // Given up: attempted, and on with the rest of their schedule, never held again.
-            through.extend(
-                passed
-                    .last
-                    .into_iter()
-                    .map(|(key, n)| (Key { given_up: true, ..key }, n)),
-            );
+            // Given up: attempted, and on with the rest of their schedule, never held again;
+            // at the rate limit below, or else on the release ramp from this second.
+            let given_up: Vec<_> = passed
+                .last
+                .into_iter()
+                .map(|(key, n)| (Key { given_up: true, ..key }, n))
+                .collect();
+            match self.limiter {
+                Some(_) => through.extend(given_up),
+                None => {
+                    for (second, key, n) in on_ramp(t, given_up) {
+                        match second == t {
+                            true => through.push((key, n)),
+                            false => self.push(second, key, n),
+                        }
+                    }
+                }
+            }
         }
         if let Some(limiter) = &mut self.limiter {
             limiter.join(through);

@@ -119,8 +119,9 @@ impl<K: Copy> Breaker<K> {
         self.circuit.as_ref().is_none_or(|c| c.state == CircuitState::Closed)
     }
 
-    /// Meet what landed in second `t`; `give_up` says when a cohort's schedule would end.
-    pub fn pass(&mut self, t: u64, landed: Vec<(K, u64)>, give_up: impl Fn(K) -> u64) -> Passed<K> {
+    /// Meet what landed in second `t`; `give_up` says when a cohort's schedule would end
+    /// (`None`: it gave up once, and is never held again).
+    pub fn pass(&mut self, t: u64, landed: Vec<(K, u64)>, give_up: impl Fn(K) -> Option<u64>) -> Passed<K> {
         self.probing = false;
         if self.closed() {
             return Passed {
@@ -137,7 +138,10 @@ impl<K: Copy> Breaker<K> {
         }
         let mut attempt = Vec::new();
         for (key, n) in landed {
-            let until = give_up(key);
+            let Some(until) = give_up(key) else {
+                attempt.push((key, n));
+                continue;
+            };
             let worth = self
                 .circuit
                 .as_ref()
@@ -255,29 +259,32 @@ mod tests {
         // 10 fail at once: open.
         assert!(breaker.after(0, 0, 10).is_empty());
         assert_eq!(breaker.openings, 1);
-        let passed = breaker.pass(1, vec![("a", 40)], |_| 1_000);
+        let passed = breaker.pass(1, vec![("a", 40)], |_| Some(1_000));
         assert!(passed.attempt.is_empty() && passed.last.is_empty());
         assert_eq!(breaker.holding, 40);
         // The probe time: one is tried; it fails and the breaker opens again.
-        let passed = breaker.pass(30, Vec::new(), |_| 1_000);
+        let passed = breaker.pass(30, Vec::new(), |_| Some(1_000));
         assert_eq!(passed.attempt, vec![("a", 1)]);
         assert!(breaker.after(30, 0, 1).is_empty());
         assert_eq!(breaker.openings, 1, "a failed probe is no new opening");
-        assert!(breaker.pass(31, Vec::new(), |_| 1_000).attempt.is_empty());
+        assert!(breaker.pass(31, Vec::new(), |_| Some(1_000)).attempt.is_empty());
         // The next probe succeeds: what it held is released.
-        let passed = breaker.pass(60, Vec::new(), |_| 1_000);
+        let passed = breaker.pass(60, Vec::new(), |_| Some(1_000));
         assert_eq!(passed.attempt, vec![("a", 1)]);
         assert_eq!(breaker.after(60, 1, 0), vec![("a", 38)]);
-        assert_eq!(breaker.pass(61, vec![("b", 5)], |_| 1_000).attempt, vec![("b", 5)]);
+        assert_eq!(
+            breaker.pass(61, vec![("b", 5)], |_| Some(1_000)).attempt,
+            vec![("b", 5)]
+        );
     }
 
     #[test]
-    fn held_past_their_give_up_they_make_their_last_attempt() {
+    fn held_past_their_give_up_they_are_attempted() {
         let mut breaker = Breaker::new(CircuitBreaker::on());
         breaker.after(0, 0, 5);
-        breaker.pass(1, vec![("a", 3), ("b", 2)], |k| if k == "a" { 40 } else { 50 });
+        breaker.pass(1, vec![("a", 3), ("b", 2)], |k| Some(if k == "a" { 40 } else { 50 }));
         assert_eq!(breaker.holding, 5);
-        let passed = breaker.pass(40, Vec::new(), |_| 0);
+        let passed = breaker.pass(40, Vec::new(), |_| Some(0));
         assert_eq!(passed.last, vec![("a", 3)]);
         assert_eq!(passed.attempt, vec![("b", 1)], "and the probe, due since 30");
         assert_eq!(breaker.holding, 1);
@@ -287,7 +294,7 @@ mod tests {
     fn what_would_give_up_before_the_next_probe_is_not_held() {
         let mut breaker = Breaker::new(CircuitBreaker::on());
         breaker.after(0, 0, 5);
-        let passed = breaker.pass(1, vec![("a", 3), ("b", 2)], |k| if k == "a" { 10 } else { 30 });
+        let passed = breaker.pass(1, vec![("a", 3), ("b", 2)], |k| Some(if k == "a" { 10 } else { 30 }));
         assert_eq!(
             passed.attempt,
             vec![("a", 3)],

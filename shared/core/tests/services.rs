@@ -1988,12 +1988,7 @@ async fn given_a_success_within_the_auto_disable_hours_or_none_set_then_the_subs
 
 #[tokio::test]
 async fn given_the_auto_disable_email_failing_then_the_message_comes_back_and_its_return_tells_the_owner_once() {
-    let h = Harness::new(ScriptedSender::always(500));
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    let sub = disabled_after_an_hour(&h, &tenant).await;
-    h.clock.advance(Duration::minutes(61));
-    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
-    let task = h.queue.take_visible().pop().unwrap();
+    let (h, tenant, sub, task) = failing_for_an_hour().await;
     h.mailer
         .refusing_once
         .lock()
@@ -2005,25 +2000,21 @@ async fn given_the_auto_disable_email_failing_then_the_message_comes_back_and_it
         (pending.status, pending.disable_notice_pending),
         (SubscriptionStatus::Disabled, true)
     );
-    let told = |h: &Harness| {
-        let sent = h.mailer.sent.lock().unwrap();
-        sent.iter().filter(|m| m.subject.contains("disabled")).count()
-    };
-    assert_eq!(told(&h), 0);
+    assert_eq!(disable_emails(&h), 0);
     // A copy arriving at once leaves the email to the call that took it on (which may yet
     // send it), and comes back later itself.
     assert!(h.services.deliver(&task).await.is_err());
-    assert_eq!(told(&h), 0);
+    assert_eq!(disable_emails(&h), 0);
     // It comes back after the queue's visibility timeout: its attempt is recorded (stale),
     // the email is free again, and the owner is told.
     h.clock.advance(Duration::seconds(120));
     assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
-    assert_eq!(told(&h), 1);
+    assert_eq!(disable_emails(&h), 1);
     let done = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
     assert!(!done.disable_notice_pending);
     h.clock.advance(Duration::seconds(31)); // past the lookups' time to live
     assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
-    assert_eq!(told(&h), 1, "once");
+    assert_eq!(disable_emails(&h), 1, "once");
 }
 
 #[tokio::test]
@@ -2048,14 +2039,10 @@ async fn given_another_process_keeping_a_copy_of_the_subscription_with_its_email
     assert_eq!(other.deliver(&tasks[1]).await.unwrap(), DeliverOutcome::Dead);
     // The first message comes back here, and the owner is told.
     assert_eq!(h.services.deliver(&tasks[0]).await.unwrap(), DeliverOutcome::Stale);
-    let told = || {
-        let sent = h.mailer.sent.lock().unwrap();
-        sent.iter().filter(|m| m.subject.contains("disabled")).count()
-    };
-    assert_eq!(told(), 1);
+    assert_eq!(disable_emails(&h), 1);
     // A copy of it reaches the other process, whose copy still says pending: not again.
     assert_eq!(other.deliver(&tasks[0]).await.unwrap(), DeliverOutcome::Stale);
-    assert_eq!(told(), 1, "once");
+    assert_eq!(disable_emails(&h), 1, "once");
     let done = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
     assert_eq!(
         (done.disable_notice_pending, done.disable_notice_claimed_at),
@@ -2065,23 +2052,14 @@ async fn given_another_process_keeping_a_copy_of_the_subscription_with_its_email
 
 #[tokio::test]
 async fn given_the_answers_of_the_disabling_and_told_writes_lost_then_the_owner_is_told_once_all_the_same() {
-    let h = Harness::new(ScriptedSender::always(500));
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    let sub = disabled_after_an_hour(&h, &tenant).await;
-    h.clock.advance(Duration::minutes(61));
-    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
-    let task = h.queue.take_visible().pop().unwrap();
+    let (h, tenant, sub, task) = failing_for_an_hour().await;
     // The disabling lands, and so does the "told" write, but each answers as a retry of a
     // write whose answer was lost: "changed since it was read".
     h.store
         .lost_subscription_answers
         .store(2, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Dead);
-    let told = |h: &Harness| {
-        let sent = h.mailer.sent.lock().unwrap();
-        sent.iter().filter(|m| m.subject.contains("disabled")).count()
-    };
-    assert_eq!(told(&h), 1, "the call that disabled it knew its own write");
+    assert_eq!(disable_emails(&h), 1, "the call that disabled it knew its own write");
     let done = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
     assert_eq!(
         (done.status, done.disable_notice_pending, done.disable_notice_claimed_at),
@@ -2090,17 +2068,12 @@ async fn given_the_answers_of_the_disabling_and_told_writes_lost_then_the_owner_
     );
     h.clock.advance(DISABLE_NOTICE_CLAIM + Duration::seconds(1));
     assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
-    assert_eq!(told(&h), 1, "once");
+    assert_eq!(disable_emails(&h), 1, "once");
 }
 
 #[tokio::test]
 async fn given_an_edit_just_before_the_told_write_then_it_is_marked_told_on_the_fresh_copy_and_not_sent_again() {
-    let h = Harness::new(ScriptedSender::always(500));
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    let sub = disabled_after_an_hour(&h, &tenant).await;
-    h.clock.advance(Duration::minutes(61));
-    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
-    let task = h.queue.take_visible().pop().unwrap();
+    let (h, tenant, sub, task) = failing_for_an_hour().await;
     // The disabling goes through; the owner edits the subscription just before the "told"
     // write.
     *h.store.edit_before_subscription_write.lock().unwrap() = Some(1);
@@ -2112,12 +2085,25 @@ async fn given_an_edit_just_before_the_told_write_then_it_is_marked_told_on_the_
     );
     h.clock.advance(DISABLE_NOTICE_CLAIM + Duration::seconds(1));
     assert_eq!(h.services.deliver(&task).await.unwrap(), DeliverOutcome::Stale);
+    assert_eq!(disable_emails(&h), 1, "once");
+}
+
+/// An endpoint failing for an hour, its subscription due to be disabled (no retries), and
+/// the message of an event's delivery whose attempt will disable it.
+async fn failing_for_an_hour() -> (Harness, Tenant, Subscription, DeliveryTask) {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = disabled_after_an_hour(&h, &tenant).await;
+    h.clock.advance(Duration::minutes(61));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().pop().unwrap();
+    (h, tenant, sub, task)
+}
+
+/// The emails telling an owner their subscription was disabled.
+fn disable_emails(h: &Harness) -> usize {
     let sent = h.mailer.sent.lock().unwrap();
-    assert_eq!(
-        sent.iter().filter(|m| m.subject.contains("disabled")).count(),
-        1,
-        "once"
-    );
+    sent.iter().filter(|m| m.subject.contains("disabled")).count()
 }
 
 /// A subscription of `tenant` with no retries, disabled after an hour without a success.

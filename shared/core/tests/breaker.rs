@@ -13,7 +13,7 @@ use chrono::Duration;
 use hookwise_core::circuit::{CircuitBreaker, CircuitState};
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
-use hookwise_core::ports::{Clock, DeliveryQuery, SchedulerTable, Store};
+use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, SchedulerTable, Store};
 use hookwise_core::rate_limit::Arrival;
 use hookwise_core::services::{DeliverOutcome, NewEvent, NewSubscription, SubscriptionPatch};
 use hookwise_core::testing::memory::{status_outcome, Harness, MemoryQueue, MemoryStore, ScriptedSender};
@@ -170,14 +170,14 @@ async fn given_an_open_breaker_then_what_it_released_goes_out_on_a_ramp_without_
 }
 
 #[tokio::test]
-async fn given_a_high_rate_limit_and_three_pages_held_then_workers_side_by_side_release_them_and_post_each_delivery_once(
-) {
+async fn given_a_high_rate_limit_and_three_pages_held_then_the_pages_never_overlap_and_each_delivery_is_posted_once() {
     // Workers side by side (each message its own), the tick every second beside them, the
-    // pages released at 1 000/s. (The in-memory ports do not yield inside a call, so two
-    // releasers interleave only where a worker waits: this is the scenario, not a proof of
-    // the page's claim.)
+    // pages released at 1 000/s: the next page is due in 0.3 s, and two releasers interleave
+    // inside a release (the scheduler table yields on each call), so only the page's claim
+    // keeps the next page from overlapping it.
     let (sender, up) = switchable();
     let (h, clock) = Harness::stepped(sender, Default::default());
+    *h.scheduler.latency.lock().unwrap() = Some((clock.clone(), Duration::milliseconds(400)));
     let (tenant, _) = h.tenant("owner@example.com").await;
     let breaker = CircuitBreaker {
         failure_threshold: 1,
@@ -234,6 +234,20 @@ async fn given_a_high_rate_limit_and_three_pages_held_then_workers_side_by_side_
     let again: Vec<_> = posts.iter().filter(|(_, n)| **n > 1).collect();
     assert!(again.is_empty(), "POSTed more than once once up: {again:?}");
     assert!(posts.len() >= events - 10, "{} POSTed once up", posts.len());
+    // And released once: a page released over another queues its attempts twice. (Each
+    // also has its copy due at its give-up time, 300 s on, queued by the tick.)
+    let mut queued: HashMap<(String, u32), usize> = HashMap::new();
+    let released = |(t, delay): &&(DeliveryTask, u32)| t.held_until.is_some() && *delay < 60;
+    for (task, _) in h.queue.log.lock().unwrap().iter().filter(released) {
+        *queued.entry((task.delivery_id.to_string(), task.attempt)).or_default() += 1;
+    }
+    let twice: Vec<_> = queued.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} held attempts queued twice: {:?}",
+        twice.len(),
+        twice.first()
+    );
 }
 
 #[tokio::test]

@@ -553,12 +553,26 @@ impl DeliveryQueue for MemoryQueue {
 
 #[derive(Default)]
 pub struct MemoryScheduler {
+    /// While set, `held` answers this long after its read, and `release` writes this long
+    /// after it is called, on this clock (as calls over a network take time), so workers
+    /// side by side interleave inside a release.
+    #[allow(clippy::type_complexity)]
+    pub latency: Mutex<Option<(Arc<dyn Clock>, Duration)>>,
     pub items: Mutex<Vec<ScheduledTask>>,
     pub held: Mutex<Vec<(SubscriptionId, ScheduledTask)>>,
     /// The endpoints `holding` lists.
     pub holding: Mutex<std::collections::BTreeMap<SubscriptionId, TenantId>>,
     /// The scheduler's lease: its holder, and until when.
     pub lease: Mutex<Option<(String, DateTime<Utc>)>>,
+}
+
+impl MemoryScheduler {
+    async fn take_time(&self) {
+        let latency = lock(&self.latency).clone();
+        if let Some((clock, latency)) = latency {
+            clock.sleep_until(clock.now() + latency).await;
+        }
+    }
 }
 
 #[async_trait]
@@ -598,14 +612,18 @@ impl SchedulerTable for MemoryScheduler {
         self.schedule(item).await
     }
     async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>> {
-        Ok(lock(&self.held)
+        let page: Vec<_> = lock(&self.held)
             .iter()
             .filter(|(s, _)| s == sub)
             .map(|(_, i)| i.clone())
             .take(limit as usize)
-            .collect())
+            .collect();
+        // Read, then answered a moment later: what it read may have changed meanwhile.
+        self.take_time().await;
+        Ok(page)
     }
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
+        self.take_time().await;
         lock(&self.held).retain(|(s, i)| !(s == sub && items.contains(i)));
         Ok(())
     }

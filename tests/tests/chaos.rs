@@ -52,9 +52,10 @@ const DRAIN: Duration = Duration::from_secs(240);
 /// The owner's digest window: at most one email per this long.
 const DIGEST_WINDOW: Duration = Duration::from_secs(5);
 /// POSTs a delivery may get beyond its recorded attempts: a SIGKILL between a POST and its
-/// record (two in a run), and the duplicated messages sent beside the real ones (two of an
-/// attempt), each of which can cost one.
-const EXTRA_POSTS: u64 = 4;
+/// record (two in a run), the duplicated messages sent beside the real ones (two of an
+/// attempt), and a message SQS sends twice (a lost answer to its send) or hands out again
+/// (its visibility timeout passing under the injected latency), each of which can cost one.
+const EXTRA_POSTS: u64 = 6;
 /// How long the faults go on after the last event was accepted: longer than a schedule.
 const FAULT_PHASE: Duration = Duration::from_secs(25);
 
@@ -358,8 +359,19 @@ impl Aws {
             // faults that stop the email before it is sent keep "exactly one notice" true.
             .throttle(Service::Ses, 0.30)
             .server_error(Service::Ses, 0.20)
-            // A run sends a few emails: the first two are sure to meet both faults.
-            .first(Service::Ses, &[FaultKind::Throttle, FaultKind::ServerError])
+            // A run sends a few emails: the first two are sure to fail, each through the SDK's
+            // three tries, one throttled and one with 5xx.
+            .first(
+                Service::Ses,
+                &[
+                    FaultKind::Throttle,
+                    FaultKind::Throttle,
+                    FaultKind::Throttle,
+                    FaultKind::ServerError,
+                    FaultKind::ServerError,
+                    FaultKind::ServerError,
+                ],
+            )
             .latency_range(Duration::from_millis(20)..=Duration::from_millis(300));
         let dynamodb = FaultProxy::start(&env.dynamodb_url, FaultPlan::none()).await;
         let moto = FaultProxy::start(&env.moto_url, FaultPlan::none()).await;

@@ -314,14 +314,15 @@ async fn given_many_held_deliveries_giving_up_in_the_same_second_then_they_go_ou
         ..CircuitBreaker::on()
     };
     h.services
-        .create_subscription(&tenant, subscription(vec![120, 600], None, breaker))
+        .create_subscription(&tenant, subscription(vec![600, 600], None, breaker))
         .await
         .unwrap();
     for _ in 0..300 {
         h.services.ingest(&tenant, event(), None).await.unwrap();
     }
-    // The breaker opens at once; the rest are held, all giving up 720 s on, in one second.
-    h.run_for(Duration::seconds(800), Duration::seconds(1)).await;
+    // The breaker opens at once; the rest are held, all giving up 1 200 s on, in one second:
+    // further than the queue can delay (900 s), so the ramp outlasts the tick's horizon.
+    h.run_for(Duration::seconds(1_300), Duration::seconds(1)).await;
     let start = *posted_at.lock().unwrap().first().unwrap();
     let mut by_second = std::collections::BTreeMap::<i64, usize>::new();
     for at in posted_at.lock().unwrap().iter() {

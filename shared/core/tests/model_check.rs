@@ -22,8 +22,8 @@
 //!   on its way: within the probe interval, `PROBE_GRACE` and a page's claim);
 //! - no delivery whose event the endpoint answered with a 2xx is dead, and none is dead with
 //!   fewer attempts than its schedule gives it (unless given up for its deleted subscription);
-//! - no delivery has had more POSTs than its recorded attempts and [`EXTRA_POSTS`], in any
-//!   state along the way (each duplicated message or failed write can cost one).
+//! - no delivery has had more POSTs than its recorded attempts and one for each duplicated
+//!   message or failed step the path holds, in any state along the way.
 //!
 //! `HOOKWISE_MODEL_DEPTH` sets the bound (default [`DEPTH`]); the figures are printed.
 
@@ -45,9 +45,6 @@ use hookwise_core::testing::memory::{status_outcome, Harness, ScriptedSender};
 const EVENTS: usize = 3;
 /// Choices along a path, by default.
 const DEPTH: usize = 6;
-/// POSTs a delivery may have beyond its recorded attempts: one each for the duplicated
-/// message and the failed write a path may hold, and one for a probe's.
-const EXTRA_POSTS: usize = 3;
 /// The longest an attempt may stay held once the endpoint is up: the probe interval (3 s),
 /// `PROBE_GRACE` (10 s), a release page's claim (60 s) and the fair run's tick (5 s), with
 /// room. The schedule's span (330 s) is longer, so an attempt left held till it gives up
@@ -341,6 +338,18 @@ impl World {
             ));
         }
         text.push_str(&format!("{:?}|", self.h.store.circuit(&self.sub).await.unwrap()));
+        // The endpoint's health (its run of failures opens the breaker), the faults armed and
+        // not fired yet, and what the owner has been told.
+        let health = self.h.store.endpoint_health(&self.sub).await.unwrap();
+        text.push_str(&format!("{}|", health.consecutive_failures()));
+        let armed = [
+            &self.h.store.failing_delivery_writes,
+            &self.h.store.failing_circuit_writes,
+            &self.h.queue.failing_enqueues,
+            &self.h.queue.failing_dead_letters,
+        ]
+        .map(|c| c.load(Ordering::SeqCst));
+        text.push_str(&format!("{armed:?}|{}|", self.h.mailer.sent.lock().unwrap().len()));
         let sub = self.h.store.get_subscription(&self.tenant.id, &self.sub).await.unwrap();
         text.push_str(&format!("{:?}|", sub.map(|s| (s.status, s.circuit_breaker.enabled))));
         text.push_str(&format!(
@@ -402,7 +411,9 @@ impl World {
     async fn check_posts(&self) -> Result<(), String> {
         for d in self.deliveries().await {
             let attempts = self.h.store.attempts(&d.id).await.unwrap().len();
-            if self.posts(&d) > attempts + EXTRA_POSTS {
+            // One for each duplicated message and failed step the path holds.
+            let extra = usize::from(self.spent.duplicates) + usize::from(self.spent.faults);
+            if self.posts(&d) > attempts + extra {
                 return Err(format!("{} POSTs for {attempts} attempts of {}", self.posts(&d), d.id));
             }
         }

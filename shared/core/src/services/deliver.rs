@@ -248,7 +248,11 @@ impl Services {
         if outcome.status_code == Some(410) {
             self.disable_subscription(sub.clone(), GONE, false).await?;
         }
-        let handed = self.hand_on(&change.next, decision, task.held_until).await?;
+        // A held attempt made at its give-up time passes its `held_until` on: its retries are
+        // never held again. One released (or the probe) before then does not: held again, its
+        // retries give up on the rest of their schedule.
+        let given_up = task.held_until.filter(|until| started_at >= *until);
+        let handed = self.hand_on(&change.next, decision, given_up).await?;
         if failed {
             self.disable_if_failing(sub, health.last_success_at, tenant.as_ref(), now)
                 .await?;
@@ -333,7 +337,7 @@ impl Services {
     }
 
     /// After the change is stored: queue the next attempt, or hand a dead one on. A delivery
-    /// the breaker held keeps the time it gives up if held again (`held_until`).
+    /// that gave up being held keeps its `held_until` (past), so it is not held again.
     pub(super) async fn hand_on(
         &self,
         delivery: &Delivery,

@@ -18,7 +18,7 @@ use super::Services;
 use crate::circuit;
 use crate::error::{PortError, Result};
 use crate::metrics;
-use crate::ports::Holding;
+use crate::ports::{Holding, ScheduledTask};
 use crate::state::{next_task, requeued};
 
 /// Items handled per query.
@@ -165,24 +165,32 @@ impl Services {
             if due.is_empty() {
                 return Ok(moved);
             }
-            let tasks: Vec<_> = due
-                .iter()
-                .map(|item| {
-                    let mut at = item.due;
-                    if item.task.held_until == Some(item.due) {
-                        let n = giving_up.entry(item.due.timestamp()).or_default();
-                        at += Duration::seconds(circuit::ramp_offset(*n).into());
-                        *n += 1;
-                    }
-                    let residual = ((at - now).num_milliseconds().max(0) as u64)
-                        .div_ceil(1000)
-                        .min(u64::from(max_delay));
-                    (item.task.clone(), residual as u32)
-                })
-                .collect();
-            // Queue first, then delete: a crash between the two duplicates a message (which
-            // the conditional writes absorb) rather than losing one.
+            let mut tasks = Vec::new();
+            let mut later = Vec::new();
+            for item in &due {
+                let mut at = item.due;
+                if item.task.held_until == Some(item.due) {
+                    let n = giving_up.entry(item.due.timestamp()).or_default();
+                    at += Duration::seconds(circuit::ramp_offset(*n).into());
+                    *n += 1;
+                }
+                let residual = ((at - now).num_milliseconds().max(0) as u64).div_ceil(1000);
+                match u32::try_from(residual).ok().filter(|r| *r <= max_delay) {
+                    Some(delay) => tasks.push((item.task.clone(), delay)),
+                    // Its place on the ramp is past what the queue can hold: back in the
+                    // table for then (not ramped again: `held_until` is no longer its due).
+                    None => later.push(ScheduledTask {
+                        task: item.task.clone(),
+                        due: at,
+                    }),
+                }
+            }
+            // Queue (or schedule again) first, then delete: a crash between the two duplicates
+            // a message (which the conditional writes absorb) rather than losing one.
             self.ports.queue.enqueue(&tasks).await?;
+            for item in &later {
+                self.ports.scheduler.schedule(item).await?;
+            }
             self.ports.scheduler.remove(&due).await?;
             moved += due.len();
             if due.len() < PAGE as usize || Instant::now() >= until {

@@ -442,6 +442,48 @@ async fn open_breaker_holding(h: &Harness, breaker: CircuitBreaker) -> (Tenant, 
 }
 
 #[tokio::test]
+async fn given_a_probe_in_flight_then_another_attempt_failing_does_not_open_the_breaker_again() {
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let (_, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    // A probe in flight: the breaker half open, naming one held delivery.
+    let open = h.store.circuit(&sub.id).await.unwrap().unwrap();
+    let held = h.scheduler.held(&sub.id, 2).await.unwrap();
+    let (probe, other) = (held[0].task.clone(), held[1].task.clone());
+    let half_open = hookwise_core::circuit::Circuit {
+        state: CircuitState::HalfOpen,
+        probe: Some(probe.delivery_id.clone()),
+        next_probe_at: Some(h.clock.now() + Duration::seconds(30)),
+        version: open.version + 1,
+        ..open.clone()
+    };
+    h.store.put_circuit(&sub.id, &half_open, Some(&open)).await.unwrap();
+    h.clock.advance(Duration::seconds(3)); // past what the process keeps of the breaker
+                                           // Meanwhile another held delivery, given up, makes its attempt, and fails.
+    let given_up = DeliveryTask {
+        held_until: Some(h.clock.now() - Duration::seconds(1)),
+        ..other
+    };
+    assert!(matches!(
+        h.services.deliver(&given_up).await.unwrap(),
+        DeliverOutcome::Retrying { .. }
+    ));
+    let now = h.store.circuit(&sub.id).await.unwrap().unwrap();
+    assert_eq!(
+        (now.state, now.version),
+        (CircuitState::HalfOpen, half_open.version),
+        "only the probe's own failure opens it again"
+    );
+    // The probe comes back a success: closed.
+    up.store(true, Ordering::SeqCst);
+    assert_eq!(h.services.deliver(&probe).await.unwrap(), DeliverOutcome::Delivered);
+    assert_eq!(
+        h.store.circuit(&sub.id).await.unwrap().unwrap().state,
+        CircuitState::Closed
+    );
+}
+
+#[tokio::test]
 async fn given_an_open_breaker_turned_off_then_what_it_held_is_released_within_seconds() {
     let (sender, up) = switchable();
     let h = Harness::new(sender);

@@ -225,6 +225,12 @@ impl Services {
             None if success => return Ok(()), // closed, and not read: nothing to close
             None => self.kept_circuit(sub, false).await?,
         };
+        // While a probe is in flight only its own failure opens the breaker again: another
+        // attempt's (a delivery that gave up being held) would take the probe's closing write
+        // from it, and keep the breaker open one more interval.
+        if !success && !probe && circuit.as_ref().is_some_and(|c| c.state == CircuitState::HalfOpen) {
+            return Ok(());
+        }
         let now = self.now();
         let Some(next) = circuit::after_attempt(circuit.as_ref(), breaker, success, failures, now) else {
             return Ok(());

@@ -146,9 +146,8 @@ impl<K: Copy> Breaker<K> {
                 .circuit
                 .as_ref()
                 .is_some_and(|c| circuit::worth_holding(c, at(until)));
-            if until <= t {
-                last.push((key, n));
-            } else if !worth {
+            // Its schedule over (no retry after it): attempted at once, as `gate` does.
+            if until <= t || !worth {
                 attempt.push((key, n));
             } else {
                 self.held.entry(until).or_default().push((key, n));

@@ -16,7 +16,9 @@ use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, SchedulerTable, Store};
 use hookwise_core::rate_limit::Arrival;
 use hookwise_core::services::{DeliverOutcome, NewEvent, NewSubscription, SubscriptionPatch};
-use hookwise_core::testing::memory::{status_outcome, Harness, MemoryQueue, MemoryStore, ScriptedSender};
+use hookwise_core::testing::memory::{
+    run_until_waiting, status_outcome, Harness, MemoryQueue, MemoryStore, ScriptedSender,
+};
 
 /// An endpoint that answers 503 until `up` is set, then 200.
 fn switchable() -> (ScriptedSender, Arc<AtomicBool>) {
@@ -216,11 +218,7 @@ async fn given_a_high_rate_limit_and_three_pages_held_then_the_pages_never_overl
                 let _ = services.run_scheduler().await;
             }));
         }
-        std::future::poll_fn(|cx| {
-            while let std::task::Poll::Ready(Some(())) = futures::StreamExt::poll_next_unpin(&mut workers, cx) {}
-            std::task::Poll::Ready(())
-        })
-        .await;
+        run_until_waiting(&mut workers).await;
         clock.advance(Duration::milliseconds(10));
         step += 1;
     }

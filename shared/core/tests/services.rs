@@ -10,7 +10,7 @@ use hookwise_core::services::{
     Config, DeliverOutcome, KeyRef, NewEvent, NewSubscription, Services, TenantPatch, DISABLE_NOTICE_CLAIM,
 };
 use hookwise_core::signing;
-use hookwise_core::testing::memory::{status_outcome, Harness, ScriptedSender};
+use hookwise_core::testing::memory::{run_until_waiting, status_outcome, Harness, ScriptedSender};
 use hookwise_core::Error;
 
 fn new_sub(url: &str, types: &[&str], schedule: Option<Vec<u64>>) -> NewSubscription {
@@ -1829,11 +1829,7 @@ async fn late_pickup_run(rate: u32, events: usize) {
             workers.push(async move { services.deliver(&task).await.unwrap() });
         }
         // Each worker runs until it waits for time to move, or is done.
-        std::future::poll_fn(|cx| {
-            while let std::task::Poll::Ready(Some(_)) = futures::StreamExt::poll_next_unpin(&mut workers, cx) {}
-            std::task::Poll::Ready(())
-        })
-        .await;
+        run_until_waiting(&mut workers).await;
     }
 
     // Judged by what the endpoint received.

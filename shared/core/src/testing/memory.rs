@@ -866,6 +866,16 @@ impl Clock for SteppedClock {
     }
 }
 
+/// Run each of `workers` until it waits for a [`SteppedClock`] to move, or is done (done ones
+/// are dropped): one step of a run that drives workers side by side.
+pub async fn run_until_waiting<F: std::future::Future>(workers: &mut futures::stream::FuturesUnordered<F>) {
+    std::future::poll_fn(|cx| {
+        while let std::task::Poll::Ready(Some(_)) = futures::StreamExt::poll_next_unpin(workers, cx) {}
+        std::task::Poll::Ready(())
+    })
+    .await
+}
+
 /// Services on in-memory ports, with handles to each port.
 pub struct Harness {
     pub services: Services,

@@ -24,6 +24,7 @@
 //! [`Mailer`]: hookwise_core::ports::Mailer
 //! [`SecretKeeper`]: hookwise_core::ports::SecretKeeper
 
+mod faults;
 mod lock;
 mod outbox;
 mod queue;
@@ -48,6 +49,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::sync::{oneshot, Notify};
 
+pub use faults::{FaultKind, FaultSpec, FAULTS_LOG};
 pub use lock::DataDirLock;
 pub use outbox::SentEmail;
 pub use queue::{LocalConsumer, QueueName, Receipt, Received};
@@ -83,6 +85,9 @@ pub struct LocalConfig {
     pub mail_from: String,
     /// How hard a commit waits for the disk.
     pub synchronous: Synchronous,
+    /// Faults to inject, for the chaos suite (see [`FaultSpec`]); none by default. They start
+    /// once the backend is armed ([`LocalBackend::arm_faults`]).
+    pub faults: Option<FaultSpec>,
 }
 
 /// SQLite's `synchronous` setting, in WAL mode.
@@ -114,6 +119,7 @@ impl Default for LocalConfig {
             max_receive_count: Some(DEFAULT_MAX_RECEIVE_COUNT),
             mail_from: "Hookwise <hookwise@hookwise.local>".into(),
             synchronous: Synchronous::Full,
+            faults: None,
         }
     }
 }
@@ -125,6 +131,7 @@ impl std::fmt::Debug for LocalConfig {
             .field("max_receive_count", &self.max_receive_count)
             .field("mail_from", &self.mail_from)
             .field("synchronous", &self.synchronous)
+            .field("faults", &self.faults)
             .finish_non_exhaustive()
     }
 }
@@ -150,6 +157,8 @@ struct Inner {
     delivery_ready: Notify,
     dead_ready: Notify,
     secrets: secrets::SecretsKey,
+    /// The fault injector, when the config names faults.
+    faults: Option<Arc<faults::Injector>>,
     // Dropped after `Drop for Inner` has closed the connection.
     _temp: Option<TempDirGuard>,
 }
@@ -234,17 +243,22 @@ impl LocalBackend {
         data_dir: Option<PathBuf>,
         temp: Option<TempDirGuard>,
     ) -> PortResult<Self> {
+        let faults = match &config.faults {
+            Some(spec) => Some(Arc::new(faults::Injector::new(spec.clone(), data_dir.as_deref())?)),
+            None => None,
+        };
         let (jobs, queue) = mpsc::channel();
+        let committed = faults.clone();
         let thread = std::thread::Builder::new()
             .name("hookwise-sqlite".into())
-            .spawn(move || serve(conn, queue, run_batch))
+            .spawn(move || serve(conn, queue, run_batch, committed))
             .map_err(|e| PortError::permanent("start the database thread", e))?;
         let (reads, reader) = match reader {
             Some(conn) => {
                 let (reads, queue) = mpsc::channel();
                 let thread = std::thread::Builder::new()
                     .name("hookwise-reads".into())
-                    .spawn(move || serve(conn, queue, run_reads))
+                    .spawn(move || serve(conn, queue, run_reads, None))
                     .map_err(|e| PortError::permanent("start the database's reading thread", e))?;
                 (Some(reads), Some(thread))
             }
@@ -262,6 +276,7 @@ impl LocalBackend {
                 delivery_ready: Notify::new(),
                 dead_ready: Notify::new(),
                 secrets,
+                faults,
                 _temp: temp,
             }),
         })
@@ -297,6 +312,18 @@ impl LocalBackend {
         &self.inner.config
     }
 
+    /// Start injecting the config's faults (none without a [`FaultSpec`]).
+    pub fn arm_faults(&self) {
+        if let Some(faults) = &self.inner.faults {
+            faults.arm();
+        }
+    }
+
+    /// The faults injected so far, by kind (empty without a [`FaultSpec`]).
+    pub fn fault_counts(&self) -> std::collections::BTreeMap<FaultKind, u64> {
+        self.inner.faults.as_ref().map(|f| f.counts()).unwrap_or_default()
+    }
+
     fn now(&self) -> DateTime<Utc> {
         self.inner.config.clock.now()
     }
@@ -310,7 +337,18 @@ impl LocalBackend {
         T: Send + 'static,
         F: Fn(&Connection) -> PortResult<T> + Send + 'static,
     {
-        self.call(what, true, f).await
+        self.call(what, Access::Write, f).await
+    }
+
+    /// [`with_conn`](Self::with_conn) for a write whose answer an injected fault never
+    /// loses: an email's row (an email has no idempotency key, and a caller told it failed
+    /// sends it again).
+    async fn with_conn_kept<T, F>(&self, what: &'static str, f: F) -> PortResult<T>
+    where
+        T: Send + 'static,
+        F: Fn(&Connection) -> PortResult<T> + Send + 'static,
+    {
+        self.call(what, Access::WriteKept, f).await
     }
 
     /// Run `f`, which only reads, on the reading connection (see the crate's doc): it sees
@@ -320,19 +358,30 @@ impl LocalBackend {
         T: Send + 'static,
         F: Fn(&Connection) -> PortResult<T> + Send + 'static,
     {
-        self.call(what, false, f).await
+        self.call(what, Access::Read, f).await
     }
 
     /// Queue `f` for the writing or the reading connection. `f` is `Fn` because a write may
     /// run twice ([`each_alone`]); reads take the same bound, so one [`Call`] serves both.
-    async fn call<T, F>(&self, what: &'static str, writes: bool, f: F) -> PortResult<T>
+    ///
+    /// With a [`FaultSpec`], a call may fail before it is queued, and a write's answer may
+    /// be lost after it committed (see `faults`).
+    async fn call<T, F>(&self, what: &'static str, access: Access, f: F) -> PortResult<T>
     where
         T: Send + 'static,
         F: Fn(&Connection) -> PortResult<T> + Send + 'static,
     {
+        let fate = match &self.inner.faults {
+            Some(faults) => faults.fate(access == Access::Write),
+            None => faults::Fate::default(),
+        };
+        if fate.fail {
+            self.fired(FaultKind::CallError, what);
+            return Err(faults::call_error(what));
+        }
         let stopped = || PortError::permanent(what, "the database thread has stopped");
-        let jobs = match (&self.inner.reads, writes) {
-            (Some(reads), false) => Some(reads),
+        let jobs = match (&self.inner.reads, access) {
+            (Some(reads), Access::Read) => Some(reads),
             _ => self.inner.jobs.as_ref(),
         };
         let (reply, answer) = oneshot::channel();
@@ -341,9 +390,23 @@ impl LocalBackend {
             f,
             result: None,
             reply,
+            watch: fate.watch,
+            rows: 0,
         });
         jobs.ok_or_else(stopped)?.send(job).map_err(|_| stopped())?;
-        answer.await.map_err(|_| stopped())?
+        let (answer, rows) = answer.await.map_err(|_| stopped())?;
+        if fate.lose && rows > 0 && answer.is_ok() {
+            self.fired(FaultKind::LostAnswer, what);
+            return Err(faults::lost_answer(what));
+        }
+        answer
+    }
+
+    /// Count an injected fault (there is an injector: only it decides one).
+    fn fired(&self, kind: FaultKind, what: &str) {
+        if let Some(faults) = &self.inner.faults {
+            faults.fired(kind, what);
+        }
     }
 }
 
@@ -359,6 +422,17 @@ impl Drop for Inner {
     }
 }
 
+/// Which connection a call goes to, and what an injected fault may do to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Access {
+    /// The reading connection (the writing one in memory).
+    Read,
+    /// The writing connection.
+    Write,
+    /// The writing connection, and its answer is never lost (see `with_conn_kept`).
+    WriteKept,
+}
+
 /// One call waiting for the connection.
 trait Job: Send {
     /// Run inside the batch's transaction (a write perhaps twice: see [`each_alone`]);
@@ -366,13 +440,19 @@ trait Job: Send {
     fn run(&mut self, conn: &Connection) -> bool;
     /// Answer the caller, once the batch's fate is known.
     fn finish(self: Box<Self>, batch: &Result<(), BatchFailure>);
+    /// What the call does, and the rows its last run wrote (0 unless watched).
+    fn written(&self) -> (&'static str, u64);
 }
 
 struct Call<T, F> {
     what: &'static str,
     f: F,
     result: Option<PortResult<T>>,
-    reply: oneshot::Sender<PortResult<T>>,
+    /// The answer, and the rows the call wrote (when watched).
+    reply: oneshot::Sender<(PortResult<T>, u64)>,
+    /// Count the rows it writes: only for injected faults.
+    watch: bool,
+    rows: u64,
 }
 
 impl<T, F> Job for Call<T, F>
@@ -383,8 +463,12 @@ where
     fn run(&mut self, conn: &Connection) -> bool {
         // A bug in one call must not take the thread (and every later call) down with it.
         let (what, f) = (self.what, &self.f);
+        let before = if self.watch { conn.total_changes() } else { 0 };
         let result = std::panic::catch_unwind(AssertUnwindSafe(|| f(conn)))
             .unwrap_or_else(|_| Err(PortError::permanent(what, "the database call panicked")));
+        if self.watch {
+            self.rows = conn.total_changes().saturating_sub(before);
+        }
         let ok = result.is_ok();
         self.result = Some(result);
         ok
@@ -399,7 +483,11 @@ where
             (None, Ok(())) => Err(PortError::permanent(self.what, "the call never ran")),
         };
         // The caller may have gone away (its future dropped); nothing to tell then.
-        let _ = self.reply.send(answer);
+        let _ = self.reply.send((answer, self.rows));
+    }
+
+    fn written(&self) -> (&'static str, u64) {
+        (self.what, self.rows)
     }
 }
 
@@ -434,8 +522,9 @@ impl BatchFailure {
 type RunBatch = fn(&Connection, &mut [Box<dyn Job>]) -> Result<(), BatchFailure>;
 
 /// A connection's thread: take what has queued, run it as one transaction (`run_batch` on
-/// the writing connection, `run_reads` on the reading one), answer.
-fn serve(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>, run: RunBatch) {
+/// the writing connection, `run_reads` on the reading one), answer. With an injector, a
+/// commit may abort the process before it is answered (`abort-after-rows`).
+fn serve(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>, run: RunBatch, faults: Option<Arc<faults::Injector>>) {
     while let Ok(first) = queue.recv() {
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH {
@@ -445,6 +534,9 @@ fn serve(conn: Connection, queue: mpsc::Receiver<Box<dyn Job>>, run: RunBatch) {
             }
         }
         let outcome = run(&conn, &mut batch);
+        if let (Ok(()), Some(faults)) = (&outcome, &faults) {
+            faults.committed(batch.iter().map(|job| job.written()));
+        }
         for job in batch {
             job.finish(&outcome);
         }
@@ -682,6 +774,8 @@ mod tests {
                 },
                 result: None,
                 reply,
+                watch: false,
+                rows: 0,
             })
         };
         let mut batch = vec![call(1, false), call(2, true), call(3, false)];

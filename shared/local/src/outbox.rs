@@ -109,7 +109,7 @@ impl Mailer for LocalBackend {
         let email = email.clone();
         let file = path.as_ref().map(|_| file);
         let inserted = self
-            .with_conn("send email to the outbox", move |conn| {
+            .with_conn_kept("send email to the outbox", move |conn| {
                 conn.prepare_cached(
                     "INSERT INTO outbox (message_id, sent_at, from_addr, to_addr, subject, body, file)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",

@@ -59,6 +59,10 @@ const NEXT_GROUP: &str = "SELECT grp FROM queue WHERE queue = ?1 AND grp > ?2 OR
 const GROUP_OLDEST: &str = "SELECT id, doc, receive_count, visible_at FROM queue
      WHERE queue = ?1 AND grp = ?2 AND visible_at <= ?3 ORDER BY visible_at, id LIMIT ?4";
 const GROUP_FIRST_VISIBLE: &str = "SELECT MIN(visible_at) FROM queue WHERE queue = ?1 AND grp = ?2";
+/// The delayed message due soonest (never received, not visible yet): what an injected
+/// `early` fault hands out. Only with faults on, so it may scan.
+const SOONEST_DELAYED: &str = "SELECT id, doc, receive_count FROM queue
+     WHERE queue = ?1 AND visible_at > ?2 AND receive_count = 0 ORDER BY visible_at, id LIMIT 1";
 
 /// The groups (tenants) with messages on `queue`, visible or not: a skip scan of the index
 /// `queue_by_group`, one seek per group, so what a receive costs grows with the number of
@@ -273,7 +277,9 @@ impl LocalBackend {
             QueueName::Delivery => self.inner.config.max_receive_count,
             QueueName::DeadLetter => None,
         };
-        let (received, redriven) = self
+        // Injected queue faults, drawn here: the call may run twice.
+        let draws = self.inner.faults.as_ref().and_then(|f| f.receive_draws());
+        let (received, redriven, left_visible, early) = self
             .with_conn("receive from the queue", move |conn| {
                 let err = |e| db_err("receive from the queue", e);
                 let mut hide = conn
@@ -284,6 +290,8 @@ impl LocalBackend {
                     .prepare_cached("UPDATE queue SET queue = 'dead', receive_count = 0, visible_at = ?1 WHERE id = ?2")
                     .map_err(err)?;
                 let (mut received, mut redriven) = (Vec::with_capacity(max), 0);
+                let mut rng = draws.map(|d| d.rng());
+                let (mut left_visible, mut early) = (Vec::new(), Vec::new());
                 for (id, doc, count) in fair_turns(conn, queue, now_ns, max).map_err(err)? {
                     // Received too often (SQS's `maxReceiveCount`): on to the dead-letter queue.
                     if redrive.is_some_and(|max_count| count >= max_count) {
@@ -292,7 +300,16 @@ impl LocalBackend {
                     }
                     match serde_json::from_str::<DeliveryTask>(&doc) {
                         Ok(task) => {
-                            hide.execute(params![hidden_until, id]).map_err(err)?;
+                            // An injected duplicate: received, and left visible for the next.
+                            let leave = match (&draws, rng.as_mut()) {
+                                (Some(d), Some(rng)) => d.leave_visible(rng),
+                                _ => false,
+                            };
+                            if leave {
+                                left_visible.push(id);
+                            }
+                            let until = if leave { now_ns } else { hidden_until };
+                            hide.execute(params![until, id]).map_err(err)?;
                             let receive_count = count.saturating_add(1);
                             received.push(Received { receipt: Receipt { queue, id, receive_count }, task, receive_count });
                         }
@@ -302,9 +319,39 @@ impl LocalBackend {
                         }
                     }
                 }
-                Ok((received, redriven))
+                // An injected early message: the delayed one due soonest, handed out now.
+                if let (Some(d), Some(rng)) = (&draws, rng.as_mut()) {
+                    if d.hand_out_early(rng) && queue == QueueName::Delivery && received.len() < max {
+                        let soonest = conn
+                            .prepare_cached(SOONEST_DELAYED)
+                            .and_then(|mut s| {
+                                s.query_row(params![queue.as_str(), now_ns], |row| {
+                                    Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, u32>(2)?))
+                                })
+                                .optional()
+                            })
+                            .map_err(err)?;
+                        if let Some((id, doc, count)) = soonest {
+                            if let Ok(task) = serde_json::from_str::<DeliveryTask>(&doc) {
+                                hide.execute(params![hidden_until, id]).map_err(err)?;
+                                let receive_count = count.saturating_add(1);
+                                received.push(Received { receipt: Receipt { queue, id, receive_count }, task, receive_count });
+                                early.push(id);
+                            }
+                        }
+                    }
+                }
+                Ok((received, redriven, left_visible, early))
             })
             .await?;
+        if let Some(faults) = &self.inner.faults {
+            faults.received(
+                "receive from the queue",
+                received.iter().map(|r| r.receipt.id),
+                &left_visible,
+                &early,
+            );
+        }
         if redriven > 0 {
             tracing::warn!(
                 count = redriven,

@@ -10,7 +10,7 @@ use anyhow::Context;
 use hookwise_core::ports::SystemClock;
 use hookwise_core::services::{Config, Services};
 use hookwise_http::{HttpSender, SenderConfig};
-use hookwise_local::{DataDirLock, LocalBackend, LocalConfig, QueueName, Synchronous};
+use hookwise_local::{DataDirLock, FaultSpec, LocalBackend, LocalConfig, QueueName, Synchronous};
 use rand::SeedableRng;
 
 use crate::dev_host::{ensure_tenant, serve, CommonArgs, Ready};
@@ -48,6 +48,11 @@ pub struct LocalArgs {
     /// `normal` (survives a killed process, not a power cut; for measuring what `full` costs).
     #[arg(long, default_value = "full", value_parser = synchronous, conflicts_with = "aws", hide = true)]
     pub synchronous: Synchronous,
+    /// Faults to inject into the store's and the queues' calls once serving, for the chaos
+    /// suite: `seed=N,call-error=P,lost-answer=P,duplicate=P,early=P,abort-after-rows=N`
+    /// (hookwise-local's `faults` module); each fired fault is a line of `<data-dir>/faults.log`.
+    #[arg(long, value_name = "SPEC", value_parser = |s: &str| s.parse::<FaultSpec>(), conflicts_with = "aws", hide = true)]
+    pub faults: Option<FaultSpec>,
 }
 
 fn synchronous(value: &str) -> Result<Synchronous, String> {
@@ -64,6 +69,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
     let config = LocalConfig {
         max_delay_seconds: args.max_queue_delay,
         synchronous: local.synchronous,
+        faults: local.faults.clone(),
         ..LocalConfig::default()
     };
     let backend = LocalBackend::open_with(&local.data_dir, config)
@@ -97,6 +103,13 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
     let api_key = kept_api_key(&local.data_dir, args.api_key.as_deref())?;
     ensure_tenant(&services, &api_key, &args.owner_email).await?;
 
+    // Faults from here on: the start-up above never meets one.
+    backend.arm_faults();
+    let mut details = vec![("data dir", local.data_dir.display().to_string())];
+    if let Some(spec) = &local.faults {
+        details.push(("faults", spec.to_string()));
+    }
+
     let visibility = Duration::from_secs(local.visibility_timeout);
     let ready = Ready {
         services,
@@ -104,7 +117,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
         delivery: backend.consumer(QueueName::Delivery, visibility),
         dead_letter: backend.consumer(QueueName::DeadLetter, visibility),
         title: format!("Hookwise dev: listening on http://{addr}"),
-        details: vec![("data dir", local.data_dir.display().to_string())],
+        details,
         api_key,
     };
     serve(ready, &args, RECEIVE_WAIT).await

@@ -21,6 +21,10 @@
 //! Recording ([`FaultProxy::record_calls`]): every request, who signed it, what it asked and
 //! what it was answered, as a [`RecordedCall`]: what the least-privilege test checks against
 //! the template's policies (`tests/src/iam_policy.rs`).
+//!
+//! A hook on writes ([`FaultProxy::after_writes`]): a callback right after the k-th DynamoDB
+//! write from now has been applied, before its answer goes back; the chaos suite kills its
+//! host there, in the middle of an ingest.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -330,6 +334,7 @@ impl FaultProxy {
             state: Mutex::new(Decider::new(plan)),
             next_request_id: AtomicU64::new(1),
             recorded: Mutex::new(None),
+            write_hook: Mutex::new(None),
         });
         let app = axum::Router::new().fallback(handle).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -380,6 +385,17 @@ impl FaultProxy {
         self.shared.recorded().clone().unwrap_or_default()
     }
 
+    /// Call `then` once, right after the `k`-th DynamoDB write (`PutItem`, `BatchWriteItem`,
+    /// `TransactWriteItems`) forwarded from now on has been answered by the upstream (so it
+    /// was applied), before that answer goes back to the client. Writes a fault stopped
+    /// before the upstream are not counted. Replaces a hook set before that has not fired.
+    pub fn after_writes(&self, k: u64, then: impl FnOnce() + Send + 'static) {
+        *self.shared.write_hook() = Some(WriteHook {
+            left: k.max(1),
+            then: Box::new(then),
+        });
+    }
+
     /// Stop accepting; requests in flight finish, then their connections close.
     pub fn stop(&self) {
         let sender = self.shutdown.lock().unwrap_or_else(|p| p.into_inner()).take();
@@ -402,6 +418,14 @@ struct Shared {
     next_request_id: AtomicU64,
     /// `Some` while recording.
     recorded: Mutex<Option<Vec<RecordedCall>>>,
+    /// Armed by [`FaultProxy::after_writes`].
+    write_hook: Mutex<Option<WriteHook>>,
+}
+
+/// What to do after how many more DynamoDB writes.
+struct WriteHook {
+    left: u64,
+    then: Box<dyn FnOnce() + Send>,
 }
 
 impl Shared {
@@ -412,6 +436,32 @@ impl Shared {
 
     fn recorded(&self) -> MutexGuard<'_, Option<Vec<RecordedCall>>> {
         self.recorded.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_hook(&self) -> MutexGuard<'_, Option<WriteHook>> {
+        self.write_hook.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `call` was forwarded and answered: if it is the armed hook's last write, run the hook
+    /// (outside the lock).
+    fn forwarded(&self, call: &Call) {
+        if call.service != Service::DynamoDb || !dynamodb_write(&call.operation) {
+            return;
+        }
+        let due = {
+            let mut hook = self.write_hook();
+            match hook.as_mut() {
+                Some(h) if h.left > 1 => {
+                    h.left -= 1;
+                    None
+                }
+                Some(_) => hook.take(),
+                None => None,
+            }
+        };
+        if let Some(hook) = due {
+            (hook.then)();
+        }
     }
 
     /// Keep `call` and its answer, if recording.
@@ -660,6 +710,11 @@ fn dynamodb_data_plane(operation: &str) -> bool {
     )
 }
 
+/// The DynamoDB operations that write items, as [`FaultProxy::after_writes`] counts them.
+fn dynamodb_write(operation: &str) -> bool {
+    matches!(operation, "PutItem" | "BatchWriteItem" | "TransactWriteItems")
+}
+
 /// The answer the real service gives for a throttle or a 5xx (`kind` is Throttle, or
 /// anything else for the 5xx), in the request's protocol.
 ///
@@ -877,6 +932,7 @@ async fn respond(shared: &Shared, parts: &Parts, body: Bytes, call: &Call) -> Re
             );
         }
     };
+    shared.forwarded(call);
     if decision.fault == Some(FaultKind::LostResponse) {
         // The upstream has applied the request and answered in full; the client never
         // learns that.
@@ -1298,6 +1354,31 @@ mod tests {
         assert!(table.contains("dynamodb  throttle           3"), "{table}");
         assert!(table.contains("sqs       latency            2"), "{table}");
         assert!(table.ends_with("total     faults             5"), "{table}");
+    }
+
+    #[tokio::test]
+    async fn the_write_hook_runs_once_after_the_kth_applied_write_before_its_answer() {
+        let up = Upstream::start().await;
+        // The first DynamoDB request is throttled: never applied, so not a write counted.
+        let plan = FaultPlan::none().first(Service::DynamoDb, &[FaultKind::Throttle]);
+        let proxy = FaultProxy::start(&up.url, plan).await;
+        assert_eq!(dynamodb(&proxy, "PutItem").await.status(), 400);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let hits = up.hits.clone();
+        proxy.after_writes(3, move || tx.send(hits.load(Ordering::SeqCst)).unwrap());
+        // Reads, updates and other services are not writes it counts.
+        for op in ["GetItem", "Query", "UpdateItem", "DeleteItem"] {
+            assert_eq!(dynamodb(&proxy, op).await.status(), 201);
+        }
+        assert_eq!(sqs(&proxy, "SendMessage").await.status(), 201);
+        assert_eq!(dynamodb(&proxy, "PutItem").await.status(), 201);
+        assert_eq!(dynamodb(&proxy, "TransactWriteItems").await.status(), 201);
+        assert!(rx.try_recv().is_err(), "not after two writes");
+        assert_eq!(dynamodb(&proxy, "BatchWriteItem").await.status(), 201);
+        // Ran before the third write's answer came back, after the upstream had it.
+        assert_eq!(rx.try_recv(), Ok(8), "the upstream's count when it ran");
+        dynamodb(&proxy, "PutItem").await;
+        assert!(rx.try_recv().is_err(), "once");
     }
 
     #[tokio::test]

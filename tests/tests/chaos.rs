@@ -1,12 +1,17 @@
 //! The chaos suite: Hookwise under faults, end to end, on both backends.
 //!
-//! - **Locally:** the real `hookwise dev` on SQLite, killed with SIGKILL twice during the run
-//!   (once in the middle of a 150-subscription ingest) and restarted on the same data dir.
+//! - **Locally:** the real `hookwise dev` on SQLite with `--faults` (hookwise-local's
+//!   injector: the store's and queues' calls fail before they run or lose their answer
+//!   after they commit, received messages come again or before their time), crashed twice
+//!   and restarted on the same data dir: it aborts itself right after the commit of a
+//!   150-subscription event's ingest, before answering it, and is killed with SIGKILL while
+//!   deliveries are in flight.
 //! - **On the AWS path:** the real `hookwise dev --aws` (the service code the Lambdas run) on
 //!   DynamoDB Local and moto, each behind a [`FaultProxy`] that answers a share of DynamoDB,
 //!   SQS and SES v2 requests with the services' real throttling and 5xx errors (some after
-//!   the request was applied) and adds latency; the same two SIGKILLs; duplicated, stale and
-//!   early queue messages sent beside the real ones.
+//!   the request was applied) and adds latency; two SIGKILLs, the first from the proxy right
+//!   after the k-th DynamoDB write of the events, in the middle of the 150-subscription
+//!   ingest; duplicated, stale and early queue messages sent beside the real ones.
 //!
 //! The endpoints are real HTTP servers on 127.0.0.1: steady, flaky, slow past the
 //! subscription's timeout, down (connections dropped) then up, 429 with `Retry-After`, and
@@ -17,8 +22,9 @@
 //! `delivered`, or `dead` after the whole schedule (all its attempts), each dead one in exactly
 //! one email. The verdict is the receivers': each delivery is said delivered if and only if
 //! its endpoint answered it with a 2xx in time, and no endpoint got more POSTs for a delivery
-//! than its recorded attempts and [`EXTRA_POSTS`]. On the AWS path every kind of fault the
-//! plan injects must have fired, and each host is killed twice. The suite prints its
+//! than its recorded attempts and [`EXTRA_POSTS`]. Every kind of fault the run injects must
+//! have fired, each host is crashed twice, and the first crash must have caught the
+//! 150-subscription event's ingest (its client sent it again). The suite prints its
 //! figures: events, faults by kind, lost, early deaths, the receivers' verdict, POSTs
 //! received against attempts recorded, and the time to drain.
 
@@ -54,7 +60,9 @@ const DIGEST_WINDOW: Duration = Duration::from_secs(5);
 /// POSTs a delivery may get beyond its recorded attempts: a SIGKILL between a POST and its
 /// record (two in a run), the duplicated messages sent beside the real ones (two of an
 /// attempt), and a message SQS sends twice (a lost answer to its send) or hands out again
-/// (its visibility timeout passing under the injected latency), each of which can cost one.
+/// (its visibility timeout passing under the injected latency), each of which can cost one;
+/// locally, a message the injector hands out again or an attempt's record whose answer it
+/// loses, likewise.
 const EXTRA_POSTS: u64 = 6;
 /// How long the faults go on after the last event was accepted: longer than a schedule.
 const FAULT_PHASE: Duration = Duration::from_secs(25);
@@ -205,6 +213,8 @@ struct Host {
     child: Option<Child>,
     port: u16,
     args: Vec<String>,
+    /// Flags every start adds from now on (the local backend's `--faults`).
+    extra: Vec<String>,
     env: Vec<(String, String)>,
     kills: u32,
 }
@@ -220,6 +230,7 @@ impl Host {
             child: None,
             port,
             args,
+            extra: Vec::new(),
             env,
             kills: 0,
         }
@@ -242,12 +253,19 @@ impl Host {
 
     /// Start (again) on the same port, and wait for the ready line.
     fn start(&mut self) {
+        let extra = self.extra.clone();
+        self.start_with(&extra);
+    }
+
+    /// [`start`](Self::start), with `extra` for this start instead of [`Host::extra`].
+    fn start_with(&mut self, extra: &[String]) {
         let mut command = Command::new(hookwise_bin());
         command
             .args(["dev", "--listen", &format!("127.0.0.1:{}", self.port)])
             .args(["--scheduler-interval", "1", "--owner-email", OWNER])
             .args(["--digest-window", &DIGEST_WINDOW.as_secs().to_string()])
             .args(&self.args)
+            .args(extra)
             .envs(self.env.iter().cloned())
             .env("HOOKWISE_API_KEY", API_KEY)
             .env("HOOKWISE_LOG", "warn");
@@ -255,11 +273,57 @@ impl Host {
         self.child = Some(child);
     }
 
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the host runs").id()
+    }
+
     fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             child.kill().expect("kill -9");
             child.wait().expect("reaped");
             self.kills += 1;
+        }
+    }
+
+    /// Stop it as an operator does (SIGTERM), not a crash, and wait for it.
+    async fn stop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        let sent = Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        assert!(sent.is_ok_and(|s| s.success()), "kill -TERM");
+        let start = Instant::now();
+        while child.try_wait().expect("wait").is_none() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "hookwise dev did not stop on SIGTERM"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Stop, then start with `extra` from now on.
+    async fn restart(&mut self, extra: Vec<String>) {
+        self.stop().await;
+        self.extra = extra;
+        self.start();
+    }
+
+    /// Wait for the armed crash (`Backend::arm_ingest_crash`): the host dies by itself, and it
+    /// counts as a kill. How it died.
+    async fn crashed(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("the host runs");
+        let start = Instant::now();
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                self.kills += 1;
+                return status;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "the armed crash never came: the host still runs after 60 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 }
@@ -275,11 +339,11 @@ impl Drop for Host {
 
 /// What differs between the backends: faults, extra messages, and where emails land.
 trait Backend {
-    /// About half as long as a 150-subscription ingest takes: when to kill the host to
-    /// catch one in the middle.
-    fn ingest_takes(&self) -> Duration;
-    /// Faults on, or off for the drain (a no-op where nothing is injected).
-    fn faults(&self, on: bool);
+    /// Faults on, or off for the drain (the local host restarts with or without them).
+    async fn faults(&self, on: bool, host: &mut Host);
+    /// Arm the first crash, to land in the middle of the 150-subscription ingest about to
+    /// be sent: the host dies after a count of writes from now (then [`Host::crashed`]).
+    async fn arm_ingest_crash(&self, host: &mut Host);
     /// Duplicated, stale and early copies of the messages for these deliveries.
     async fn inject_messages(&self, deliveries: &[Value]) -> usize;
     /// The text of every dead-delivery email sent so far.
@@ -293,11 +357,55 @@ struct Local {
     data_dir: TempDir,
 }
 
-impl Backend for Local {
-    fn ingest_takes(&self) -> Duration {
-        Duration::from_millis(8) // one SQLite transaction: 20 to 40 ms in a debug build
+/// The local host's faults (`hookwise dev --faults`, hookwise-local's `faults` module): the
+/// store's and queues' calls fail before they run or lose their answer after they commit,
+/// and received messages come again (duplicates) or before their time (early). Every kind
+/// fires several times a run and the run still converges.
+const LOCAL_FAULTS: &str = "seed=11,call-error=0.02,lost-answer=0.02,duplicate=0.05,early=0.05";
+/// The first crash: right after the commit of the first call that writes this many rows.
+/// The 150-subscription event's ingest writes about 300 rows in one call; no other call of
+/// the run writes more than a few dozen.
+const ABORT_AFTER_ROWS: u64 = 150;
+/// The kinds [`LOCAL_FAULTS`] and the crash inject, as `faults.log` names them.
+const LOCAL_FAULT_KINDS: [&str; 5] = ["call-error", "lost-answer", "duplicate", "early", "abort"];
+
+impl Local {
+    /// `<data-dir>/faults.log`: one line, `<kind> <call>`, per fault fired, over every run.
+    fn fault_log(&self) -> Vec<(String, String)> {
+        let text = std::fs::read_to_string(self.data_dir.0.join("faults.log")).unwrap_or_default();
+        text.lines()
+            .map(|line| {
+                let (kind, call) = line.split_once(' ').unwrap_or((line, ""));
+                (kind.to_owned(), call.to_owned())
+            })
+            .collect()
     }
-    fn faults(&self, _on: bool) {}
+
+    fn fault_counts(&self) -> BTreeMap<String, u64> {
+        let mut counts = BTreeMap::new();
+        for (kind, _) in self.fault_log() {
+            *counts.entry(kind).or_default() += 1;
+        }
+        counts
+    }
+}
+
+fn faults_flag(spec: &str) -> Vec<String> {
+    vec!["--faults".into(), spec.into()]
+}
+
+impl Backend for Local {
+    async fn faults(&self, on: bool, host: &mut Host) {
+        host.restart(if on { faults_flag(LOCAL_FAULTS) } else { Vec::new() })
+            .await;
+    }
+    async fn arm_ingest_crash(&self, host: &mut Host) {
+        // This start only; the one after the crash has the faults without it.
+        host.stop().await;
+        host.start_with(&faults_flag(&format!(
+            "{LOCAL_FAULTS},abort-after-rows={ABORT_AFTER_ROWS}"
+        )));
+    }
     async fn inject_messages(&self, _deliveries: &[Value]) -> usize {
         0
     }
@@ -312,10 +420,23 @@ impl Backend for Local {
         texts
     }
     fn fault_figures(&self) -> String {
-        "  (none injected: the local store is in-process)\n".into()
+        let counts = self.fault_counts();
+        let mut text = format!("  {LOCAL_FAULTS}\n");
+        for kind in LOCAL_FAULT_KINDS {
+            text += &format!("  {kind:<12} {:>6}\n", counts.get(kind).copied().unwrap_or(0));
+        }
+        for (_, call) in self.fault_log().iter().filter(|(kind, _)| kind == "abort") {
+            text += &format!("  the abort came {call}\n");
+        }
+        text
     }
     fn faults_never_fired(&self) -> Vec<String> {
-        Vec::new()
+        let counts = self.fault_counts();
+        LOCAL_FAULT_KINDS
+            .iter()
+            .filter(|kind| !counts.contains_key(**kind))
+            .map(|kind| kind.to_string())
+            .collect()
     }
 }
 
@@ -397,11 +518,20 @@ impl Aws {
     }
 }
 
+/// The first crash on the AWS path: after this many DynamoDB writes (puts) from the events'
+/// sending. The 150-subscription event alone takes 151 puts, so the crash lands in the middle
+/// of its ingest, whatever the order events' puts around it.
+const KILL_AFTER_WRITES: u64 = 60;
+
 impl Backend for Aws {
-    fn ingest_takes(&self) -> Duration {
-        Duration::from_millis(150) // two transactions and 51 puts, through the proxy
+    async fn arm_ingest_crash(&self, host: &mut Host) {
+        let pid = host.pid().to_string();
+        // kill -9 right there, before the proxy answers that write.
+        self.dynamodb.after_writes(KILL_AFTER_WRITES, move || {
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+        });
     }
-    fn faults(&self, on: bool) {
+    async fn faults(&self, on: bool, _host: &mut Host) {
         if on {
             self.dynamodb.set_plan(self.plan.clone());
             self.moto.set_plan(self.plan.clone());
@@ -596,6 +726,9 @@ struct Figures {
     attempts: u64,
     injected_messages: usize,
     kills: u32,
+    /// How often the client sent the 150-subscription event: more than once if the first
+    /// crash caught its ingest.
+    bulk_tries: u32,
     drain: Duration,
     /// Emails to the owner, and how long the run took from the first event on.
     emails: usize,
@@ -627,10 +760,11 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         behaviour_of.insert(id.clone(), Behaviour::Steady);
         receiver_of.insert(id, (bulk.hits.clone(), path));
     }
-    backend.faults(true);
+    backend.faults(true, host).await;
+    backend.arm_ingest_crash(host).await;
 
-    // Events in, concurrently, with two crashes: one during a 150-subscription ingest, one
-    // while deliveries are in flight.
+    // Events in, concurrently, with two crashes: one during a 150-subscription ingest (after
+    // a count of writes: see `arm_ingest_crash`), one while deliveries are in flight.
     let send = |i: usize, kind: &str| {
         let api = api.clone();
         let body = json!({"type": format!("{kind}.created"), "payload": {"n": i}});
@@ -641,8 +775,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
     for i in 0..ORDER_EVENTS / 2 {
         sending.push(send(i, "order"));
     }
-    tokio::time::sleep(backend.ingest_takes()).await;
-    host.kill9();
+    let crash = host.crashed().await;
     host.start();
     for i in ORDER_EVENTS / 2..ORDER_EVENTS {
         sending.push(send(i, "order"));
@@ -652,8 +785,12 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
     host.start();
     let mut accepted = Vec::new();
     let mut retried = Vec::new();
+    let mut bulk_tries = 0;
     for (key, s) in sending {
         let (answer, tries) = s.await.expect("sender");
+        if key == format!("{name}-bulk-0") {
+            bulk_tries = tries;
+        }
         if let Some(ev) = answer {
             if tries > 1 {
                 retried.push(format!("{key} ({tries} tries)"));
@@ -669,7 +806,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
     }
     // Faults on through most of the schedule, the deaths and their emails included.
     tokio::time::sleep(FAULT_PHASE).await;
-    backend.faults(false);
+    backend.faults(false, host).await;
 
     // Drain: every delivery of every accepted event final.
     let drain_start = Instant::now();
@@ -741,6 +878,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         attempts: 0,
         injected_messages: injected,
         kills: host.kills,
+        bulk_tries,
         drain,
         emails: emails.len(),
         run: run_start.elapsed(),
@@ -814,6 +952,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
     }
     println!(
         "chaos ({name}): {} events accepted ({} deliveries: {} delivered, {} dead), {} kill -9, {} extra queue messages\n\
+         the first crash ({crash}) caught the 150-subscription ingest: sent {} times\n\
          faults injected:\n{}\
          lost: {}  early deaths: {}  dead without a notice: {}  with more than one: {}\n\
          by the receivers: said delivered but never answered: {}  answered but not said delivered: {}  \
@@ -829,6 +968,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         f.dead,
         f.kills,
         f.injected_messages,
+        f.bulk_tries,
         backend.fault_figures(),
         f.lost,
         f.early_deaths,
@@ -893,6 +1033,10 @@ fn check(f: &Figures, backend: &impl Backend) {
         "deliveries POSTed more than their attempts and {EXTRA_POSTS}"
     );
     assert_eq!(f.kills, 2, "each host is killed twice");
+    assert!(
+        f.bulk_tries > 1,
+        "the first crash missed the 150-subscription ingest: its client sent it once"
+    );
     let never = backend.faults_never_fired();
     assert!(never.is_empty(), "fault kinds that never fired: {never:?}");
     assert_eq!(f.early_deaths, 0, "deliveries died before their schedule ran out");

@@ -86,7 +86,6 @@ pub fn spawn_until_ready(command: &mut Command, mut ready: impl FnMut(&str) -> b
     child
 }
 
-/// A running `hookwise dev`.
 /// `hookwise tenant <args>` with `env` set: its stdout, or a panic with its stderr.
 pub fn tenant_cli(args: &[&str], env: &[(String, String)]) -> String {
     let out = Command::new(hookwise_bin())
@@ -110,6 +109,7 @@ pub fn tenant_cli_json(args: &[&str], env: &[(String, String)]) -> Value {
     serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
 }
 
+/// A running `hookwise dev`.
 pub struct Dev {
     child: Child,
     pub base: String,

@@ -241,13 +241,24 @@ pub struct DeliveryTask {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_id: Option<TenantId>,
     /// Set on an attempt its endpoint's open circuit breaker held: when it gives up if still
-    /// held (where its retry schedule would have ended). Kept through a release.
+    /// held (where its retry schedule would have ended). Kept through a release; once reached,
+    /// kept by the delivery ([`Delivery::held_until`]) and so by every message after.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_until: Option<DateTime<Utc>>,
     /// How many times the dead-letter handler has put this attempt back on its schedule after
     /// the queue gave up on its message (see `Services::handle_dead_letters`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub redrives: u32,
+}
+
+impl DeliveryTask {
+    /// What this attempt, made at `at`, passes on to its delivery's `held_until`: its own if
+    /// it was made at its give-up time or later (its retries are never held again), none if
+    /// it was released (or probed) before then (held again, its retries give up on the rest
+    /// of their schedule).
+    pub fn held_until_after(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.held_until.filter(|until| at >= *until)
+    }
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -154,6 +154,7 @@ pub fn replay(delivery: &Delivery, now: DateTime<Utc>) -> Option<DeliveryChange>
         attempts: 0,
         next_attempt_at: Some(now),
         last_delay_seconds: None,
+        held_until: None,
         updated_at: now,
         ..delivery.clone()
     };
@@ -196,7 +197,7 @@ pub fn next_task(delivery: &Delivery) -> DeliveryTask {
         queued_at: None,
         slot: None,
         tenant_id: Some(delivery.tenant_id.clone()),
-        held_until: None,
+        held_until: delivery.held_until,
         redrives: 0,
     }
 }

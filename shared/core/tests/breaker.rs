@@ -561,9 +561,11 @@ async fn given_the_probes_message_lost_then_the_scheduler_queues_another_probe()
 }
 
 #[tokio::test]
-async fn given_a_successful_probe_whose_closing_write_failed_then_the_breaker_closes_after_the_next_probe() {
+async fn given_a_successful_probe_whose_closing_write_failed_then_its_message_comes_back_and_closes_the_breaker() {
     // The first POST the endpoint accepts makes the breaker's next write fail: the probe's
     // own closing. (The same as a crash between the probe's record and the breaker's move.)
+    // Its handler fails, so its message comes back (after the 30 s visibility timeout here),
+    // stale, and the probe's outcome, recorded, moves the breaker then.
     let store: Arc<OnceLock<Arc<MemoryStore>>> = Arc::default();
     let cell = store.clone();
     let (sender, up) = switchable_with(move || cell.get().unwrap().failing_circuit_writes.store(1, Ordering::SeqCst));
@@ -571,15 +573,16 @@ async fn given_a_successful_probe_whose_closing_write_failed_then_the_breaker_cl
     store.set(h.store.clone()).ok();
     let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
     up.store(true, Ordering::SeqCst);
-    h.run_for(Duration::seconds(31), Duration::seconds(1)).await;
+    let (step, visibility) = (Duration::seconds(1), Duration::seconds(30));
+    h.run_as_a_worker_for(Duration::seconds(31), step, visibility).await;
     assert_eq!(
         circuit_state(&h, &tenant, &sub).await,
         CircuitState::HalfOpen,
         "its closing was lost"
     );
-    // The lost probe counts as lost after an interval; the tick then queues the next probe.
-    h.run_for(Duration::seconds(45), Duration::seconds(1)).await;
+    h.run_as_a_worker_for(Duration::seconds(31), step, visibility).await;
     assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Closed);
+    h.run_as_a_worker_for(Duration::seconds(10), step, visibility).await;
     assert_eq!(count(&h, &tenant, "delivered").await, 35);
 }
 
@@ -748,5 +751,100 @@ async fn given_a_subscription_disabled_while_its_breaker_holds_more_than_a_page_
     assert!(
         h.scheduler.held(&sub.id, 1_000).await.unwrap().is_empty(),
         "the tick lets go of the rest"
+    );
+}
+
+#[tokio::test]
+async fn given_a_held_delivery_that_gave_up_then_the_sweeps_copy_of_its_lost_retry_is_not_held_again() {
+    // The breaker opens on the first two failures and probes once a minute, failing each
+    // time, so deliveries are held to their give-up time (their schedule's 210 s span) and
+    // attempted then, their retries made on schedule. One such retry's message is lost; the
+    // sweep (60 s grace) queues it again from the stored delivery, which must still say it
+    // gave up being held, or the open breaker holds it again for what is left of its
+    // schedule (or till a probe picks it).
+    let config = hookwise_core::services::Config {
+        sweep_grace: std::time::Duration::from_secs(60),
+        ..Default::default()
+    };
+    let h = Harness::with_config(ScriptedSender::always(503), config, 900);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let breaker = CircuitBreaker {
+        failure_threshold: 2,
+        probe_interval_seconds: 60,
+        ..CircuitBreaker::on()
+    };
+    h.services
+        .create_subscription(&tenant, subscription(vec![30, 60, 120], None, breaker))
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        h.services.ingest(&tenant, event(), None).await.unwrap();
+    }
+    h.run_for(Duration::seconds(215), Duration::seconds(1)).await;
+    let now = h.clock.now();
+    let mut lost = None;
+    for (n, (task, due)) in h.queue.messages().into_iter().enumerate() {
+        let d = h.store.get_delivery(&task.delivery_id).await.unwrap().unwrap();
+        let waited_for = task.round == d.round && task.attempt == d.attempts + 1;
+        let gave_up = task.held_until.is_some_and(|until| until <= now);
+        if waited_for && gave_up && due > now {
+            lost = Some(n);
+            break;
+        }
+    }
+    let (task, due) = h.queue.take_at(lost.expect("a retry after a held attempt gave up"));
+
+    h.run_for(Duration::seconds(300), Duration::seconds(1)).await;
+    let attempts = h.store.attempts(&task.delivery_id).await.unwrap();
+    let made = attempts
+        .iter()
+        .find(|a| a.round == task.round && a.attempt == task.attempt)
+        .expect("the lost attempt, made");
+    assert!(
+        made.started_at <= due + Duration::seconds(70),
+        "due at {due}, made at {} (held again by the open breaker)",
+        made.started_at
+    );
+}
+
+#[tokio::test]
+async fn given_an_outage_at_a_rate_limited_endpoint_then_attempts_waiting_for_their_turn_ask_the_breaker_again() {
+    // 40 events at once to an endpoint limited to 10 a second, down: the attempts whose turn
+    // comes within the second wait for it in their workers, side by side. The first three
+    // fail and open the breaker; the ones still waiting must find it open when their turn
+    // comes, not POST a second's worth of the rate into the outage.
+    let (h, clock) = Harness::stepped(ScriptedSender::always(503), Default::default());
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let breaker = CircuitBreaker {
+        failure_threshold: 3,
+        probe_interval_seconds: 30,
+        ..CircuitBreaker::on()
+    };
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![60, 600], Some(10), breaker))
+        .await
+        .unwrap()
+        .subscription
+        .id;
+    for _ in 0..40 {
+        h.services.ingest(&tenant, event(), None).await.unwrap();
+    }
+    let end = h.clock.now() + Duration::seconds(10);
+    let mut workers = futures::stream::FuturesUnordered::new();
+    while h.clock.now() < end {
+        for task in h.queue.take_visible() {
+            let services = &h.services;
+            workers.push(async move { services.deliver(&task).await.unwrap() });
+        }
+        run_until_waiting(&mut workers).await;
+        clock.advance(Duration::milliseconds(10));
+    }
+    let posts = h.sender.requests.lock().unwrap().len();
+    let circuit = h.store.circuit(&sub).await.unwrap();
+    assert_eq!(circuit.map(|c| c.state), Some(CircuitState::Open));
+    assert!(
+        posts <= 4,
+        "{posts} POSTs in the outage's first 10 s, the breaker's threshold 3"
     );
 }

@@ -2,8 +2,10 @@
 //! one endpoint with a circuit breaker: messages handed out in any order (a delay is another
 //! message going first), twice, or back after a handler that failed; the scheduler's ticks;
 //! time moving; a failed step (a delivery's write, the breaker's, a queue send, a dead-letter
-//! hand-off: the handler stops there, as a crash would leave it, and its message comes back);
-//! the endpoint going down and up; the owner turning the breaker off, deleting the
+//! hand-off: the handler stops there and its message comes back); a delivery's write whose
+//! answer is lost; the process dying after any of its next one to three writes (between any
+//! two writes of a step, as a crash or a Lambda timing out mid-batch leaves it: what it wrote
+//! stays, it sends nothing more); the endpoint going down and up; the owner turning the breaker off, deleting the
 //! subscription, or replaying a dead delivery.
 //!
 //! The search is stateless, with replay: a path is a list of choices, and each path runs from
@@ -16,7 +18,8 @@
 //! settle, and then:
 //!
 //! - every delivery is delivered or dead; its owner told of its last round's death, and of
-//!   no round twice (a round replayed before its notice was recorded needs none);
+//!   no round twice (a round replayed before its notice was recorded needs none; a process
+//!   that died between an email and its record may send it once more);
 //! - the endpoint's breaker is closed (or off), and holds nothing; and no attempt stayed held
 //!   longer than [`HELD_AT_MOST`] once the endpoint was up (a probe or a release is always
 //!   on its way: within the probe interval, `PROBE_GRACE` and a page's claim);
@@ -60,10 +63,23 @@ const MAX_RECEIVES: u32 = 5;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Fault {
     DeliveryWrite,
+    /// A delivery's write lands, but its answer is lost (the caller sees a timeout).
+    DeliveryAnswer,
     CircuitWrite,
     Enqueue,
     DeadLetterSend,
 }
+
+/// The faults a path may take (one each path), besides a crash.
+const FAULTS: [Fault; 5] = [
+    Fault::DeliveryWrite,
+    Fault::DeliveryAnswer,
+    Fault::CircuitWrite,
+    Fault::Enqueue,
+    Fault::DeadLetterSend,
+];
+/// A crash comes after one to this many more writes.
+const CRASH_AFTER_AT_MOST: u32 = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 enum Action {
@@ -79,6 +95,10 @@ enum Action {
     Wait,
     /// The next such step fails.
     Fail(Fault),
+    /// The process dies after this many more writes (of the store, the queues, the
+    /// scheduler table): the step it dies in stops there, sending nothing more, and its
+    /// message comes back. A Lambda timing out mid-batch dies the same way.
+    Crash(u32),
     /// The endpoint goes down (false) or comes up (true).
     Endpoint(bool),
     /// PATCH {"circuit_breaker":{"enabled":false}}.
@@ -92,6 +112,7 @@ enum Action {
 #[derive(Clone, Copy, Debug, Default, Hash)]
 struct Spent {
     faults: u8,
+    crashes: u8,
     duplicates: u8,
     toggles: u8,
     owner: u8,
@@ -198,15 +219,8 @@ impl World {
         }
         actions.extend([Action::Tick, Action::Wait]);
         if self.spent.faults == 0 {
-            actions.extend(
-                [
-                    Fault::DeliveryWrite,
-                    Fault::CircuitWrite,
-                    Fault::Enqueue,
-                    Fault::DeadLetterSend,
-                ]
-                .map(Action::Fail),
-            );
+            actions.extend(FAULTS.map(Action::Fail));
+            actions.extend((1..=CRASH_AFTER_AT_MOST).map(Action::Crash));
         }
         if self.spent.toggles < 2 {
             actions.push(Action::Endpoint(!self.up.load(Ordering::SeqCst)));
@@ -221,6 +235,14 @@ impl World {
     }
 
     async fn apply(&mut self, action: Action) {
+        self.step(action).await;
+        // A process that died is started again: everything works (its messages come back).
+        if self.h.crash.crashed() {
+            self.h.crash.disarm();
+        }
+    }
+
+    async fn step(&mut self, action: Action) {
         let h = &self.h;
         match action {
             Action::Receive(n) | Action::Duplicate(n) => {
@@ -236,8 +258,7 @@ impl World {
                 let messages: Vec<QueueMessage> = tasks.iter().map(|t| message(t, 1)).collect();
                 let handled = h.services.handle_messages(QueueRole::DeadLetter, &messages, None).await;
                 if handled.contains(&Disposition::Redeliver) {
-                    use hookwise_core::ports::DeliveryQueue;
-                    h.queue.dead_letter(&tasks).await.unwrap();
+                    h.queue.redrive(&tasks);
                 }
             }
             Action::Tick => {
@@ -252,11 +273,17 @@ impl World {
                 self.spent.faults += 1;
                 let counter = match fault {
                     Fault::DeliveryWrite => &h.store.failing_delivery_writes,
+                    Fault::DeliveryAnswer => &h.store.lost_delivery_answers,
                     Fault::CircuitWrite => &h.store.failing_circuit_writes,
                     Fault::Enqueue => &h.queue.failing_enqueues,
                     Fault::DeadLetterSend => &h.queue.failing_dead_letters,
                 };
                 counter.store(1, Ordering::SeqCst);
+            }
+            Action::Crash(writes) => {
+                self.spent.faults += 1;
+                self.spent.crashes += 1;
+                h.crash.arm(writes);
             }
             Action::Endpoint(up) => {
                 self.spent.toggles += 1;
@@ -298,8 +325,7 @@ impl World {
             .await;
         if handled[0] == Disposition::Redeliver {
             if count >= MAX_RECEIVES {
-                use hookwise_core::ports::DeliveryQueue;
-                self.h.queue.dead_letter(&[task]).await.unwrap();
+                self.h.queue.redrive(&[task]);
             } else {
                 self.h.queue.put_back(task, self.now() + Duration::seconds(VISIBILITY));
             }
@@ -342,14 +368,12 @@ impl World {
         // not fired yet, and what the owner has been told.
         let health = self.h.store.endpoint_health(&self.sub).await.unwrap();
         text.push_str(&format!("{}|", health.consecutive_failures()));
-        let armed = [
-            &self.h.store.failing_delivery_writes,
-            &self.h.store.failing_circuit_writes,
-            &self.h.queue.failing_enqueues,
-            &self.h.queue.failing_dead_letters,
-        ]
-        .map(|c| c.load(Ordering::SeqCst));
-        text.push_str(&format!("{armed:?}|{}|", self.h.mailer.sent.lock().unwrap().len()));
+        let armed = self.armed().map(|c| c.load(Ordering::SeqCst));
+        text.push_str(&format!(
+            "{armed:?}|{:?}|{}|",
+            self.h.crash.writes_left(),
+            self.h.mailer.sent.lock().unwrap().len()
+        ));
         let sub = self.h.store.get_subscription(&self.tenant.id, &self.sub).await.unwrap();
         text.push_str(&format!("{:?}|", sub.map(|s| (s.status, s.circuit_breaker.enabled))));
         text.push_str(&format!(
@@ -367,6 +391,18 @@ impl World {
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         text.hash(&mut hasher);
         hasher.finish()
+    }
+
+    /// The fault counters: how many of the next such steps fail.
+    fn armed(&self) -> [&std::sync::atomic::AtomicU32; 5] {
+        let (store, queue) = (&self.h.store, &self.h.queue);
+        [
+            &store.failing_delivery_writes,
+            &store.lost_delivery_answers,
+            &store.failing_circuit_writes,
+            &queue.failing_enqueues,
+            &queue.failing_dead_letters,
+        ]
     }
 
     /// The deliveries whose next attempt the breaker holds: parked, or queued to be a probe
@@ -424,14 +460,10 @@ impl World {
     /// handled, the scheduler ticking and time moving; then the properties.
     async fn settle_and_check(&mut self, up: bool) -> Result<(), String> {
         self.up.store(up, Ordering::SeqCst);
-        for counter in [
-            &self.h.store.failing_delivery_writes,
-            &self.h.store.failing_circuit_writes,
-            &self.h.queue.failing_enqueues,
-            &self.h.queue.failing_dead_letters,
-        ] {
+        for counter in self.armed() {
             counter.store(0, Ordering::SeqCst);
         }
+        self.h.crash.disarm();
         let (up_at, give_up) = (self.now(), self.now() + Duration::days(3));
         let held = self.held().await;
         let mut quiet_since = None;
@@ -507,9 +539,10 @@ impl World {
                 .map(|t| t.matches(&format!("deliveries/{}/replay", d.id)).count())
                 .sum::<usize>();
             // A round replayed before its notice was recorded is not told (the replay is
-            // news enough); the last, if dead, always is.
+            // news enough); the last, if dead, always is. A process that dies between an
+            // email and its record sends it again (the mail service has no idempotency key).
             let last_dead = usize::from(d.status == DeliveryStatus::Dead);
-            if told < last_dead || told > dead_rounds {
+            if told < last_dead || told > dead_rounds + usize::from(self.spent.crashes) {
                 return Err(format!("{} has {dead_rounds} dead rounds, told {told} times", d.id));
             }
         }

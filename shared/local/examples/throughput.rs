@@ -172,6 +172,7 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                     attempts: 0,
                     next_attempt_at: Some(now),
                     last_delay_seconds: None,
+                    held_until: None,
                     last_status_code: None,
                     last_error: None,
                     created_at: now,

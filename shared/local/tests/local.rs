@@ -104,6 +104,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         attempts: 0,
         next_attempt_at: Some(now),
         last_delay_seconds: None,
+        held_until: None,
         last_status_code: None,
         last_error: None,
         created_at: now,
@@ -276,6 +277,7 @@ async fn reopening_the_data_dir_loses_nothing() {
         attempts: 1,
         next_attempt_at: Some(start() + secs(60)),
         last_delay_seconds: Some(61.25),
+        held_until: None,
         last_status_code: Some(500),
         ..delivery.clone()
     };
@@ -793,6 +795,7 @@ async fn seed_delivery(store: &LocalBackend, rng: &mut StdRng) -> Delivery {
         attempts: 0,
         next_attempt_at: Some(now),
         last_delay_seconds: None,
+        held_until: None,
         last_status_code: None,
         last_error: None,
         created_at: now,

@@ -263,6 +263,11 @@ pub struct Delivery {
     pub last_delay_seconds: Option<Seconds>,
     pub last_status_code: Option<u16>,
     pub last_error: Option<String>,
+    /// The give-up time an attempt of this round was held to by the circuit breaker, once
+    /// that attempt was made then: the rest of the round's schedule goes out as it comes,
+    /// never held again, whichever message (a retry, the sweep's, a redrive) carries it.
+    #[serde(default)]
+    pub held_until: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -295,6 +300,7 @@ impl Delivery {
             last_delay_seconds: None,
             last_status_code: None,
             last_error: None,
+            held_until: None,
             created_at: event.created_at,
             updated_at: event.created_at,
         }

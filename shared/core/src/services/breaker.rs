@@ -190,8 +190,11 @@ impl Services {
 
     /// After an attempt (recorded): open the breaker at the threshold, open it again after a
     /// failed probe, or close it on a success and release what it held; an attempt the
-    /// breaker released (`released`) goes on with the release. Best effort: an error is
-    /// logged and counted (the delivery is recorded; the scheduler's tick tends the breaker).
+    /// breaker released (`released`) goes on with the release. Best effort (an error is
+    /// logged and counted: the delivery is recorded, and the scheduler's tick tends a breaker
+    /// that holds attempts), but for a probe's move: that error is returned, so its message
+    /// comes back and its outcome moves the breaker then (`resume_retry`), for a half-open
+    /// breaker whose probe is done may hold nothing the tick would tend it for.
     pub(super) async fn after_attempt_breaker(
         &self,
         sub: &Subscription,
@@ -199,9 +202,13 @@ impl Services {
         probe: bool,
         success: bool,
         released: bool,
-    ) {
-        let moved = self.move_breaker(sub, circuit, probe, success).await;
-        let result = match moved {
+    ) -> Result<()> {
+        let result = match self.move_breaker(sub, circuit, probe, success).await {
+            Err(err) if probe => return Err(err),
+            Ok(Some((read, next))) => self.after_move(sub, read.as_ref(), next).await,
+            other => other.map(|_| ()),
+        };
+        let result = match result {
             Ok(()) if released => self.go_on_releasing(sub).await,
             other => other,
         };
@@ -209,38 +216,54 @@ impl Services {
             self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
             tracing::warn!(error = %err, subscription_id = %sub.id, "could not update the circuit breaker");
         }
+        Ok(())
     }
 
-    async fn move_breaker(&self, sub: &Subscription, read: Option<Circuit>, probe: bool, success: bool) -> Result<()> {
+    /// The breaker's change after an attempt, written: what it was read as and what it is
+    /// now, or `None` if it does not change (or another change came first).
+    async fn move_breaker(
+        &self,
+        sub: &Subscription,
+        read: Option<Circuit>,
+        probe: bool,
+        success: bool,
+    ) -> Result<Option<(Option<Circuit>, Circuit)>> {
         let breaker = &sub.circuit_breaker;
         if !breaker.enabled {
-            return Ok(());
+            return Ok(None);
         }
         let failures = self.kept_failures(&sub.id);
         if !success && failures < breaker.failure_threshold && !probe {
-            return Ok(());
+            return Ok(None);
         }
         let circuit = match read {
             Some(c) => Some(c),
-            None if success => return Ok(()), // closed, and not read: nothing to close
+            None if success => return Ok(None), // closed, and not read: nothing to close
             None => self.kept_circuit(sub, false).await?,
         };
         // While a probe is in flight only its own failure opens the breaker again: another
         // attempt's (a delivery that gave up being held) would take the probe's closing write
         // from it, and keep the breaker open one more interval.
         if !success && !probe && circuit.as_ref().is_some_and(|c| c.state == CircuitState::HalfOpen) {
-            return Ok(());
+            return Ok(None);
         }
         let now = self.now();
         let Some(next) = circuit::after_attempt(circuit.as_ref(), breaker, success, failures, now) else {
-            return Ok(());
+            return Ok(None);
         };
-        if !self.write_circuit(sub, &next, circuit.as_ref()).await? {
-            return Ok(());
+        match self.write_circuit(sub, &next, circuit.as_ref()).await? {
+            true => Ok(Some((circuit, next))),
+            false => Ok(None),
         }
+    }
+
+    /// What follows a change of the breaker from `read` to `next`: the next probe queued
+    /// when it opens, the first page released when it closes.
+    async fn after_move(&self, sub: &Subscription, read: Option<&Circuit>, next: Circuit) -> Result<()> {
+        let failures = self.kept_failures(&sub.id);
         match next.state {
             CircuitState::Open => {
-                if circuit.as_ref().is_none_or(|c| c.state == CircuitState::Closed) {
+                if read.is_none_or(|c| c.state == CircuitState::Closed) {
                     self.metrics.count(metrics::BREAKER_OPENED, 1);
                     tracing::warn!(subscription_id = %sub.id, failures, next_probe_at = ?next.next_probe_at,
                         "circuit breaker open: the endpoint's attempts are held");

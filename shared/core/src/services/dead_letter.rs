@@ -153,7 +153,8 @@ impl Services {
             retries_enabled: retries,
         };
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
-        let change = after_attempt(delivery, task.attempt, now, &outcome, decision, now);
+        let mut change = after_attempt(delivery, task.attempt, now, &outcome, decision, now);
+        change.next.held_until = task.held_until_after(now);
         match self.ports.store.apply_change(&change).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return Ok(()), // moved on meanwhile
@@ -161,7 +162,7 @@ impl Services {
         }
         tracing::warn!(delivery_id = %delivery.id, attempt = task.attempt, ?decision,
             "the queue gave up on this attempt's messages {MAX_REDRIVES} times; it counts as a failed attempt");
-        self.hand_on(&change.next, decision, task.held_until).await?;
+        self.hand_on(&change.next, decision).await?;
         Ok(())
     }
 

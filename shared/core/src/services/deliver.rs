@@ -164,19 +164,30 @@ impl Services {
         };
         let retries_enabled = tenant.as_ref().is_none_or(|t| t.retries_enabled);
         let gives_up_at = self.gives_up_at(&sub, &delivery, task, retries_enabled);
-        let (circuit, probe) = match self
-            .gate(&sub, task, health.consecutive_failures(), gives_up_at)
-            .await?
-        {
-            Gate::Attempt { circuit, probe } => (circuit, probe),
-            Gate::Hold => return self.hold(&sub, &delivery, task, gives_up_at, None).await,
-            Gate::ProbeAt { at, claim } => {
-                return self.hold(&sub, &delivery, task, gives_up_at, Some((at, claim))).await
+        let mut failures = health.consecutive_failures();
+        let mut waited = false;
+        let (circuit, probe) = loop {
+            match self.gate(&sub, task, failures, gives_up_at).await? {
+                Gate::Hold => return self.hold(&sub, &delivery, task, gives_up_at, None).await,
+                Gate::ProbeAt { at, claim } => {
+                    return self.hold(&sub, &delivery, task, gives_up_at, Some((at, claim))).await
+                }
+                Gate::Attempt { circuit, probe } if waited => break (circuit, probe),
+                Gate::Attempt { circuit, probe } => {
+                    let before = self.now();
+                    if let Some(slot) = self.wait_for_slot(&sub, &delivery, task).await? {
+                        return Ok(DeliverOutcome::RateLimited { slot });
+                    }
+                    if self.now() == before || circuit.is_some() || probe {
+                        break (circuit, probe);
+                    }
+                    // The breaker may have opened while this attempt waited for its turn
+                    // (the ones before it failing): asked again, so an outage's first second
+                    // costs the endpoint the threshold's failures, not a second of its rate.
+                    (waited, failures) = (true, self.kept_failures(&sub.id));
+                }
             }
         };
-        if let Some(slot) = self.wait_for_slot(&sub, &delivery, task).await? {
-            return Ok(DeliverOutcome::RateLimited { slot });
-        }
 
         let started_at = self.now();
         let mut request = webhook_request(&sub, &secrets, &event, started_at);
@@ -225,7 +236,8 @@ impl Services {
             retries_enabled,
         };
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
-        let change = after_attempt(&delivery, task.attempt, started_at, &outcome, decision, now);
+        let mut change = after_attempt(&delivery, task.attempt, started_at, &outcome, decision, now);
+        change.next.held_until = task.held_until_after(started_at);
         match self.record_attempt(&change, outcome.is_success()).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return Ok(DeliverOutcome::Stale),
@@ -243,16 +255,12 @@ impl Services {
         // honoured): to the breaker it is no failure, so it neither opens it nor fails a probe.
         let up = outcome.is_success() || outcome.status_code == Some(429);
         self.after_attempt_breaker(&sub, circuit, probe, up, task.held_until.is_some())
-            .await;
+            .await?;
         let failed = !outcome.is_success() && outcome.status_code != Some(410);
         if outcome.status_code == Some(410) {
             self.disable_subscription(sub.clone(), GONE, false).await?;
         }
-        // A held attempt made at its give-up time passes its `held_until` on: its retries are
-        // never held again. One released (or the probe) before then does not: held again, its
-        // retries give up on the rest of their schedule.
-        let given_up = task.held_until.filter(|until| started_at >= *until);
-        let handed = self.hand_on(&change.next, decision, given_up).await?;
+        let handed = self.hand_on(&change.next, decision).await?;
         if failed {
             self.disable_if_failing(sub, health.last_success_at, tenant.as_ref(), now)
                 .await?;
@@ -336,24 +344,14 @@ impl Services {
         Ok(Some(slot))
     }
 
-    /// After the change is stored: queue the next attempt, or hand a dead one on. A delivery
-    /// that gave up being held keeps its `held_until` (past), so it is not held again.
-    pub(super) async fn hand_on(
-        &self,
-        delivery: &Delivery,
-        decision: Decision,
-        held_until: Option<DateTime<Utc>>,
-    ) -> Result<DeliverOutcome> {
+    /// After the change is stored: queue the next attempt, or hand a dead one on.
+    pub(super) async fn hand_on(&self, delivery: &Delivery, decision: Decision) -> Result<DeliverOutcome> {
         match decision {
             Decision::Delivered => Ok(DeliverOutcome::Delivered),
             Decision::Retry { at, .. } => {
                 // An error here redelivers the message, and `resume_retry` queues the retry
                 // then (the sweep would, but only once it is overdue).
-                let next = DeliveryTask {
-                    held_until,
-                    ..state::next_task(delivery)
-                };
-                self.schedule_attempt(next, at).await?;
+                self.schedule_attempt(state::next_task(delivery), at).await?;
                 Ok(DeliverOutcome::Retrying { at })
             }
             Decision::Dead => {
@@ -377,13 +375,15 @@ impl Services {
     }
 
     /// A message that came back after its attempt was recorded (its receiver died, or
-    /// failed, after the state change): queue the retry that attempt decided on, in case
-    /// that is what did not happen. If it did, the second message is stale on arrival.
-    /// Only for redelivered messages: a mere duplicate's twin did the queueing.
+    /// failed, after the state change): queue the retry that attempt decided on, and if the
+    /// attempt was the breaker's probe, move the breaker on its outcome, in case that is what
+    /// did not happen. If it did, the second message is stale on arrival, and the breaker
+    /// has moved on. Only for redelivered messages: a mere duplicate's twin did both.
     pub(super) async fn resume_retry(&self, task: &DeliveryTask) -> Result<()> {
         let Some(d) = self.ports.store.get_delivery(&task.delivery_id).await? else {
             return Ok(());
         };
+        self.probe_moved_on(&d).await?;
         if d.status == DeliveryStatus::Retrying && d.round == task.round && d.attempts == task.attempt {
             let at = d.next_attempt_at.unwrap_or_else(|| self.now());
             self.schedule_attempt(state::next_task(&d), at).await?;
@@ -474,7 +474,7 @@ impl Services {
             Err(e) => return Err(e.into()),
         }
         tracing::info!(reason, attempt = task.attempt, "delivery abandoned");
-        self.hand_on(&change.next, Decision::Dead, None).await
+        self.hand_on(&change.next, Decision::Dead).await
     }
 
     /// Disable the subscription, with `reason`: a conditional write of the copy just read,

@@ -281,6 +281,8 @@ fn failed(d: &Delivery, at: DateTime<Utc>, delay_minutes: i64) -> Delivery {
         attempts: d.attempts + 1,
         next_attempt_at: Some(at + minutes(delay_minutes)),
         last_delay_seconds: Some(60.0 * delay_minutes as f64),
+        // As if the breaker had held the attempt to its give-up time: kept through the store.
+        held_until: Some(at),
         last_status_code: Some(503),
         last_error: Some("HTTP 503".into()),
         updated_at: at,

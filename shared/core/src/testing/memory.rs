@@ -64,13 +64,18 @@ pub struct MemoryStore {
     pub failing_circuit_writes: std::sync::atomic::AtomicU32,
     /// The next this many delivery changes (`apply_change`) fail (retryable), writing nothing.
     pub failing_delivery_writes: std::sync::atomic::AtomicU32,
+    /// The next this many delivery changes land, but answer with a retryable error, as a
+    /// write whose answer was lost does.
+    pub lost_delivery_answers: std::sync::atomic::AtomicU32,
     /// Lookups of API keys so far.
     pub api_key_reads: std::sync::atomic::AtomicU32,
+    pub crash: Arc<CrashPoint>,
 }
 
 #[async_trait]
 impl Store for MemoryStore {
     async fn create_tenant(&self, tenant: &Tenant) -> PortResult<()> {
+        self.crash.write("create tenant")?;
         let mut d = lock(&self.data);
         if d.tenants.contains_key(&tenant.id) || tenant.api_keys.iter().any(|k| d.keys.contains_key(&k.hash)) {
             return Err(PortError::ConditionFailed("tenant id or API key already in use".into()));
@@ -99,6 +104,7 @@ impl Store for MemoryStore {
         Ok(all)
     }
     async fn update_tenant(&self, tenant: &Tenant, read: &Tenant) -> PortResult<()> {
+        self.crash.write("update tenant")?;
         let mut d = lock(&self.data);
         if d.tenants.get(&tenant.id).map(|t| t.version) != Some(read.version) {
             return Err(PortError::ConditionFailed(format!(
@@ -123,6 +129,7 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).tenants.get(id).cloned())
     }
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {
+        self.crash.write("create subscription")?;
         let mut d = lock(&self.data);
         if d.subscriptions.iter().any(|s| s.id == sub.id) {
             return Err(PortError::ConditionFailed(format!("subscription `{}` exists", sub.id)));
@@ -131,6 +138,7 @@ impl Store for MemoryStore {
         Ok(())
     }
     async fn replace_subscription(&self, sub: &Subscription, read_at: DateTime<Utc>) -> PortResult<()> {
+        self.crash.write("replace subscription")?;
         if take_one(&self.failing_subscription_writes) {
             return Err(PortError::retryable(
                 "replace subscription",
@@ -197,12 +205,14 @@ impl Store for MemoryStore {
         Ok(subs)
     }
     async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool> {
+        self.crash.write("delete subscription")?;
         let mut d = lock(&self.data);
         let before = d.subscriptions.len();
         d.subscriptions.retain(|s| !(&s.id == id && &s.tenant_id == tenant));
         Ok(d.subscriptions.len() < before)
     }
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
+        self.crash.write("create event")?;
         if take_one(&self.failing_event_writes) {
             return Err(PortError::retryable("create event", "throttled (failing_event_writes)"));
         }
@@ -279,6 +289,7 @@ impl Store for MemoryStore {
         Ok(DeliveryPage { items, next_cursor })
     }
     async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()> {
+        self.crash.write("apply change")?;
         if take_one(&self.failing_delivery_writes) {
             return Err(PortError::retryable(
                 "apply change",
@@ -302,6 +313,12 @@ impl Store for MemoryStore {
             d.attempts.push(a.clone());
         }
         d.deliveries[idx] = change.next.clone();
+        if take_one(&self.lost_delivery_answers) {
+            return Err(PortError::retryable(
+                "apply change",
+                "timed out (lost_delivery_answers)",
+            ));
+        }
         Ok(())
     }
     async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>> {
@@ -329,6 +346,7 @@ impl Store for MemoryStore {
         now: DateTime<Utc>,
         arrival: crate::rate_limit::Arrival,
     ) -> PortResult<crate::rate_limit::Verdict> {
+        self.crash.write("take a rate-limit turn")?;
         let mut d = lock(&self.data);
         let lines = d.rate_lines.get(sub).copied().unwrap_or_default();
         let (verdict, after) = crate::rate_limit::admit(lines, interval, now, arrival);
@@ -339,6 +357,7 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).circuits.get(sub).cloned())
     }
     async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()> {
+        self.crash.write("put circuit")?;
         if take_one(&self.failing_circuit_writes) {
             return Err(PortError::retryable(
                 "put circuit",
@@ -358,10 +377,12 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).health.get(sub).cloned().unwrap_or_default())
     }
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
+        self.crash.write("save endpoint health")?;
         lock(&self.data).health.insert(sub.clone(), health.clone());
         Ok(())
     }
     async fn queue_dead_notice(&self, owner: &Email, notice: &DeadNotice) -> PortResult<bool> {
+        self.crash.write("queue dead notice")?;
         let mut d = lock(&self.data);
         let key = (notice.delivery_id.clone(), notice.round);
         if d.notices.contains_key(&key) {
@@ -396,6 +417,7 @@ impl Store for MemoryStore {
         window_start: DateTime<Utc>,
         stale_before: DateTime<Utc>,
     ) -> PortResult<Option<DigestClaim>> {
+        self.crash.write("claim digest")?;
         let mut d = lock(&self.data);
         let notices: Vec<DeadNotice> = d
             .notices
@@ -415,6 +437,7 @@ impl Store for MemoryStore {
         Ok(Some(DigestClaim::new(owner.clone(), notices, now, 0)))
     }
     async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()> {
+        self.crash.write("finish digest")?;
         let mut d = lock(&self.data);
         for n in &claim.notices {
             if let Some(notice) = d.notices.get_mut(&(n.delivery_id.clone(), n.round)) {
@@ -431,6 +454,7 @@ impl Store for MemoryStore {
         Ok(())
     }
     async fn release_digest(&self, claim: &DigestClaim, retry_at: DateTime<Utc>) -> PortResult<()> {
+        self.crash.write("release digest")?;
         let mut d = lock(&self.data);
         let digest = d.digests.entry(claim.owner.clone()).or_default();
         if digest.claimed_at == Some(claim.claimed_at) {
@@ -438,6 +462,49 @@ impl Store for MemoryStore {
             digest.retry_at = Some(retry_at);
         }
         Ok(())
+    }
+}
+
+/// A process dying at a chosen write, shared by every in-memory port of a [`Harness`]: once
+/// armed with `k`, the next `k` writes (store, queue, scheduler table) land and every write
+/// after them fails, and no email or POST goes out, until disarmed. So a handler stops
+/// between two writes as a crash would leave it: what it wrote stays, nothing after happens.
+#[derive(Default)]
+pub struct CrashPoint {
+    writes_left: Mutex<Option<u32>>,
+}
+
+impl CrashPoint {
+    /// The process dies after `writes` more writes.
+    pub fn arm(&self, writes: u32) {
+        *lock(&self.writes_left) = Some(writes);
+    }
+
+    /// A fresh process: everything works again.
+    pub fn disarm(&self) {
+        *lock(&self.writes_left) = None;
+    }
+
+    /// The writes left before the process dies, if armed.
+    pub fn writes_left(&self) -> Option<u32> {
+        *lock(&self.writes_left)
+    }
+
+    /// Whether the process has died.
+    pub fn crashed(&self) -> bool {
+        *lock(&self.writes_left) == Some(0)
+    }
+
+    /// One write: `Err` once the process has died.
+    fn write(&self, what: &'static str) -> PortResult<()> {
+        match lock(&self.writes_left).as_mut() {
+            Some(0) => Err(PortError::retryable(what, "the process died (CrashPoint)")),
+            Some(left) => {
+                *left -= 1;
+                Ok(())
+            }
+            None => Ok(()),
+        }
     }
 }
 
@@ -464,6 +531,7 @@ pub struct MemoryQueue {
     /// The next this many enqueues fail (retryable), as a crash between a store write and
     /// the queue send would leave things.
     pub failing_enqueues: std::sync::atomic::AtomicU32,
+    pub crash: Arc<CrashPoint>,
 }
 
 impl MemoryQueue {
@@ -476,6 +544,7 @@ impl MemoryQueue {
             log: Mutex::default(),
             failing_dead_letters: Default::default(),
             failing_enqueues: Default::default(),
+            crash: Default::default(),
         }
     }
 
@@ -511,6 +580,12 @@ impl MemoryQueue {
         lock(&self.ready).push((task, at));
     }
 
+    /// The queue's own redrive to its dead-letter queue (no process's send: it fails
+    /// nothing, whatever the crash point says).
+    pub fn redrive(&self, tasks: &[DeliveryTask]) {
+        lock(&self.dead).extend(tasks.iter().cloned());
+    }
+
     /// The dead-letter queue's messages, left on it.
     pub fn dead_letters(&self) -> Vec<DeliveryTask> {
         lock(&self.dead).clone()
@@ -523,6 +598,7 @@ impl DeliveryQueue for MemoryQueue {
         self.max_delay
     }
     async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()> {
+        self.crash.write("enqueue")?;
         if take_one(&self.failing_enqueues) {
             return Err(PortError::retryable("enqueue", "unavailable (failing_enqueues)"));
         }
@@ -540,6 +616,7 @@ impl DeliveryQueue for MemoryQueue {
         Ok(())
     }
     async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()> {
+        self.crash.write("dead letter")?;
         if take_one(&self.failing_dead_letters) {
             return Err(PortError::retryable(
                 "dead letter",
@@ -564,6 +641,7 @@ pub struct MemoryScheduler {
     pub holding: Mutex<std::collections::BTreeMap<SubscriptionId, TenantId>>,
     /// The scheduler's lease: its holder, and until when.
     pub lease: Mutex<Option<(String, DateTime<Utc>)>>,
+    pub crash: Arc<CrashPoint>,
 }
 
 impl MemoryScheduler {
@@ -578,6 +656,7 @@ impl MemoryScheduler {
 #[async_trait]
 impl SchedulerTable for MemoryScheduler {
     async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
+        self.crash.write("schedule")?;
         // The same item scheduled twice is one item (as on the other backends).
         let mut items = lock(&self.items);
         if !items.contains(item) {
@@ -592,10 +671,12 @@ impl SchedulerTable for MemoryScheduler {
         Ok(due)
     }
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
+        self.crash.write("remove scheduled")?;
         lock(&self.items).retain(|i| !items.contains(i));
         Ok(())
     }
     async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
+        self.crash.write("hold")?;
         let same = |(s, i): &(SubscriptionId, ScheduledTask)| {
             s == sub
                 && (&i.task.delivery_id, i.task.round, i.task.attempt)
@@ -623,6 +704,7 @@ impl SchedulerTable for MemoryScheduler {
         Ok(page)
     }
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
+        self.crash.write("release")?;
         self.take_time().await;
         lock(&self.held).retain(|(s, i)| !(s == sub && items.contains(i)));
         Ok(())
@@ -639,11 +721,13 @@ impl SchedulerTable for MemoryScheduler {
             .collect())
     }
     async fn stop_holding(&self, sub: &SubscriptionId) -> PortResult<()> {
+        self.crash.write("stop holding")?;
         lock(&self.holding).remove(sub);
         Ok(())
     }
 
     async fn take_lease(&self, holder: &str, now: DateTime<Utc>, until: DateTime<Utc>) -> PortResult<bool> {
+        self.crash.write("take lease")?;
         let mut lease = lock(&self.lease);
         if lease.as_ref().is_some_and(|(h, u)| h != holder && *u > now) {
             return Ok(false);
@@ -653,6 +737,7 @@ impl SchedulerTable for MemoryScheduler {
     }
 
     async fn end_lease(&self, holder: &str, now: DateTime<Utc>) -> PortResult<()> {
+        self.crash.write("end lease")?;
         let mut lease = lock(&self.lease);
         if let Some((h, until)) = lease.as_mut() {
             if h == holder {
@@ -668,11 +753,15 @@ pub struct MemoryMailer {
     pub sent: Mutex<Vec<OutgoingEmail>>,
     /// Recipients refused once each (as SES refuses an address), then accepted.
     pub refusing_once: Mutex<HashSet<String>>,
+    pub crash: Arc<CrashPoint>,
 }
 
 #[async_trait]
 impl Mailer for MemoryMailer {
     async fn send(&self, email: &OutgoingEmail) -> PortResult<()> {
+        if self.crash.crashed() {
+            return Err(PortError::retryable("send email", "the process died (CrashPoint)"));
+        }
         if lock(&self.refusing_once).remove(email.to.as_str()) {
             return Err(PortError::permanent(
                 "send email",
@@ -724,6 +813,8 @@ pub struct ScriptedSender {
     #[allow(clippy::type_complexity)]
     script: Box<dyn Fn(&WebhookRequest, &[WebhookRequest]) -> SendOutcome + Send + Sync>,
     pub requests: Mutex<Vec<WebhookRequest>>,
+    /// Once it has died, nothing goes out.
+    pub crash: Arc<CrashPoint>,
 }
 
 impl ScriptedSender {
@@ -734,6 +825,7 @@ impl ScriptedSender {
                 script(url, before.iter().filter(|r| r.url.as_str() == url).count())
             }),
             requests: Mutex::default(),
+            crash: Default::default(),
         }
     }
 
@@ -749,6 +841,7 @@ impl ScriptedSender {
         Self {
             script: Box::new(move |request, before| script(before.iter().filter(|r| id(r) == id(request)).count())),
             requests: Mutex::default(),
+            crash: Default::default(),
         }
     }
 
@@ -759,6 +852,7 @@ impl ScriptedSender {
         Self {
             script: Box::new(script),
             requests: Mutex::default(),
+            crash: Default::default(),
         }
     }
 
@@ -781,6 +875,14 @@ pub fn status_outcome(status: u16) -> SendOutcome {
 #[async_trait]
 impl Sender for ScriptedSender {
     async fn send(&self, request: WebhookRequest) -> SendOutcome {
+        if self.crash.crashed() {
+            return SendOutcome {
+                error: Some((SendErrorKind::Connect, "the process died (CrashPoint)".into())),
+                status_code: None,
+                response_excerpt: None,
+                ..status_outcome(0)
+            };
+        }
         let mut requests = lock(&self.requests);
         let outcome = (self.script)(&request, &requests);
         requests.push(request);
@@ -886,6 +988,10 @@ pub struct Harness {
     pub secrets: Arc<MemorySecrets>,
     pub sender: Arc<ScriptedSender>,
     pub clock: Arc<ManualClock>,
+    /// Shared by the ports above: arm it to kill the process at a write.
+    pub crash: Arc<CrashPoint>,
+    /// How many times each message was handed out (`run_as_a_worker_for`).
+    pub receives: Mutex<HashMap<DeliveryTask, u32>>,
 }
 
 impl Harness {
@@ -920,12 +1026,29 @@ impl Harness {
         manual: Arc<ManualClock>,
         clock: Arc<dyn Clock>,
     ) -> Self {
-        let store = Arc::new(MemoryStore::default());
-        let queue = Arc::new(MemoryQueue::new(manual.clone(), queue_max_delay));
-        let scheduler = Arc::new(MemoryScheduler::default());
-        let mailer = Arc::new(MemoryMailer::default());
+        // One process: one crash point for every port.
+        let crash = Arc::new(CrashPoint::default());
+        let store = Arc::new(MemoryStore {
+            crash: crash.clone(),
+            ..MemoryStore::default()
+        });
+        let queue = Arc::new(MemoryQueue {
+            crash: crash.clone(),
+            ..MemoryQueue::new(manual.clone(), queue_max_delay)
+        });
+        let scheduler = Arc::new(MemoryScheduler {
+            crash: crash.clone(),
+            ..MemoryScheduler::default()
+        });
+        let mailer = Arc::new(MemoryMailer {
+            crash: crash.clone(),
+            ..MemoryMailer::default()
+        });
         let secrets = Arc::new(MemorySecrets::default());
-        let sender = Arc::new(sender);
+        let sender = Arc::new(ScriptedSender {
+            crash: crash.clone(),
+            ..sender
+        });
         let ports = Ports {
             store: store.clone(),
             queue: queue.clone(),
@@ -946,6 +1069,8 @@ impl Harness {
             secrets,
             sender,
             clock: manual,
+            crash,
+            receives: Mutex::default(),
         }
     }
 
@@ -976,6 +1101,58 @@ impl Harness {
                 .handle_dead_letters(&dead)
                 .await
                 .expect("dead letters handled");
+        }
+    }
+
+    /// As [`Self::run_for`], with each message going through `handle_messages` as a host's
+    /// worker hands it over: one sent back (its handler failed) is received again
+    /// `visibility` later, its receive count one more. So a handler's error is a message
+    /// coming back, not a failed test.
+    pub async fn run_as_a_worker_for(&self, total: Duration, step: Duration, visibility: Duration) {
+        use crate::services::{Disposition, QueueRole};
+        let end = self.clock.now() + total;
+        loop {
+            loop {
+                self.services.run_scheduler().await.expect("scheduler");
+                let tasks = self.queue.take_visible();
+                let dead = self.queue.take_dead();
+                if tasks.is_empty() && dead.is_empty() {
+                    break;
+                }
+                let messages: Vec<QueueMessage> = {
+                    let mut receives = lock(&self.receives);
+                    tasks
+                        .iter()
+                        .map(|task| {
+                            let count = receives.entry(task.clone()).or_default();
+                            *count += 1;
+                            QueueMessage {
+                                message_id: format!("{}-{}-{}", task.delivery_id, task.round, task.attempt),
+                                task: Ok(task.clone()),
+                                redriven: false,
+                                receive_count: *count,
+                            }
+                        })
+                        .collect()
+                };
+                let handled = self
+                    .services
+                    .handle_messages(QueueRole::Delivery, &messages, None)
+                    .await;
+                for (task, disposition) in tasks.into_iter().zip(handled) {
+                    if disposition == Disposition::Redeliver {
+                        self.queue.put_back(task, self.clock.now() + visibility);
+                    }
+                }
+                self.services
+                    .handle_dead_letters(&dead)
+                    .await
+                    .expect("dead letters handled");
+            }
+            if self.clock.now() >= end {
+                return;
+            }
+            self.clock.advance(step);
         }
     }
 

@@ -587,6 +587,23 @@ async fn given_a_successful_probe_whose_closing_write_failed_then_its_message_co
 }
 
 #[tokio::test]
+async fn given_the_answer_of_a_successful_probes_write_lost_then_its_retried_write_finds_it_landed_and_the_breaker_closes(
+) {
+    // The first POST the endpoint accepts (the probe's) has its record's answer lost: the
+    // write landed, and its retry finds the delivery moved on, to what it wrote itself.
+    let store: Arc<OnceLock<Arc<MemoryStore>>> = Arc::default();
+    let cell = store.clone();
+    let (sender, up) = switchable_with(move || cell.get().unwrap().lost_delivery_answers.store(1, Ordering::SeqCst));
+    let h = Harness::new(sender);
+    store.set(h.store.clone()).ok();
+    let (tenant, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    h.run_as_a_worker_for(Duration::seconds(31), Duration::seconds(1), Duration::seconds(30))
+        .await;
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Closed);
+}
+
+#[tokio::test]
 async fn given_the_release_failing_to_queue_its_page_then_the_page_is_released_again() {
     // As the probe succeeds, the next enqueue fails: the closing's release of its page.
     let queue: Arc<OnceLock<Arc<MemoryQueue>>> = Arc::default();

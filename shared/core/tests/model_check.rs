@@ -3,10 +3,12 @@
 //! message going first), twice, or back after a handler that failed; the scheduler's ticks;
 //! time moving; a failed step (a delivery's write, the breaker's, a queue send, a dead-letter
 //! hand-off: the handler stops there and its message comes back); a delivery's write whose
-//! answer is lost; the process dying after any of its next one to three writes (between any
-//! two writes of a step, as a crash or a Lambda timing out mid-batch leaves it: what it wrote
-//! stays, it sends nothing more); the endpoint going down and up; the owner turning the breaker off, deleting the
-//! subscription, or replaying a dead delivery.
+//! answer is lost; the process dying after any of its next one to three writes, POSTs or
+//! emails (between any two of a step's, as a crash or a Lambda timing out mid-batch leaves
+//! it: between a POST and its record, an email and its own; what it did stays, and it starts
+//! again with nothing kept); the endpoint going
+//! down and up; the owner turning the breaker off, deleting the subscription, or replaying a
+//! dead delivery.
 //!
 //! The search is stateless, with replay: a path is a list of choices, and each path runs from
 //! a fresh world (the real services on the in-memory ports, a manual clock, seeded ids), so
@@ -23,8 +25,10 @@
 //! - the endpoint's breaker is closed (or off), and holds nothing; and no attempt stayed held
 //!   longer than [`HELD_AT_MOST`] once the endpoint was up (a probe or a release is always
 //!   on its way: within the probe interval, `PROBE_GRACE` and a page's claim);
-//! - no delivery whose event the endpoint answered with a 2xx is dead, and none is dead with
-//!   fewer attempts than its schedule gives it (unless given up for its deleted subscription);
+//! - no delivery whose event the endpoint answered with a 2xx is dead (unless the process
+//!   died right after that POST, before its record: then a later attempt decides), and none
+//!   is dead with fewer attempts than its schedule gives it (unless given up for its deleted
+//!   subscription);
 //! - no delivery has had more POSTs than its recorded attempts and one for each duplicated
 //!   message or failed step the path holds, in any state along the way.
 //!
@@ -40,8 +44,8 @@ use hookwise_core::circuit::{CircuitBreaker, CircuitState};
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, QueueMessage, Store};
-use hookwise_core::services::{Disposition, NewEvent, NewSubscription, QueueRole};
-use hookwise_core::testing::memory::{status_outcome, Harness, ScriptedSender};
+use hookwise_core::services::{Disposition, NewEvent, NewSubscription, QueueRole, Services};
+use hookwise_core::testing::memory::{status_outcome, CrashPoint, Harness, ScriptedSender};
 
 /// Events ingested, one delivery each: three, so that an open breaker holds one while a
 /// second waits to be its probe.
@@ -78,7 +82,7 @@ const FAULTS: [Fault; 5] = [
     Fault::Enqueue,
     Fault::DeadLetterSend,
 ];
-/// A crash comes after one to this many more writes.
+/// A crash comes after one to this many more writes, POSTs or emails.
 const CRASH_AFTER_AT_MOST: u32 = 3;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -96,8 +100,8 @@ enum Action {
     /// The next such step fails.
     Fail(Fault),
     /// The process dies after this many more writes (of the store, the queues, the
-    /// scheduler table): the step it dies in stops there, sending nothing more, and its
-    /// message comes back. A Lambda timing out mid-batch dies the same way.
+    /// scheduler table), POSTs or emails: the step it dies in stops there, and its message
+    /// comes back. A Lambda timing out mid-batch dies the same way.
     Crash(u32),
     /// The endpoint goes down (false) or comes up (true).
     Endpoint(bool),
@@ -124,6 +128,8 @@ struct World {
     up: Arc<AtomicBool>,
     /// Events whose POST the endpoint answered with a 2xx.
     answered: Arc<std::sync::Mutex<HashSet<String>>>,
+    /// ... of which the process died right after the POST, before recording it.
+    died_after: Arc<std::sync::Mutex<HashSet<String>>>,
     tenant: Tenant,
     sub: SubscriptionId,
     receives: HashMap<DeliveryTask, u32>,
@@ -134,15 +140,22 @@ impl World {
     async fn new() -> Self {
         let up = Arc::new(AtomicBool::new(false));
         let answered = Arc::new(std::sync::Mutex::new(HashSet::new()));
-        let (flag, seen) = (up.clone(), answered.clone());
+        let died_after = Arc::new(std::sync::Mutex::new(HashSet::new()));
+        let crash: Arc<std::sync::OnceLock<Arc<CrashPoint>>> = Arc::default();
+        let (flag, seen, died, point) = (up.clone(), answered.clone(), died_after.clone(), crash.clone());
         let h = Harness::new(ScriptedSender::with_requests(move |request, _| {
             if !flag.load(Ordering::SeqCst) {
                 return status_outcome(503);
             }
             let id = request.headers.iter().find(|(k, _)| k == "webhook-id");
             seen.lock().unwrap().extend(id.map(|(_, v)| v.clone()));
+            // The process died with this POST, before its record: the 2xx may be lost.
+            if point.get().is_some_and(|c| c.crashed()) {
+                died.lock().unwrap().extend(id.map(|(_, v)| v.clone()));
+            }
             status_outcome(200)
         }));
+        assert!(crash.set(h.crash.clone()).is_ok());
         let (tenant, _) = h.tenant("owner@example.com").await;
         let new = NewSubscription {
             url: EndpointUrl::parse("https://hooks.example.com/in").unwrap(),
@@ -175,6 +188,7 @@ impl World {
             h,
             up,
             answered,
+            died_after,
             tenant,
             sub,
             receives: HashMap::new(),
@@ -236,9 +250,13 @@ impl World {
 
     async fn apply(&mut self, action: Action) {
         self.step(action).await;
-        // A process that died is started again: everything works (its messages come back).
+        // A process that died is started again, with nothing kept from before (its caches,
+        // its unsaved health samples); its messages come back.
         if self.h.crash.crashed() {
             self.h.crash.disarm();
+            let (ports, config) = (self.h.services.ports().clone(), self.h.services.config().clone());
+            let rng = rand::SeedableRng::seed_from_u64(u64::from(self.spent.crashes));
+            self.h.services = Services::new(ports, config, rng);
         }
     }
 
@@ -371,7 +389,7 @@ impl World {
         let armed = self.armed().map(|c| c.load(Ordering::SeqCst));
         text.push_str(&format!(
             "{armed:?}|{:?}|{}|",
-            self.h.crash.writes_left(),
+            self.h.crash.acts_left(),
             self.h.mailer.sent.lock().unwrap().len()
         ));
         let sub = self.h.store.get_subscription(&self.tenant.id, &self.sub).await.unwrap();
@@ -519,7 +537,11 @@ impl World {
             if !d.status.is_final() {
                 return Err(format!("{} never settled: {:?}", d.id, d.status));
             }
-            if d.status == DeliveryStatus::Dead && self.answered.lock().unwrap().contains(d.event_id.as_str()) {
+            // A 2xx is never turned into `dead`, but for one the process died right after
+            // (before its record): then a later attempt decides.
+            let answered = self.answered.lock().unwrap().contains(d.event_id.as_str());
+            let lost = self.died_after.lock().unwrap().contains(d.event_id.as_str());
+            if d.status == DeliveryStatus::Dead && answered && !lost {
                 return Err(format!(
                     "{} is dead, though the endpoint answered its POST with a 2xx",
                     d.id

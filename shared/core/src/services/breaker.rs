@@ -251,6 +251,15 @@ impl Services {
         let Some(next) = circuit::after_attempt(circuit.as_ref(), breaker, success, failures, now) else {
             return Ok(None);
         };
+        let opening =
+            next.state == CircuitState::Open && circuit.as_ref().is_none_or(|c| c.state == CircuitState::Closed);
+        if opening {
+            // The failures that open it are stored first: an attempt reads the breaker only
+            // when the endpoint's health shows failures, so a process that never saw these
+            // (another, or this one started afresh after a crash) must find them stored, or
+            // its attempts go past an open breaker that nobody probes or closes.
+            self.save_health(&sub.id, now).await?;
+        }
         match self.write_circuit(sub, &next, circuit.as_ref()).await? {
             true => Ok(Some((circuit, next))),
             false => Ok(None),
@@ -390,6 +399,9 @@ impl Services {
         else {
             return Ok(());
         };
+        if !sub.circuit_breaker.enabled {
+            return Ok(());
+        }
         let Some(circuit) = self.kept_circuit(&sub, true).await? else {
             return Ok(());
         };
@@ -404,12 +416,18 @@ impl Services {
                 ..circuit.clone()
             },
             CircuitState::HalfOpen => {
-                // Only a move made since the probe began is its outcome (an older copy of its
-                // message, stale already, says nothing of it): a 2xx, or a 429 (up, pacing).
+                // Only an attempt made since the probe began is its outcome (an older copy of
+                // its message, stale already, says nothing of it; nor does a move that was no
+                // attempt, such as a wait for a rate-limit slot): a 2xx, or a 429 (up, pacing).
                 let began = circuit
                     .next_probe_at
                     .map(|at| at - sub.circuit_breaker.probe_interval());
                 if began.is_none_or(|b| delivery.updated_at < b) {
+                    return Ok(());
+                }
+                let attempts = self.ports.store.attempts(&delivery.id).await?;
+                let last = attempts.iter().rfind(|a| a.round == delivery.round);
+                if began.is_none_or(|b| last.is_none_or(|a| a.started_at < b)) {
                     return Ok(());
                 }
                 let success = delivery.status == DeliveryStatus::Delivered || delivery.last_status_code == Some(429);

@@ -68,8 +68,10 @@ impl Services {
                 // throttling, a crash), which is no verdict on the delivery. Back on its
                 // schedule it goes, due now or when it was due, counted.
                 let due = delivery.next_attempt_at.unwrap_or(self.now()).max(self.now());
+                // A held attempt's give-up time goes with it (its own, or the delivery's).
                 let again = DeliveryTask {
                     redrives: task.redrives + 1,
+                    held_until: task.held_until.or(delivery.held_until),
                     ..next_task(&delivery)
                 };
                 self.schedule_attempt(again, due).await?;

@@ -277,12 +277,24 @@ impl Services {
         let budget = chrono::Duration::from_std(self.config.deadline_margin / 3).unwrap_or_default();
         let until = self.now() + budget;
         let mut backoff = chrono::Duration::milliseconds(50);
+        let mut tried = false;
         loop {
             match self.ports.store.apply_change(change).await {
                 Err(PortError::Retryable { what, source }) if success && self.now() + backoff < until => {
                     tracing::warn!(%what, error = %source, "the write of a delivered attempt failed; trying it again");
                     self.ports.clock.sleep_until(self.now() + backoff).await;
                     backoff = (backoff * 2).min(chrono::Duration::seconds(1));
+                    tried = true;
+                }
+                // The first try landed, its answer lost: the delivery is what it wrote.
+                Err(PortError::ConditionFailed(_)) if tried => {
+                    let stored = self.ports.store.get_delivery(&change.next.id).await?;
+                    return match stored.filter(|d| *d == change.next) {
+                        Some(_) => Ok(()),
+                        None => Err(PortError::ConditionFailed(
+                            "moved on while its write was retried".into(),
+                        )),
+                    };
                 }
                 other => return other,
             }
@@ -383,12 +395,19 @@ impl Services {
         let Some(d) = self.ports.store.get_delivery(&task.delivery_id).await? else {
             return Ok(());
         };
-        self.probe_moved_on(&d).await?;
-        if d.status == DeliveryStatus::Retrying && d.round == task.round && d.attempts == task.attempt {
+        if d.round != task.round || d.attempts != task.attempt {
+            return Ok(()); // not the message of the attempt recorded last
+        }
+        if d.status == DeliveryStatus::Retrying {
             let at = d.next_attempt_at.unwrap_or_else(|| self.now());
             self.schedule_attempt(state::next_task(&d), at).await?;
             tracing::info!(delivery_id = %d.id, attempt = task.attempt, %at,
                 "a message came back after its attempt was recorded; its retry is queued again");
+        }
+        if let Err(error) = self.probe_moved_on(&d).await {
+            // The tick tends a breaker that holds attempts.
+            self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
+            tracing::warn!(%error, delivery_id = %d.id, "could not move the circuit breaker on its probe's outcome");
         }
         Ok(())
     }

@@ -286,7 +286,7 @@ impl Services {
     }
 
     /// Add this process's unsaved samples to the stored ones.
-    async fn save_health(&self, sub: &SubscriptionId, now: DateTime<Utc>) -> Result<()> {
+    pub(super) async fn save_health(&self, sub: &SubscriptionId, now: DateTime<Utc>) -> Result<()> {
         let unsaved = match self.kept_healths().get_mut(sub) {
             Some(k) => {
                 k.saved_at = Some(now);

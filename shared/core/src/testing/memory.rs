@@ -75,7 +75,7 @@ pub struct MemoryStore {
 #[async_trait]
 impl Store for MemoryStore {
     async fn create_tenant(&self, tenant: &Tenant) -> PortResult<()> {
-        self.crash.write("create tenant")?;
+        self.crash.act("create tenant")?;
         let mut d = lock(&self.data);
         if d.tenants.contains_key(&tenant.id) || tenant.api_keys.iter().any(|k| d.keys.contains_key(&k.hash)) {
             return Err(PortError::ConditionFailed("tenant id or API key already in use".into()));
@@ -104,7 +104,7 @@ impl Store for MemoryStore {
         Ok(all)
     }
     async fn update_tenant(&self, tenant: &Tenant, read: &Tenant) -> PortResult<()> {
-        self.crash.write("update tenant")?;
+        self.crash.act("update tenant")?;
         let mut d = lock(&self.data);
         if d.tenants.get(&tenant.id).map(|t| t.version) != Some(read.version) {
             return Err(PortError::ConditionFailed(format!(
@@ -129,7 +129,7 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).tenants.get(id).cloned())
     }
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {
-        self.crash.write("create subscription")?;
+        self.crash.act("create subscription")?;
         let mut d = lock(&self.data);
         if d.subscriptions.iter().any(|s| s.id == sub.id) {
             return Err(PortError::ConditionFailed(format!("subscription `{}` exists", sub.id)));
@@ -138,7 +138,7 @@ impl Store for MemoryStore {
         Ok(())
     }
     async fn replace_subscription(&self, sub: &Subscription, read_at: DateTime<Utc>) -> PortResult<()> {
-        self.crash.write("replace subscription")?;
+        self.crash.act("replace subscription")?;
         if take_one(&self.failing_subscription_writes) {
             return Err(PortError::retryable(
                 "replace subscription",
@@ -205,14 +205,14 @@ impl Store for MemoryStore {
         Ok(subs)
     }
     async fn delete_subscription(&self, tenant: &TenantId, id: &SubscriptionId) -> PortResult<bool> {
-        self.crash.write("delete subscription")?;
+        self.crash.act("delete subscription")?;
         let mut d = lock(&self.data);
         let before = d.subscriptions.len();
         d.subscriptions.retain(|s| !(&s.id == id && &s.tenant_id == tenant));
         Ok(d.subscriptions.len() < before)
     }
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created> {
-        self.crash.write("create event")?;
+        self.crash.act("create event")?;
         if take_one(&self.failing_event_writes) {
             return Err(PortError::retryable("create event", "throttled (failing_event_writes)"));
         }
@@ -289,7 +289,7 @@ impl Store for MemoryStore {
         Ok(DeliveryPage { items, next_cursor })
     }
     async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()> {
-        self.crash.write("apply change")?;
+        self.crash.act("apply change")?;
         if take_one(&self.failing_delivery_writes) {
             return Err(PortError::retryable(
                 "apply change",
@@ -346,7 +346,7 @@ impl Store for MemoryStore {
         now: DateTime<Utc>,
         arrival: crate::rate_limit::Arrival,
     ) -> PortResult<crate::rate_limit::Verdict> {
-        self.crash.write("take a rate-limit turn")?;
+        self.crash.act("take a rate-limit turn")?;
         let mut d = lock(&self.data);
         let lines = d.rate_lines.get(sub).copied().unwrap_or_default();
         let (verdict, after) = crate::rate_limit::admit(lines, interval, now, arrival);
@@ -357,7 +357,7 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).circuits.get(sub).cloned())
     }
     async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()> {
-        self.crash.write("put circuit")?;
+        self.crash.act("put circuit")?;
         if take_one(&self.failing_circuit_writes) {
             return Err(PortError::retryable(
                 "put circuit",
@@ -377,12 +377,12 @@ impl Store for MemoryStore {
         Ok(lock(&self.data).health.get(sub).cloned().unwrap_or_default())
     }
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
-        self.crash.write("save endpoint health")?;
+        self.crash.act("save endpoint health")?;
         lock(&self.data).health.insert(sub.clone(), health.clone());
         Ok(())
     }
     async fn queue_dead_notice(&self, owner: &Email, notice: &DeadNotice) -> PortResult<bool> {
-        self.crash.write("queue dead notice")?;
+        self.crash.act("queue dead notice")?;
         let mut d = lock(&self.data);
         let key = (notice.delivery_id.clone(), notice.round);
         if d.notices.contains_key(&key) {
@@ -417,7 +417,7 @@ impl Store for MemoryStore {
         window_start: DateTime<Utc>,
         stale_before: DateTime<Utc>,
     ) -> PortResult<Option<DigestClaim>> {
-        self.crash.write("claim digest")?;
+        self.crash.act("claim digest")?;
         let mut d = lock(&self.data);
         let notices: Vec<DeadNotice> = d
             .notices
@@ -437,7 +437,7 @@ impl Store for MemoryStore {
         Ok(Some(DigestClaim::new(owner.clone(), notices, now, 0)))
     }
     async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()> {
-        self.crash.write("finish digest")?;
+        self.crash.act("finish digest")?;
         let mut d = lock(&self.data);
         for n in &claim.notices {
             if let Some(notice) = d.notices.get_mut(&(n.delivery_id.clone(), n.round)) {
@@ -454,7 +454,7 @@ impl Store for MemoryStore {
         Ok(())
     }
     async fn release_digest(&self, claim: &DigestClaim, retry_at: DateTime<Utc>) -> PortResult<()> {
-        self.crash.write("release digest")?;
+        self.crash.act("release digest")?;
         let mut d = lock(&self.data);
         let digest = d.digests.entry(claim.owner.clone()).or_default();
         if digest.claimed_at == Some(claim.claimed_at) {
@@ -465,39 +465,41 @@ impl Store for MemoryStore {
     }
 }
 
-/// A process dying at a chosen write, shared by every in-memory port of a [`Harness`]: once
-/// armed with `k`, the next `k` writes (store, queue, scheduler table) land and every write
-/// after them fails, and no email or POST goes out, until disarmed. So a handler stops
-/// between two writes as a crash would leave it: what it wrote stays, nothing after happens.
+/// A process dying at a chosen point, shared by every in-memory port of a [`Harness`]: once
+/// armed with `k`, the next `k` things it does that others see (a write to the store, a
+/// queue or the scheduler table, a POST, an email) happen, and every one after them fails,
+/// until disarmed. So a handler stops between any two of them as a crash would leave it
+/// (between a POST and its record, an email and its own): what it did stays, nothing after
+/// happens.
 #[derive(Default)]
 pub struct CrashPoint {
-    writes_left: Mutex<Option<u32>>,
+    acts_left: Mutex<Option<u32>>,
 }
 
 impl CrashPoint {
-    /// The process dies after `writes` more writes.
-    pub fn arm(&self, writes: u32) {
-        *lock(&self.writes_left) = Some(writes);
+    /// The process dies after `acts` more writes, POSTs or emails.
+    pub fn arm(&self, acts: u32) {
+        *lock(&self.acts_left) = Some(acts);
     }
 
     /// A fresh process: everything works again.
     pub fn disarm(&self) {
-        *lock(&self.writes_left) = None;
+        *lock(&self.acts_left) = None;
     }
 
-    /// The writes left before the process dies, if armed.
-    pub fn writes_left(&self) -> Option<u32> {
-        *lock(&self.writes_left)
+    /// What it may still do before it dies, if armed.
+    pub fn acts_left(&self) -> Option<u32> {
+        *lock(&self.acts_left)
     }
 
     /// Whether the process has died.
     pub fn crashed(&self) -> bool {
-        *lock(&self.writes_left) == Some(0)
+        *lock(&self.acts_left) == Some(0)
     }
 
-    /// One write: `Err` once the process has died.
-    fn write(&self, what: &'static str) -> PortResult<()> {
-        match lock(&self.writes_left).as_mut() {
+    /// One write, POST or email: `Err` once the process has died.
+    fn act(&self, what: &'static str) -> PortResult<()> {
+        match lock(&self.acts_left).as_mut() {
             Some(0) => Err(PortError::retryable(what, "the process died (CrashPoint)")),
             Some(left) => {
                 *left -= 1;
@@ -598,7 +600,7 @@ impl DeliveryQueue for MemoryQueue {
         self.max_delay
     }
     async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> PortResult<()> {
-        self.crash.write("enqueue")?;
+        self.crash.act("enqueue")?;
         if take_one(&self.failing_enqueues) {
             return Err(PortError::retryable("enqueue", "unavailable (failing_enqueues)"));
         }
@@ -616,7 +618,7 @@ impl DeliveryQueue for MemoryQueue {
         Ok(())
     }
     async fn dead_letter(&self, tasks: &[DeliveryTask]) -> PortResult<()> {
-        self.crash.write("dead letter")?;
+        self.crash.act("dead letter")?;
         if take_one(&self.failing_dead_letters) {
             return Err(PortError::retryable(
                 "dead letter",
@@ -656,7 +658,7 @@ impl MemoryScheduler {
 #[async_trait]
 impl SchedulerTable for MemoryScheduler {
     async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
-        self.crash.write("schedule")?;
+        self.crash.act("schedule")?;
         // The same item scheduled twice is one item (as on the other backends).
         let mut items = lock(&self.items);
         if !items.contains(item) {
@@ -671,12 +673,12 @@ impl SchedulerTable for MemoryScheduler {
         Ok(due)
     }
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
-        self.crash.write("remove scheduled")?;
+        self.crash.act("remove scheduled")?;
         lock(&self.items).retain(|i| !items.contains(i));
         Ok(())
     }
     async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
-        self.crash.write("hold")?;
+        self.crash.act("hold")?;
         let same = |(s, i): &(SubscriptionId, ScheduledTask)| {
             s == sub
                 && (&i.task.delivery_id, i.task.round, i.task.attempt)
@@ -704,7 +706,7 @@ impl SchedulerTable for MemoryScheduler {
         Ok(page)
     }
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
-        self.crash.write("release")?;
+        self.crash.act("release")?;
         self.take_time().await;
         lock(&self.held).retain(|(s, i)| !(s == sub && items.contains(i)));
         Ok(())
@@ -721,13 +723,13 @@ impl SchedulerTable for MemoryScheduler {
             .collect())
     }
     async fn stop_holding(&self, sub: &SubscriptionId) -> PortResult<()> {
-        self.crash.write("stop holding")?;
+        self.crash.act("stop holding")?;
         lock(&self.holding).remove(sub);
         Ok(())
     }
 
     async fn take_lease(&self, holder: &str, now: DateTime<Utc>, until: DateTime<Utc>) -> PortResult<bool> {
-        self.crash.write("take lease")?;
+        self.crash.act("take lease")?;
         let mut lease = lock(&self.lease);
         if lease.as_ref().is_some_and(|(h, u)| h != holder && *u > now) {
             return Ok(false);
@@ -737,7 +739,7 @@ impl SchedulerTable for MemoryScheduler {
     }
 
     async fn end_lease(&self, holder: &str, now: DateTime<Utc>) -> PortResult<()> {
-        self.crash.write("end lease")?;
+        self.crash.act("end lease")?;
         let mut lease = lock(&self.lease);
         if let Some((h, until)) = lease.as_mut() {
             if h == holder {
@@ -759,9 +761,7 @@ pub struct MemoryMailer {
 #[async_trait]
 impl Mailer for MemoryMailer {
     async fn send(&self, email: &OutgoingEmail) -> PortResult<()> {
-        if self.crash.crashed() {
-            return Err(PortError::retryable("send email", "the process died (CrashPoint)"));
-        }
+        self.crash.act("send email")?;
         if lock(&self.refusing_once).remove(email.to.as_str()) {
             return Err(PortError::permanent(
                 "send email",
@@ -875,7 +875,7 @@ pub fn status_outcome(status: u16) -> SendOutcome {
 #[async_trait]
 impl Sender for ScriptedSender {
     async fn send(&self, request: WebhookRequest) -> SendOutcome {
-        if self.crash.crashed() {
+        if self.crash.act("POST").is_err() {
             return SendOutcome {
                 error: Some((SendErrorKind::Connect, "the process died (CrashPoint)".into())),
                 status_code: None,

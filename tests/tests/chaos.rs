@@ -124,10 +124,15 @@ struct Hits {
     /// Connections the down endpoint dropped: attempts that never became a POST.
     dropped: AtomicU64,
     /// POSTs by path and `webhook-id` (a delivery: each subscription has its own path).
-    by_message: Mutex<HashMap<(String, String), u64>>,
+    by_message: Mutex<HashMap<Key, u64>>,
     /// The deliveries (path, `webhook-id`) answered with a 2xx in the subscription's time.
-    answered: Mutex<std::collections::HashSet<(String, String)>>,
+    answered: Mutex<std::collections::HashSet<Key>>,
+    /// When each delivery's POSTs came, for the report on one that went wrong.
+    times: Mutex<HashMap<Key, Vec<chrono::DateTime<chrono::Utc>>>>,
 }
+
+/// A delivery as its endpoint sees it: the path and the `webhook-id`.
+type Key = (String, String);
 
 struct Endpoint {
     behaviour: Behaviour,
@@ -150,6 +155,12 @@ impl Endpoint {
                     .unwrap_or("")
                     .to_owned();
                 let delivery = (uri.path().to_owned(), id);
+                h.times
+                    .lock()
+                    .unwrap()
+                    .entry(delivery.clone())
+                    .or_default()
+                    .push(chrono::Utc::now());
                 let seen = {
                     let mut by = h.by_message.lock().unwrap();
                     let c = by.entry(delivery.clone()).or_default();
@@ -351,6 +362,8 @@ trait Backend {
     fn fault_figures(&self) -> String;
     /// The kinds of fault the run was to inject that never fired.
     fn faults_never_fired(&self) -> Vec<String>;
+    /// The faults injected on one delivery's messages, where the backend knows them.
+    fn faults_on(&self, delivery_id: &str) -> Vec<String>;
 }
 
 struct Local {
@@ -429,6 +442,13 @@ impl Backend for Local {
             text += &format!("  the abort came {call}\n");
         }
         text
+    }
+    fn faults_on(&self, delivery_id: &str) -> Vec<String> {
+        self.fault_log()
+            .into_iter()
+            .filter(|(_, call)| call.contains(delivery_id))
+            .map(|(kind, call)| format!("{kind} {call}"))
+            .collect()
     }
     fn faults_never_fired(&self) -> Vec<String> {
         let counts = self.fault_counts();
@@ -590,6 +610,9 @@ impl Backend for Aws {
             indent(&self.dynamodb.stats().to_string()),
             indent(&self.moto.stats().to_string())
         )
+    }
+    fn faults_on(&self, _delivery_id: &str) -> Vec<String> {
+        Vec::new() // the proxy sees requests, not deliveries
     }
     fn faults_never_fired(&self) -> Vec<String> {
         let (dynamodb, moto) = (self.dynamodb.stats(), self.moto.stats());
@@ -905,18 +928,21 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
             match (d["status"] == "delivered", answered) {
                 (true, false) => {
                     f.delivered_unanswered += 1;
-                    eprintln!("said delivered, never answered: {d}");
+                    eprintln!("said delivered, never answered: {}", story(d, hits, &key, backend));
                 }
                 (false, true) => {
                     f.answered_undelivered += 1;
-                    eprintln!("answered, not said delivered: {d}");
+                    eprintln!("answered, not said delivered: {}", story(d, hits, &key, backend));
                 }
                 _ => {}
             }
             f.most_extra_posts = f.most_extra_posts.max(posts.saturating_sub(attempts));
             if posts > attempts + EXTRA_POSTS {
                 f.over_posted += 1;
-                eprintln!("{posts} POSTs for {attempts} attempts: {d}");
+                eprintln!(
+                    "{posts} POSTs for {attempts} attempts: {}",
+                    story(d, hits, &key, backend)
+                );
             }
             match d["status"].as_str().unwrap() {
                 "delivered" => f.delivered += 1,
@@ -924,17 +950,20 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
                     f.dead += 1;
                     if attempts != (SCHEDULE.len() + 1) as u64 {
                         f.dead_off_schedule += 1;
-                        eprintln!("dead after {attempts} attempts: {d}");
+                        eprintln!("dead after {attempts} attempts: {}", story(d, hits, &key, backend));
                     }
                     let behaviour = behaviour_of[d["subscription_id"].as_str().unwrap()];
                     // Only the always-failing endpoint's die, and no sooner than its schedule's
                     // end.
                     if behaviour != Behaviour::AlwaysFails || lifetime(d) < SCHEDULE_SPAN {
                         f.early_deaths += 1;
-                        eprintln!("early death ({behaviour:?}): {d}");
+                        eprintln!("early death ({behaviour:?}): {}", story(d, hits, &key, backend));
                     }
                     match notices.get(id).copied().unwrap_or(0) {
-                        0 => f.notices_missing += 1,
+                        0 => {
+                            f.notices_missing += 1;
+                            eprintln!("dead without a notice: {}", story(d, hits, &key, backend));
+                        }
                         1 => {}
                         _ => f.notices_repeated += 1,
                     }
@@ -988,6 +1017,30 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         f.drain.as_secs_f64(),
     );
     f
+}
+
+/// A delivery that went wrong, for the report: as the API has it, when its endpoint got its
+/// POSTs, and the faults injected on its messages (where the backend knows).
+fn story(d: &Value, hits: &Hits, key: &Key, backend: &impl Backend) -> String {
+    let created = d["created_at"]
+        .as_str()
+        .unwrap()
+        .parse::<chrono::DateTime<chrono::Utc>>()
+        .unwrap();
+    let times: Vec<String> = hits
+        .times
+        .lock()
+        .unwrap()
+        .get(key)
+        .into_iter()
+        .flatten()
+        .map(|t| format!("{:.2}", (*t - created).as_seconds_f64()))
+        .collect();
+    format!(
+        "{d}\n  its endpoint's POSTs, in s after its creation: {}\n  faults on its messages: {:?}",
+        times.join(", "),
+        backend.faults_on(d["id"].as_str().unwrap())
+    )
 }
 
 /// From a delivery's creation to its last change.

@@ -28,7 +28,7 @@
 //! with SIGKILL has them all on file). Without a spec there is no injector: a call pays
 //! for one `Option` check.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -213,8 +213,9 @@ pub(crate) struct Injector {
     rng: Mutex<StdRng>,
     counts: Mutex<BTreeMap<FaultKind, u64>>,
     log: Option<Mutex<File>>,
-    /// Messages left visible, counted as duplicates when they are received again.
-    left_visible: Mutex<HashSet<i64>>,
+    /// Messages left visible (by id, with what they carry), counted as duplicates when they
+    /// are received again.
+    left_visible: Mutex<HashMap<i64, String>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -242,7 +243,7 @@ impl Injector {
             armed: AtomicBool::new(false),
             counts: Mutex::new(BTreeMap::new()),
             log,
-            left_visible: Mutex::new(HashSet::new()),
+            left_visible: Mutex::new(HashMap::new()),
         })
     }
 
@@ -284,21 +285,27 @@ impl Injector {
         })
     }
 
-    /// A receive handed out `received`, of which it left `left` visible and handed out
-    /// `early` before their time: count the duplicates (those left visible before, received
-    /// again) and the early ones.
-    pub fn received(&self, what: &str, received: impl Iterator<Item = i64>, left: &[i64], early: &[i64]) {
-        let again = {
+    /// A receive handed out the messages `received`, of which it left `left` visible and
+    /// handed out `early` before their time (each with what it carries, for the log): count
+    /// the duplicates (those left visible before, received again) and the early ones.
+    pub fn received(
+        &self,
+        what: &str,
+        received: impl Iterator<Item = i64>,
+        left: Vec<(i64, String)>,
+        early: Vec<(i64, String)>,
+    ) {
+        let again: Vec<String> = {
             let mut waiting = lock(&self.left_visible);
-            let again = received.filter(|id| waiting.remove(id)).count();
-            waiting.extend(left.iter().copied());
+            let again = received.filter_map(|id| waiting.remove(&id)).collect();
+            waiting.extend(left);
             again
         };
-        for _ in 0..again {
-            self.fired(FaultKind::Duplicate, what);
+        for carries in again {
+            self.fired(FaultKind::Duplicate, &format!("{what}: {carries}"));
         }
-        for _ in early {
-            self.fired(FaultKind::Early, what);
+        for (_, carries) in early {
+            self.fired(FaultKind::Early, &format!("{what}: {carries}"));
         }
     }
 
@@ -497,18 +504,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let injector = Injector::new("duplicate=0.5,early=0.5".parse().unwrap(), Some(dir.path())).unwrap();
         injector.arm();
-        injector.received("receive", [1, 2, 3].into_iter(), &[2, 3], &[]);
+        let carries = |ids: &[i64]| ids.iter().map(|id| (*id, format!("m{id}"))).collect::<Vec<_>>();
+        injector.received("receive", [1, 2, 3].into_iter(), carries(&[2, 3]), Vec::new());
         assert_eq!(
             injector.counts().get(&FaultKind::Duplicate),
             None,
             "not received again yet"
         );
-        injector.received("receive", [2, 4].into_iter(), &[], &[4]);
-        injector.received("receive", [2].into_iter(), &[], &[]);
+        injector.received("receive", [2, 4].into_iter(), Vec::new(), carries(&[4]));
+        injector.received("receive", [2].into_iter(), Vec::new(), Vec::new());
         let counts = injector.counts();
         assert_eq!(counts[&FaultKind::Duplicate], 1, "2 once; 3 never came back");
         assert_eq!(counts[&FaultKind::Early], 1);
         let log = std::fs::read_to_string(dir.path().join(FAULTS_LOG)).unwrap();
-        assert_eq!(log, "duplicate receive\nearly receive\n");
+        assert_eq!(log, "duplicate receive: m2\nearly receive: m4\n");
     }
 }

@@ -61,7 +61,7 @@ const GROUP_OLDEST: &str = "SELECT id, doc, receive_count, visible_at FROM queue
 const GROUP_FIRST_VISIBLE: &str = "SELECT MIN(visible_at) FROM queue WHERE queue = ?1 AND grp = ?2";
 /// The delayed message due soonest (never received, not visible yet): what an injected
 /// `early` fault hands out. Only with faults on, so it may scan.
-const SOONEST_DELAYED: &str = "SELECT id, doc, receive_count FROM queue
+const SOONEST_DELAYED: &str = "SELECT id, doc, receive_count, visible_at FROM queue
      WHERE queue = ?1 AND visible_at > ?2 AND receive_count = 0 ORDER BY visible_at, id LIMIT 1";
 
 /// The groups (tenants) with messages on `queue`, visible or not: a skip scan of the index
@@ -109,6 +109,16 @@ fn fair_turns(
         .into_iter()
         .map(|((_, _, id), doc, count)| (id, doc, count))
         .collect())
+}
+
+/// What a message carries, for the fault log: its delivery and attempt, and how long before
+/// its time it was handed out (`early_ns`).
+fn carries(task: &DeliveryTask, early_ns: Option<i64>) -> String {
+    let mut text = format!("{} attempt {}", task.delivery_id, task.attempt);
+    if let Some(ns) = early_ns {
+        text += &format!(", {} ms before its time", ns / 1_000_000);
+    }
+    text
 }
 
 /// `at + by`, saturating instead of panicking at the end of time.
@@ -306,7 +316,7 @@ impl LocalBackend {
                                 _ => false,
                             };
                             if leave {
-                                left_visible.push(id);
+                                left_visible.push((id, carries(&task, None)));
                             }
                             let until = if leave { now_ns } else { hidden_until };
                             hide.execute(params![until, id]).map_err(err)?;
@@ -326,17 +336,17 @@ impl LocalBackend {
                             .prepare_cached(SOONEST_DELAYED)
                             .and_then(|mut s| {
                                 s.query_row(params![queue.as_str(), now_ns], |row| {
-                                    Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, u32>(2)?))
+                                    Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?, row.get::<_, u32>(2)?, row.get::<_, i64>(3)?))
                                 })
                                 .optional()
                             })
                             .map_err(err)?;
-                        if let Some((id, doc, count)) = soonest {
+                        if let Some((id, doc, count, visible_at)) = soonest {
                             if let Ok(task) = serde_json::from_str::<DeliveryTask>(&doc) {
                                 hide.execute(params![hidden_until, id]).map_err(err)?;
                                 let receive_count = count.saturating_add(1);
+                                early.push((id, carries(&task, Some(visible_at - now_ns))));
                                 received.push(Received { receipt: Receipt { queue, id, receive_count }, task, receive_count });
-                                early.push(id);
                             }
                         }
                     }
@@ -348,8 +358,8 @@ impl LocalBackend {
             faults.received(
                 "receive from the queue",
                 received.iter().map(|r| r.receipt.id),
-                &left_visible,
-                &early,
+                left_visible,
+                early,
             );
         }
         if redriven > 0 {

@@ -865,3 +865,41 @@ async fn given_an_outage_at_a_rate_limited_endpoint_then_attempts_waiting_for_th
         "{posts} POSTs in the outage's first 10 s, the breaker's threshold 3"
     );
 }
+
+#[tokio::test]
+async fn given_two_copies_of_a_last_attempt_and_the_first_ones_hand_off_failing_then_the_second_hands_it_on() {
+    // SQS hands one message out twice. Both copies read the delivery; the first POSTs,
+    // records it dead (its schedule has no retry) and fails to hand it to the dead-letter
+    // queue; the second, its turn half a second later under the rate limit, POSTs, loses the
+    // conditional write, and acks: the message's last ack. The owner must still be told.
+    let (h, clock) = Harness::stepped(ScriptedSender::always(500), Default::default());
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![], Some(2), CircuitBreaker::off()))
+        .await
+        .unwrap()
+        .subscription;
+    // A turn taken just before: both copies wait for theirs, having read the delivery.
+    let interval = std::time::Duration::from_millis(500);
+    h.store
+        .limit_rate(&sub.id, interval, h.clock.now(), Arrival::New)
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event(), None).await.unwrap();
+    let task = h.queue.take_visible().pop().expect("the first attempt's message");
+    h.queue.failing_dead_letters.store(1, Ordering::SeqCst);
+    let mut workers = futures::stream::FuturesUnordered::new();
+    for copy in [task.clone(), task] {
+        let services = &h.services;
+        workers.push(async move { services.deliver(&copy).await });
+    }
+    let end = h.clock.now() + Duration::seconds(5);
+    while h.clock.now() < end {
+        run_until_waiting(&mut workers).await;
+        clock.advance(Duration::milliseconds(100));
+    }
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "both copies POSTed");
+    assert_eq!(count(&h, &tenant, "dead").await, 1);
+    assert_eq!(h.queue.dead_letters().len(), 1, "handed to the dead-letter queue");
+}

@@ -240,7 +240,7 @@ impl Services {
         change.next.held_until = task.held_until_after(started_at);
         match self.record_attempt(&change, outcome.is_success()).await {
             Ok(()) => {}
-            Err(PortError::ConditionFailed(_)) => return Ok(DeliverOutcome::Stale),
+            Err(PortError::ConditionFailed(_)) => return self.lost_the_race(task).await,
             Err(e) => return Err(e.into()),
         }
         self.record_health(
@@ -448,6 +448,17 @@ impl Services {
         Ok(DeliverOutcome::Stale)
     }
 
+    /// A message whose conditional write lost: another copy of it (queues deliver at least
+    /// once) or another change came first. Stale now, it does what a stale message does, on
+    /// a fresh read: the copy that won may have died, or failed, after its write and before
+    /// what follows it (the dead-letter hand-off), and this copy's ack is the message's last.
+    async fn lost_the_race(&self, task: &DeliveryTask) -> Result<DeliverOutcome> {
+        match self.ports.store.get_delivery(&task.delivery_id).await? {
+            Some(delivery) => self.finish_stale(&delivery, task).await,
+            None => Ok(DeliverOutcome::Stale),
+        }
+    }
+
     /// A message whose delivery is not stored. A first attempt's is queued a moment before
     /// its delivery is stored, and a slow ingest (a batch, a throttled table) may take
     /// seconds, so one younger than [`INGEST_WINDOW`] is queued again, its delay as long as
@@ -489,7 +500,7 @@ impl Services {
         };
         match self.ports.store.apply_change(&change).await {
             Ok(()) => {}
-            Err(PortError::ConditionFailed(_)) => return Ok(DeliverOutcome::Stale),
+            Err(PortError::ConditionFailed(_)) => return self.lost_the_race(task).await,
             Err(e) => return Err(e.into()),
         }
         tracing::info!(reason, attempt = task.attempt, "delivery abandoned");

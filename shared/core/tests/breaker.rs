@@ -784,19 +784,13 @@ async fn given_a_held_delivery_that_gave_up_then_the_sweeps_copy_of_its_lost_ret
         ..Default::default()
     };
     let h = Harness::with_config(ScriptedSender::always(503), config, 900);
-    let (tenant, _) = h.tenant("owner@example.com").await;
     let breaker = CircuitBreaker {
         failure_threshold: 2,
         probe_interval_seconds: 60,
         ..CircuitBreaker::on()
     };
-    h.services
-        .create_subscription(&tenant, subscription(vec![30, 60, 120], None, breaker))
-        .await
-        .unwrap();
-    for _ in 0..4 {
-        h.services.ingest(&tenant, event(), None).await.unwrap();
-    }
+    let (tenant, _) = subscribed(&h, vec![30, 60, 120], breaker).await;
+    ingest(&h, &tenant, 4).await;
     h.run_for(Duration::seconds(215), Duration::seconds(1)).await;
     let now = h.clock.now();
     let mut lost = None;

@@ -416,18 +416,14 @@ impl Services {
                 ..circuit.clone()
             },
             CircuitState::HalfOpen => {
-                // Only an attempt made since the probe began is its outcome (an older copy of
-                // its message, stale already, says nothing of it; nor does a move that was no
-                // attempt, such as a wait for a rate-limit slot): a 2xx, or a 429 (up, pacing).
+                // Only a move made since the probe began is its outcome (an older copy of its
+                // message, stale already, says nothing of it): a 2xx, or a 429 (up, pacing).
+                // (The delivery item is all this reads: the Deliver role may not query the
+                // table for its attempt log.)
                 let began = circuit
                     .next_probe_at
                     .map(|at| at - sub.circuit_breaker.probe_interval());
                 if began.is_none_or(|b| delivery.updated_at < b) {
-                    return Ok(());
-                }
-                let attempts = self.ports.store.attempts(&delivery.id).await?;
-                let last = attempts.iter().rfind(|a| a.round == delivery.round);
-                if began.is_none_or(|b| last.is_none_or(|a| a.started_at < b)) {
                     return Ok(());
                 }
                 let success = delivery.status == DeliveryStatus::Delivered || delivery.last_status_code == Some(429);

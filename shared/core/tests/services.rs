@@ -2373,3 +2373,24 @@ async fn given_the_queue_giving_up_on_an_attempts_messages_again_and_again_then_
     let report = h.services.handle_dead_letters(&dead).await.unwrap();
     assert_eq!(report.queued, 1, "{report:?}");
 }
+
+#[tokio::test]
+async fn given_the_record_of_a_sent_email_failing_once_then_it_is_tried_again_and_the_owner_gets_one_email() {
+    // The email goes out, then its record (`finish_digest`) is throttled once: tried again,
+    // it lands, rather than leaving the notice unsent for the next tick to email again.
+    let h = Harness::new(ScriptedSender::always(503));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(
+            &tenant,
+            new_sub("https://down.example.com/hook", &["*"], Some(vec![1, 2])),
+        )
+        .await
+        .unwrap();
+    h.store
+        .failing_digest_finishes
+        .store(1, std::sync::atomic::Ordering::SeqCst);
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.run_for(Duration::minutes(30), Duration::seconds(1)).await;
+    assert_eq!(h.mailer.sent.lock().unwrap().len(), 1, "exactly one email");
+}

@@ -27,8 +27,27 @@ pub const DIGEST_LISTED: usize = 50;
 const PAGE: u32 = 100;
 /// The shortest wait before a failed email is tried again (with a window of 0).
 const MIN_RETRY: chrono::Duration = chrono::Duration::seconds(30);
+/// Tries of the record of an email sent, a throttled or failed one tried again.
+const RECORD_TRIES: u32 = 5;
 
 impl Services {
+    /// Record an email sent (`finish_digest`), a retryable failure tried again a few times
+    /// over a second or two: the mail service has no idempotency key, so a record that does
+    /// not land is the email sent again.
+    async fn record_sent(&self, claim: &DigestClaim) -> Result<()> {
+        let mut backoff = chrono::Duration::milliseconds(50);
+        for _ in 1..RECORD_TRIES {
+            match self.ports.store.finish_digest(claim).await {
+                Err(crate::PortError::Retryable { what, source }) => {
+                    tracing::warn!(%what, error = %source, "the record of an email sent failed; trying it again");
+                    self.ports.clock.sleep_until(self.now() + backoff).await;
+                    backoff = backoff * 2;
+                }
+                other => return Ok(other?),
+            }
+        }
+        Ok(self.ports.store.finish_digest(claim).await?)
+    }
     /// Send `owner`'s email if their window is open and notices wait: how many deliveries it
     /// told of, or `None` if it was not theirs to send now.
     pub(crate) async fn send_digest(&self, owner: &Email) -> Result<Option<usize>> {
@@ -43,7 +62,7 @@ impl Services {
         };
         match sent {
             Ok(()) => {
-                store.finish_digest(&claim).await?;
+                self.record_sent(&claim).await?;
                 tracing::info!(to = %owner, deliveries = claim.notices.len(), "dead-delivery email sent");
                 Ok(Some(claim.notices.len()))
             }

@@ -67,6 +67,8 @@ pub struct MemoryStore {
     /// The next this many delivery changes land, but answer with a retryable error, as a
     /// write whose answer was lost does.
     pub lost_delivery_answers: std::sync::atomic::AtomicU32,
+    /// The next this many `finish_digest` calls fail (retryable), writing nothing.
+    pub failing_digest_finishes: std::sync::atomic::AtomicU32,
     /// Lookups of API keys so far.
     pub api_key_reads: std::sync::atomic::AtomicU32,
     pub crash: Arc<CrashPoint>,
@@ -438,6 +440,12 @@ impl Store for MemoryStore {
     }
     async fn finish_digest(&self, claim: &DigestClaim) -> PortResult<()> {
         self.crash.act("finish digest")?;
+        if take_one(&self.failing_digest_finishes) {
+            return Err(PortError::retryable(
+                "finish digest",
+                "throttled (failing_digest_finishes)",
+            ));
+        }
         let mut d = lock(&self.data);
         for n in &claim.notices {
             if let Some(notice) = d.notices.get_mut(&(n.delivery_id.clone(), n.round)) {

@@ -131,6 +131,17 @@ pub trait Store: Send + Sync {
     /// Deliveries the sweep looks after ([`Delivery::is_swept`]: retrying, or pending after a
     /// replay) whose next attempt was due before `due_before`.
     async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>>;
+    /// A page of the audit of first attempts: of the deliveries created in `created`, after
+    /// `after` (a [`AuditPage::next`] this store handed out; `None`: from the start), those
+    /// seen (committed) that wait for the message their ingest queued
+    /// ([`Delivery::awaits_first_message`]). About `limit` deliveries are looked at per call,
+    /// so a page may hold none and still have a next.
+    async fn awaiting_first_message(
+        &self,
+        created: std::ops::Range<DateTime<Utc>>,
+        after: Option<&str>,
+        limit: u32,
+    ) -> PortResult<AuditPage>;
 
     /// The rate limiter: the verdict of [`crate::rate_limit::admit`] on an attempt to `sub`'s
     /// endpoint arriving at `now`, two slots `interval` apart, decided on the endpoint's
@@ -351,6 +362,23 @@ pub struct Holding {
     pub tenant_id: TenantId,
 }
 
+/// A page of [`Store::awaiting_first_message`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AuditPage {
+    pub deliveries: Vec<Delivery>,
+    /// Where the next page starts (opaque, the store's own); `None`: the range is done.
+    pub next: Option<String>,
+}
+
+/// How far the audit of first attempts has got: every delivery created before `from` is
+/// audited; the range `from..to` is being audited, up to `after` (an [`AuditPage::next`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditPosition {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub after: Option<String>,
+}
+
 /// Retries due later than the queue can delay, kept until they are near.
 #[async_trait]
 pub trait SchedulerTable: Send + Sync {
@@ -380,6 +408,11 @@ pub trait SchedulerTable: Send + Sync {
     async fn take_lease(&self, holder: &str, now: DateTime<Utc>, until: DateTime<Utc>) -> PortResult<bool>;
     /// Give the lease back at `now`, if `holder` still holds it (else nothing changes).
     async fn end_lease(&self, holder: &str, now: DateTime<Utc>) -> PortResult<()>;
+
+    /// Where the audit of first attempts has got to; `None` before its first tick.
+    async fn audit_position(&self) -> PortResult<Option<AuditPosition>>;
+    /// Store it (only the tick holding the lease writes it).
+    async fn save_audit_position(&self, position: &AuditPosition) -> PortResult<()>;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

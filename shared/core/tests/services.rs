@@ -1219,6 +1219,119 @@ async fn given_a_retry_whose_enqueue_was_lost_then_the_sweep_queues_it() {
 }
 
 #[tokio::test]
+async fn given_first_attempts_whose_messages_the_queue_lost_then_the_audit_queues_them_again_once_an_hour_on() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
+    // The scheduler ticks as it does, every minute, from before the ingest.
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 0);
+    for _ in 0..3 {
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    // A Deliver outage longer than the queue's retention, or a purge: the messages are gone.
+    assert_eq!(h.queue.take_visible().len(), 3);
+    let mut requeued = 0;
+    for minute in 1..=80 {
+        h.clock.advance(Duration::minutes(1));
+        let report = h.services.run_scheduler().await.unwrap();
+        assert!(
+            report.audited == 0 || minute > 60,
+            "queued again at minute {minute}, before the audit's hour: a backlog would get duplicates"
+        );
+        requeued += report.audited + report.requeued;
+    }
+    assert_eq!(requeued, 3, "each lost first attempt queued again, once");
+    assert_eq!(h.drain_now().await, 3);
+    let deliveries = h
+        .services
+        .list_deliveries(&tenant, DeliveryQuery::default())
+        .await
+        .unwrap()
+        .items;
+    assert!(deliveries.iter().all(|d| d.status == DeliveryStatus::Delivered));
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 3, "one POST each");
+}
+
+#[tokio::test]
+async fn given_first_attempts_deferred_to_slots_past_the_audits_hour_then_the_audit_leaves_them_be() {
+    let (h, clock) = Harness::stepped(ScriptedSender::always(200), Config::default());
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let mut new = without_breaker(new_sub("https://a.example.com/", &["*"], None));
+    new.rate_limit_per_second = Some(1);
+    h.services.create_subscription(&tenant, new).await.unwrap();
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 0);
+    // A backlog of 80 minutes at one a second: the last first attempts wait for their slots
+    // past the audit's hour, their messages in the queue all along.
+    for _ in 0..48 {
+        let batch = (0..100).map(|_| (event("invoice.paid"), None)).collect();
+        h.services.ingest_batch(&tenant, batch).await.unwrap();
+    }
+    // The audit takes on the range holding them 70 minutes on (its hour, and its ten).
+    let audited_at = h.clock.now() + Duration::minutes(70);
+    let posts = || h.sender.requests.lock().unwrap().len();
+    let (mut requeued, mut waiting_when_audited) = (0, None);
+    let mut workers = futures::stream::FuturesUnordered::new();
+    while posts() < 4_800 && h.clock.now() < audited_at + Duration::minutes(30) {
+        if h.clock.now().timestamp() % 60 == 0 {
+            let report = h.services.run_scheduler().await.unwrap();
+            requeued += report.audited + report.requeued;
+            if h.clock.now() >= audited_at && waiting_when_audited.is_none() {
+                waiting_when_audited = Some(4_800 - posts());
+            }
+        }
+        for task in h.queue.take_visible() {
+            let services = &h.services;
+            workers.push(async move { services.deliver(&task).await.unwrap() });
+        }
+        run_until_waiting(&mut workers).await;
+        clock.advance(Duration::seconds(1));
+    }
+    let waiting = waiting_when_audited.unwrap_or(0);
+    assert!(waiting > 300, "{waiting} waiting for their slots when audited");
+    assert_eq!(
+        requeued, 0,
+        "first attempts waiting for their slots were taken for lost"
+    );
+    assert_eq!(posts(), 4_800);
+}
+
+#[tokio::test]
+async fn given_first_attempts_held_by_an_open_breaker_past_the_audits_hour_then_the_audit_leaves_them_be() {
+    let h = Harness::new(ScriptedSender::always(503));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let new = NewSubscription {
+        circuit_breaker: Some(CircuitBreaker {
+            enabled: true,
+            failure_threshold: 3,
+            probe_interval_seconds: 600,
+        }),
+        ..new_sub("https://a.example.com/", &["*"], Some(vec![7200, 7200]))
+    };
+    h.services.create_subscription(&tenant, new).await.unwrap();
+    assert_eq!(h.services.run_scheduler().await.unwrap().audited, 0);
+    for _ in 0..40 {
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    let (mut audited, end) = (0, h.clock.now() + Duration::minutes(80));
+    while h.clock.now() < end {
+        audited += h.services.run_scheduler().await.unwrap().audited;
+        let tasks = h.queue.take_visible();
+        for r in h.services.deliver_batch(&tasks).await {
+            r.unwrap();
+        }
+        h.clock.advance(Duration::seconds(30));
+    }
+    let deliveries = h
+        .services
+        .list_deliveries(&tenant, DeliveryQuery::default())
+        .await
+        .unwrap()
+        .items;
+    let never_tried = deliveries.iter().filter(|d| d.attempts == 0).count();
+    assert!(never_tried > 20, "{never_tried} first attempts held all along");
+    assert_eq!(audited, 0, "first attempts the breaker holds were taken for lost");
+}
+
+#[tokio::test]
 async fn given_a_first_delivery_that_is_stored_after_its_message_then_the_message_looks_again_until_it_is() {
     use std::sync::atomic::Ordering;
     let h = Harness::new(ScriptedSender::always(200));

@@ -3,9 +3,9 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hookwise_core::model::{SubscriptionId, TenantId};
-use hookwise_core::ports::{Holding, PortResult, ScheduledTask, SchedulerTable};
+use hookwise_core::ports::{AuditPosition, Holding, PortResult, ScheduledTask, SchedulerTable};
 use hookwise_core::PortError;
-use rusqlite::params;
+use rusqlite::{params, OptionalExtension};
 
 use crate::{db_err, from_json, nanos, to_json, LocalBackend};
 
@@ -205,6 +205,33 @@ impl SchedulerTable for LocalBackend {
             conn.prepare_cached("UPDATE leases SET until = ?2 WHERE name = 'scheduler' AND holder = ?1")
                 .and_then(|mut s| s.execute(params![holder, now]))
                 .map_err(|e| db_err("end the scheduler's lease", e))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn audit_position(&self) -> PortResult<Option<AuditPosition>> {
+        const WHAT: &str = "read the audit's position";
+        let doc: Option<String> = self
+            .with_conn(WHAT, move |conn| {
+                conn.prepare_cached("SELECT doc FROM audit_position WHERE name = 'first attempts'")
+                    .and_then(|mut s| s.query_row([], |row| row.get(0)).optional())
+                    .map_err(|e| db_err(WHAT, e))
+            })
+            .await?;
+        doc.map(|doc| from_json(WHAT, &doc)).transpose()
+    }
+
+    async fn save_audit_position(&self, position: &AuditPosition) -> PortResult<()> {
+        const WHAT: &str = "save the audit's position";
+        let doc = to_json(WHAT, position)?;
+        self.with_conn(WHAT, move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO audit_position (name, doc) VALUES ('first attempts', ?1) \
+                 ON CONFLICT (name) DO UPDATE SET doc = excluded.doc",
+            )
+            .and_then(|mut s| s.execute(params![doc]))
+            .map_err(|e| db_err(WHAT, e))?;
             Ok(())
         })
         .await

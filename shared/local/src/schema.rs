@@ -102,6 +102,9 @@ CREATE INDEX IF NOT EXISTS deliveries_by_subscription ON deliveries (tenant_id, 
 CREATE INDEX IF NOT EXISTS deliveries_by_event ON deliveries (event_id);
 CREATE INDEX IF NOT EXISTS deliveries_overdue ON deliveries (next_attempt_at, id)
     WHERE status IN ('pending', 'retrying');
+-- First attempts awaiting their message (`Delivery::awaits_first_message`): the audit's.
+CREATE INDEX IF NOT EXISTS deliveries_awaiting_first_message ON deliveries (created_at, id)
+    WHERE status = 'pending' AND round = 0 AND next_attempt_at = created_at;
 
 CREATE TABLE IF NOT EXISTS attempts (
     delivery_id  TEXT NOT NULL,
@@ -164,6 +167,12 @@ CREATE TABLE IF NOT EXISTS leases (
     name    TEXT PRIMARY KEY,
     holder  TEXT NOT NULL,
     until   INTEGER NOT NULL
+) WITHOUT ROWID;
+
+-- Where the audit of first attempts has got to (`SchedulerTable::audit_position`): one row.
+CREATE TABLE IF NOT EXISTS audit_position (
+    name  TEXT PRIMARY KEY,
+    doc   TEXT NOT NULL
 ) WITHOUT ROWID;
 
 CREATE TABLE IF NOT EXISTS outbox (

@@ -6,7 +6,7 @@ use hookwise_core::circuit::Circuit;
 use hookwise_core::health::EndpointHealth;
 use hookwise_core::model::*;
 use hookwise_core::ports::{
-    Created, DeadNotice, DeliveryChange, DeliveryPage, DeliveryQuery, DigestClaim, PortResult, Store,
+    AuditPage, Created, DeadNotice, DeliveryChange, DeliveryPage, DeliveryQuery, DigestClaim, PortResult, Store,
 };
 use hookwise_core::rate_limit::{self, Arrival, Lines, Verdict};
 use hookwise_core::PortError;
@@ -556,15 +556,49 @@ impl Store for LocalBackend {
             query_docs(
                 conn,
                 "delivery",
-                // `Delivery::is_swept`, in SQL (the partial index still applies).
+                // `Delivery::is_swept`, in SQL (the partial index still applies): not a first
+                // attempt awaiting its message (`Delivery::awaits_first_message`).
                 "SELECT doc FROM deliveries
-                 WHERE status IN ('pending', 'retrying') AND (status = 'retrying' OR round > 0)
+                 WHERE status IN ('pending', 'retrying')
+                   AND NOT (status = 'pending' AND round = 0 AND next_attempt_at = created_at)
                    AND next_attempt_at < ?1
                  ORDER BY next_attempt_at, id LIMIT ?2",
                 params![before, limit],
             )
         })
         .await
+    }
+
+    async fn awaiting_first_message(
+        &self,
+        created: std::ops::Range<DateTime<Utc>>,
+        after: Option<&str>,
+        limit: u32,
+    ) -> PortResult<AuditPage> {
+        const WHAT: &str = "audit first attempts";
+        let (from, to) = (nanos(created.start), nanos(created.end));
+        let (after_at, after_id) = match after {
+            Some(a) => decode_cursor(a)?,
+            None => (i64::MIN, String::new()),
+        };
+        let limit = limit.max(1);
+        let deliveries: Vec<Delivery> = self
+            .with_conn(WHAT, move |conn| {
+                // `Delivery::awaits_first_message`, in SQL; the store and the queue are one
+                // database here, so every stored delivery is committed.
+                query_docs(
+                    conn,
+                    WHAT,
+                    "SELECT doc FROM deliveries
+                     WHERE status = 'pending' AND round = 0 AND next_attempt_at = created_at
+                       AND created_at >= ?1 AND created_at < ?2 AND (created_at, id) > (?3, ?4)
+                     ORDER BY created_at, id LIMIT ?5",
+                    params![from, to, after_at, after_id, limit],
+                )
+            })
+            .await?;
+        let next = (deliveries.len() == limit as usize).then(|| encode_cursor(deliveries.last().unwrap()));
+        Ok(AuditPage { deliveries, next })
     }
 
     async fn limit_rate(

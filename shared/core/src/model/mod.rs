@@ -275,14 +275,21 @@ pub struct Delivery {
 impl Delivery {
     /// Whether the scheduler's sweep (`Store::overdue_deliveries`) looks after this delivery's
     /// next message: a retry's and a replay's are queued after the state change that called
-    /// for them, so a crash between the two would leave the delivery waiting for nothing. A
-    /// first round's first attempt is queued before its delivery is stored: never missing.
+    /// for them, so a crash between the two would leave the delivery waiting for nothing;
+    /// and so is a first attempt's once its next attempt was moved (held, deferred to a
+    /// rate-limit slot, or queued again by the audit). Not a first attempt that waits for
+    /// the message its ingest queued: that is never missing, and the sweep would only
+    /// duplicate it in a backlog; the queue may still lose it (past its retention, or in a
+    /// purge), and the scheduler's audit finds it then ([`Self::awaits_first_message`]).
     pub fn is_swept(&self) -> bool {
-        match self.status {
-            DeliveryStatus::Retrying => true,
-            DeliveryStatus::Pending => self.round > 0,
-            DeliveryStatus::Delivered | DeliveryStatus::Dead => false,
-        }
+        !self.status.is_final() && !self.awaits_first_message()
+    }
+
+    /// A first attempt still waiting for the one message its ingest queued (pending, round
+    /// 0, its next attempt where the ingest put it). The audit of first attempts
+    /// (`Store::awaiting_first_message`) looks for these.
+    pub fn awaits_first_message(&self) -> bool {
+        self.status == DeliveryStatus::Pending && self.round == 0 && self.next_attempt_at == Some(self.created_at)
     }
 
     /// A new delivery of `event` to a subscription: pending, its first attempt due at once.

@@ -311,8 +311,9 @@ impl Services {
         probe_at: Option<(DateTime<Utc>, Option<Claim>)>,
     ) -> Result<DeliverOutcome> {
         let now = self.now();
-        if delivery.is_swept() && delivery.next_attempt_at.is_none_or(|at| at < until) {
-            // The sweep would queue it again at its next attempt's time: not before the end.
+        if !delivery.status.is_final() && delivery.next_attempt_at.is_none_or(|at| at < until) {
+            // The sweep (or, for a first attempt, the audit) would queue it again at its next
+            // attempt's time: not before the end.
             match self.ports.store.apply_change(&requeued(delivery, now, until)).await {
                 Ok(()) | Err(PortError::ConditionFailed(_)) => {}
                 Err(e) => return Err(e.into()),

@@ -304,8 +304,8 @@ impl Services {
     /// Under the endpoint's rate limit ([`rate_limit`]): wait here for the attempt's turn to
     /// send, or send the message back to arrive shortly before its slot in the backlog, which
     /// is returned. A message back early (the queue delays in whole seconds) goes back again,
-    /// its slot kept. A deferred delivery the sweep looks after has its next attempt moved to
-    /// its slot first, so the sweep does not queue it again while it waits.
+    /// its slot kept. A deferred delivery has its next attempt moved to its slot first, so
+    /// neither the sweep nor the audit of first attempts queues it again while it waits.
     async fn wait_for_slot(
         &self,
         sub: &Subscription,
@@ -337,7 +337,7 @@ impl Services {
             }
             Verdict::Wait(slot) => slot,
         };
-        if delivery.is_swept() && delivery.next_attempt_at.is_none_or(|at| at < slot) {
+        if !delivery.status.is_final() && delivery.next_attempt_at.is_none_or(|at| at < slot) {
             match self
                 .ports
                 .store

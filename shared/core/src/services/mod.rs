@@ -66,6 +66,12 @@ pub struct Config {
     /// visibility timeout, 6 minutes, times 5 receives), so a backlog older than the grace
     /// is not answered with a duplicate message every tick.
     pub requeue_wait: Duration,
+    /// A first attempt still waiting this long after its ingest for the message the ingest
+    /// queued is taken for lost (the queue dropped it past its retention, or in a purge),
+    /// and the scheduler's audit queues it again. Longer than the backlogs the queue is
+    /// expected to hold: in a longer one each such delivery gets one more message, which its
+    /// conditional writes absorb (and from then the sweep looks after it).
+    pub first_attempt_audit_age: Duration,
     /// How long one scheduler tick may go on moving retries and sweeping, page after page
     /// (the Scheduler function has 60 s).
     pub scheduler_budget: Duration,
@@ -107,6 +113,7 @@ impl Default for Config {
             scheduler_horizon: Duration::from_secs(15 * 60),
             sweep_grace: Duration::from_secs(5 * 60),
             requeue_wait: Duration::from_secs(30 * 60),
+            first_attempt_audit_age: Duration::from_secs(60 * 60),
             scheduler_budget: Duration::from_secs(40),
             scheduler_lease: Duration::from_secs(90),
             scheduler_holder: None,

@@ -1,15 +1,16 @@
 //! The scheduler tick (every minute on AWS): move retries due within the horizon from the
 //! scheduler table to the queue with their residual delay, tend the circuit breaker of
 //! every endpoint holding attempts (`Services::tend_breaker`), then re-queue deliveries left
-//! pending or retrying past their due time (an enqueue that failed after a write), each
-//! within the tick's time budget; last, send the owners' emails whose digest window has opened.
+//! pending or retrying past their due time (an enqueue that failed after a write) and first
+//! attempts whose message the queue lost (the audit), each within the tick's time budget;
+//! last, send the owners' emails whose digest window has opened.
 //! One tick at a time: a tick runs only while it holds the scheduler's lease (a conditional
 //! write with an expiry, `SchedulerTable::take_lease`), so a slow tick and the next minute's
 //! never overlap, without reserving Lambda concurrency.
 
 use std::time::Instant;
 
-use chrono::Duration;
+use chrono::{DateTime, Duration};
 use futures::{StreamExt, TryStreamExt};
 
 use rand::Rng;
@@ -18,7 +19,8 @@ use super::Services;
 use crate::circuit;
 use crate::error::{PortError, Result};
 use crate::metrics;
-use crate::ports::{Holding, ScheduledTask};
+use crate::model::Delivery;
+use crate::ports::{AuditPosition, Holding, ScheduledTask};
 use crate::state::{next_task, requeued};
 
 /// Items handled per query.
@@ -29,6 +31,9 @@ const EMAIL_SHARE: std::time::Duration = std::time::Duration::from_secs(10);
 const SWEEP_CONCURRENCY: usize = 16;
 /// Endpoints whose breakers are tended at once.
 const TEND_CONCURRENCY: usize = 8;
+/// The audit of first attempts takes on a new range of creation times once this much has
+/// gathered: each range costs a query per tenant and listing shard on DynamoDB.
+const AUDIT_EVERY: Duration = Duration::minutes(10);
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SchedulerReport {
@@ -40,6 +45,8 @@ pub struct SchedulerReport {
     pub tended: usize,
     /// Overdue deliveries re-queued by the sweep.
     pub requeued: usize,
+    /// First attempts whose message the queue lost, queued again by the audit.
+    pub audited: usize,
     /// Owners' dead-delivery emails sent.
     pub emails: usize,
 }
@@ -74,20 +81,22 @@ impl Services {
         let moved = self.move_due_retries(until).await?;
         let tended = self.tend_breakers(until).await;
         let requeued = self.sweep_overdue(until).await?;
+        let audited = self.audit_first_attempts(until).await?;
         // Emails get their share even when the sweep spent the budget (the Scheduler
         // function's 60 s hold the budget and this).
         let emails = self.send_due_digests(until.max(Instant::now() + EMAIL_SHARE)).await?;
-        if moved + requeued + emails > 0 {
-            tracing::info!(moved, tended, requeued, emails, "scheduler tick");
+        if moved + requeued + audited + emails > 0 {
+            tracing::info!(moved, tended, requeued, audited, emails, "scheduler tick");
         }
         self.metrics.count(metrics::RETRIES_MOVED, moved as u64);
-        self.metrics.count(metrics::REQUEUED, requeued as u64);
+        self.metrics.count(metrics::REQUEUED, (requeued + audited) as u64);
         self.metrics.count(metrics::EMAILS, emails as u64);
         Ok(SchedulerReport {
             skipped: false,
             moved,
             tended,
             requeued,
+            audited,
             emails,
         })
     }
@@ -199,34 +208,14 @@ impl Services {
         }
     }
 
-    /// Page after page until nothing is overdue or the tick's budget is spent. Each delivery
-    /// is queued, then marked (queue first: a crash between the two duplicates a message
-    /// rather than stranding the delivery again), and not looked at again until its message
-    /// has had `requeue_wait` to get through.
+    /// Page after page until nothing is overdue or the tick's budget is spent.
     async fn sweep_overdue(&self, until: Instant) -> Result<usize> {
         let grace = Duration::from_std(self.config.sweep_grace).unwrap_or(Duration::minutes(5));
-        let wait = Duration::from_std(self.config.requeue_wait).unwrap_or(Duration::minutes(30));
         let mut swept = 0;
         loop {
-            let now = self.now();
-            let overdue = self.ports.store.overdue_deliveries(now - grace, PAGE).await?;
-            let full_page = overdue.len() >= PAGE as usize;
-            let tasks: Vec<_> = overdue.iter().map(|d| (next_task(d), 0)).collect();
-            self.ports.queue.enqueue(&tasks).await?;
-            let changes: Vec<_> = overdue.iter().map(|d| requeued(d, now, now + wait)).collect();
-            let marked: Vec<bool> = futures::stream::iter(changes)
-                .map(|change| async move {
-                    match self.ports.store.apply_change(&change).await {
-                        Ok(()) => Ok(true),
-                        Err(PortError::ConditionFailed(_)) => Ok(false), // moved on meanwhile
-                        Err(e) => Err(e),
-                    }
-                })
-                .buffer_unordered(SWEEP_CONCURRENCY)
-                .try_collect()
-                .await?;
-            swept += marked.iter().filter(|m| **m).count();
-            if !full_page {
+            let overdue = self.ports.store.overdue_deliveries(self.now() - grace, PAGE).await?;
+            swept += self.requeue(&overdue).await?;
+            if overdue.len() < PAGE as usize {
                 return Ok(swept);
             }
             if Instant::now() >= until {
@@ -234,5 +223,83 @@ impl Services {
                 return Ok(swept);
             }
         }
+    }
+
+    /// The audit of first attempts: a first attempt still waiting, `first_attempt_audit_age`
+    /// after its ingest, for the message its ingest queued
+    /// ([`crate::model::Delivery::awaits_first_message`]) lost it to the queue (past its
+    /// retention after a long outage, or in a purge); it is queued again, and marked, so the
+    /// sweep looks after it from then on. Each delivery is looked at once: ranges of creation
+    /// time, at least [`AUDIT_EVERY`] long, each audited page by page, the place reached
+    /// saved after each page (the first range is everything stored until then).
+    async fn audit_first_attempts(&self, until: Instant) -> Result<usize> {
+        let age = Duration::from_std(self.config.first_attempt_audit_age).unwrap_or(Duration::hours(1));
+        let cutoff = self.now() - age;
+        let mut position = match self.ports.scheduler.audit_position().await? {
+            Some(position) => position,
+            None => AuditPosition {
+                from: DateTime::UNIX_EPOCH,
+                to: DateTime::UNIX_EPOCH,
+                after: None,
+            },
+        };
+        let mut requeued = 0;
+        while Instant::now() < until {
+            if position.from == position.to {
+                if cutoff - position.from < AUDIT_EVERY {
+                    break;
+                }
+                position.to = cutoff;
+            }
+            let page = self
+                .ports
+                .store
+                .awaiting_first_message(position.from..position.to, position.after.as_deref(), PAGE)
+                .await?;
+            requeued += self.requeue(&page.deliveries).await?;
+            position = match page.next {
+                Some(next) => AuditPosition {
+                    after: Some(next),
+                    ..position
+                },
+                None => AuditPosition {
+                    from: position.to,
+                    to: position.to,
+                    after: None,
+                },
+            };
+            self.ports.scheduler.save_audit_position(&position).await?;
+        }
+        if requeued > 0 {
+            tracing::warn!(
+                requeued,
+                "first attempts whose message the queue lost were queued again"
+            );
+        }
+        Ok(requeued)
+    }
+
+    /// Queue each delivery's next attempt now, then mark it (queue first: a crash between
+    /// the two duplicates a message rather than stranding the delivery again), so it is not
+    /// looked at again until its message has had `requeue_wait` to get through. How many
+    /// were marked (not one that moved on meanwhile).
+    async fn requeue(&self, deliveries: &[Delivery]) -> Result<usize> {
+        let wait = Duration::from_std(self.config.requeue_wait).unwrap_or(Duration::minutes(30));
+        let now = self.now();
+        let tasks: Vec<_> = deliveries.iter().map(|d| (next_task(d), 0)).collect();
+        self.ports.queue.enqueue(&tasks).await?;
+        let changes: Vec<_> = deliveries.iter().map(|d| requeued(d, now, now + wait)).collect();
+        let marked: Vec<bool> = futures::stream::iter(changes)
+            .map(|change| async move {
+                match self.ports.store.apply_change(&change).await {
+                    Ok(()) => Ok(true),
+                    Err(PortError::ConditionFailed(_)) => Ok(false), // moved on meanwhile
+                    Err(e) => Err(e),
+                }
+            })
+            .buffer_unordered(SWEEP_CONCURRENCY)
+            .try_collect()
+            .await?;
+        Ok(marked.iter().filter(|m| **m).count())
     }
 }

@@ -88,6 +88,7 @@ macro_rules! store_contract_tests {
             list_deliveries_clamps_the_page_size,
             a_cursor_the_store_did_not_hand_out_is_refused,
             overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_the_time,
+            first_attempts_awaiting_their_message_are_found_by_creation_time_a_page_at_a_time,
             a_dead_notice_is_recorded_once_per_round,
             an_owners_email_is_claimed_once_then_not_again_within_the_window,
             a_claim_never_finished_is_taken_over_once_stale,
@@ -105,6 +106,7 @@ macro_rules! store_contract_tests {
             held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_are_also_scheduled,
             endpoints_that_held_an_attempt_are_listed_in_id_order_until_let_go,
             the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_back,
+            the_audits_position_round_trips,
             a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscription,
         }
     };
@@ -1260,7 +1262,7 @@ pub async fn overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_th
     let mut fx = Fixture::new();
     let a = fx.stored_tenant(b).await;
     let cut = t0() + chrono::Duration::hours(1);
-    let subs = fx.sub_ids(7);
+    let subs = fx.sub_ids(8);
     let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
     let with_due = |d: &Delivery, due: DateTime<Utc>| Delivery {
         next_attempt_at: Some(due),
@@ -1282,9 +1284,11 @@ pub async fn overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_th
         ..with_due(&dead, cut - minutes(10))
     };
     let pending_due = change(b, &dead, replayed, None).await;
-    // Pending in its first round, due before the cut: its message was queued before it was
-    // stored, so the sweep has nothing to look after.
-    change(b, &ds[6], with_due(&ds[6], cut - minutes(10)), None).await;
+    // Pending in its first round, its next attempt moved (held, deferred, or queued again by
+    // the audit), due before the cut.
+    let moved_due = change(b, &ds[6], with_due(&ds[6], cut - minutes(10)), None).await;
+    // Pending in its first round as stored (created at t0, before the cut): its message was
+    // queued before it was stored, so the sweep has nothing to look after (ds[7]).
     // Retrying, due before the cut.
     let retrying = failed(&ds[1], t0(), 1);
     let retrying_due = change(
@@ -1319,10 +1323,14 @@ pub async fn overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_th
     let overdue = mine(b.store().overdue_deliveries(cut, 100).await.expect("overdue"));
     assert_eq!(
         sorted(ids(&overdue)),
-        sorted(vec![pending_due.id.clone(), retrying_due.id.clone()])
+        sorted(vec![
+            pending_due.id.clone(),
+            retrying_due.id.clone(),
+            moved_due.id.clone()
+        ])
     );
     assert!(
-        overdue.contains(&pending_due) && overdue.contains(&retrying_due),
+        overdue.contains(&pending_due) && overdue.contains(&retrying_due) && overdue.contains(&moved_due),
         "overdue deliveries come back whole"
     );
     assert_eq!(b.store().overdue_deliveries(cut, 1).await.expect("limit 1").len(), 1);
@@ -1333,6 +1341,83 @@ pub async fn overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_th
             .expect("none yet")
     )
     .is_empty());
+}
+
+pub async fn first_attempts_awaiting_their_message_are_found_by_creation_time_a_page_at_a_time(
+    b: &dyn ContractBackend,
+) {
+    let mut fx = Fixture::new();
+    let (a, z) = (fx.stored_tenant(b).await, fx.stored_tenant(b).await);
+    let range = t0()..t0() + minutes(30);
+    let subs = fx.sub_ids(5);
+    let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    // Awaiting: ds[0], ds[1] as stored, and another tenant's, later in the range.
+    let (_, theirs) = fx.stored_event(b, &z.id, t0() + minutes(5), &subs[..1]).await;
+    // Not: its next attempt moved (held, deferred, queued again), delivered, retrying.
+    let moved = Delivery {
+        next_attempt_at: Some(t0() + minutes(40)),
+        ..ds[2].clone()
+    };
+    change(b, &ds[2], moved, None).await;
+    let delivered = finished(&ds[3], DeliveryStatus::Delivered, t0());
+    change(b, &ds[3], delivered, Some(attempt(&ds[3], 0, 1, 200, t0()))).await;
+    change(
+        b,
+        &ds[4],
+        failed(&ds[4], t0(), 1),
+        Some(attempt(&ds[4], 0, 1, 500, t0())),
+    )
+    .await;
+    // Outside the range: created at its end, and just before its start.
+    fx.stored_event(b, &a.id, range.end, &subs[..1]).await;
+    fx.stored_event(b, &a.id, t0() - chrono::Duration::seconds(1), &subs[..1])
+        .await;
+
+    let expected = sorted(vec![ds[0].id.clone(), ds[1].id.clone(), theirs[0].id.clone()]);
+    for limit in [1, 2, 100] {
+        let (mut found, mut after, mut pages) = (Vec::new(), None, 0);
+        loop {
+            let page = b
+                .store()
+                .awaiting_first_message(range.clone(), after.as_deref(), limit)
+                .await
+                .expect("an audit page");
+            found.extend(
+                page.deliveries
+                    .into_iter()
+                    .filter(|d| d.tenant_id == a.id || d.tenant_id == z.id),
+            );
+            pages += 1;
+            assert!(pages < 10_000, "the audit's pages never end (limit {limit})");
+            match page.next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
+        }
+        assert_eq!(sorted(ids(&found)), expected, "limit {limit}: each awaiting once");
+        assert!(found.contains(&ds[0]) && found.contains(&theirs[0]), "whole deliveries");
+    }
+}
+
+pub async fn the_audits_position_round_trips(b: &dyn ContractBackend) {
+    assert_eq!(b.scheduler().audit_position().await.expect("read"), None);
+    let mut position = AuditPosition {
+        from: t0(),
+        to: t0() + minutes(10),
+        after: Some("a place#with/odd chars".into()),
+    };
+    for _ in 0..2 {
+        b.scheduler().save_audit_position(&position).await.expect("save");
+        assert_eq!(
+            b.scheduler().audit_position().await.expect("read"),
+            Some(position.clone())
+        );
+        position = AuditPosition {
+            from: position.to,
+            after: None,
+            ..position
+        };
+    }
 }
 
 impl Fixture {

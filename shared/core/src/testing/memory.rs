@@ -341,6 +341,29 @@ impl Store for MemoryStore {
             .cloned()
             .collect())
     }
+    async fn awaiting_first_message(
+        &self,
+        created: std::ops::Range<DateTime<Utc>>,
+        after: Option<&str>,
+        limit: u32,
+    ) -> PortResult<AuditPage> {
+        // In creation order; a page's place is its last delivery's `{created_at}#{id}`.
+        let place = |d: &Delivery| format!("{}#{}", d.created_at.timestamp_micros(), d.id);
+        let mut found: Vec<Delivery> = lock(&self.data)
+            .deliveries
+            .iter()
+            .filter(|d| created.contains(&d.created_at) && d.awaits_first_message())
+            .cloned()
+            .collect();
+        found.sort_by_key(|d| (d.created_at, d.id.to_string()));
+        let page: Vec<Delivery> = found
+            .into_iter()
+            .filter(|d| after.is_none_or(|a| place_after(&place(d), a)))
+            .take(limit.max(1) as usize)
+            .collect();
+        let next = (page.len() == limit.max(1) as usize).then(|| place(page.last().unwrap()));
+        Ok(AuditPage { deliveries: page, next })
+    }
     async fn limit_rate(
         &self,
         sub: &SubscriptionId,
@@ -651,6 +674,8 @@ pub struct MemoryScheduler {
     pub holding: Mutex<std::collections::BTreeMap<SubscriptionId, TenantId>>,
     /// The scheduler's lease: its holder, and until when.
     pub lease: Mutex<Option<(String, DateTime<Utc>)>>,
+    /// Where the audit of first attempts has got to.
+    pub audit: Mutex<Option<AuditPosition>>,
     pub crash: Arc<CrashPoint>,
 }
 
@@ -756,6 +781,23 @@ impl SchedulerTable for MemoryScheduler {
         }
         Ok(())
     }
+    async fn audit_position(&self) -> PortResult<Option<AuditPosition>> {
+        Ok(lock(&self.audit).clone())
+    }
+    async fn save_audit_position(&self, position: &AuditPosition) -> PortResult<()> {
+        self.crash.act("save the audit's position")?;
+        *lock(&self.audit) = Some(position.clone());
+        Ok(())
+    }
+}
+
+/// Whether the place `a` (`{micros}#{id}`) comes after `b`, in creation order.
+fn place_after(a: &str, b: &str) -> bool {
+    let split = |p: &str| {
+        let (t, id) = p.split_once('#').unwrap_or((p, ""));
+        (t.parse::<i64>().unwrap_or(i64::MIN), id.to_owned())
+    };
+    split(a) > split(b)
 }
 
 #[derive(Default)]

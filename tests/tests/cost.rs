@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use aws_support::AwsEnv;
 use axum::http::{HeaderMap, StatusCode};
+use chrono::{DateTime, Utc};
 use hookwise_aws::{decode_task, RequestCounter, RequestCounts};
 use hookwise_core::model::{Email, EventType};
 use hookwise_core::ports::DeliveryTask;
@@ -90,6 +91,9 @@ struct Figures {
     /// DynamoDB Local's own figures: all its write units, and the indexes' part.
     reported_write_units: f64,
     reported_index_write_units: f64,
+    /// The audit of first attempts' part of `dynamodb_requests` and `read_units`.
+    audit_requests: f64,
+    audit_read_units: f64,
     sqs_requests: f64,
     api_requests: f64,
     invocations: f64,
@@ -100,6 +104,7 @@ struct Figures {
 impl Figures {
     fn new(
         c: &RequestCounts,
+        audit: &RequestCounts,
         api_requests: usize,
         invocations: usize,
         lambda: Duration,
@@ -114,6 +119,8 @@ impl Figures {
             write_units: c.billed_write_units() / n,
             reported_write_units: c.write_units / n,
             reported_index_write_units: c.index_write_units / n,
+            audit_requests: audit.service_total("dynamodb") as f64 / n,
+            audit_read_units: audit.read_units / n,
             sqs_requests: service("sqs"),
             api_requests: api_requests as f64 / n,
             invocations: invocations as f64 / n,
@@ -318,9 +325,36 @@ async fn run(profile: &Profile, logs: &LogBytes) -> Option<Figures> {
             .await
             .unwrap();
     }
+    // The scheduler's audit of first attempts reads each delivery once, an hour on: what it
+    // reads for this run's (`Services::audit_first_attempts`, page by page).
+    let before_audit = counter.snapshot();
+    let store = &services.ports().store;
+    let (range, mut after) = (DateTime::UNIX_EPOCH..Utc::now() + chrono::Duration::seconds(1), None);
+    loop {
+        let page = store
+            .awaiting_first_message(range.clone(), after.as_deref(), 500)
+            .await
+            .expect("an audit page");
+        assert!(page.deliveries.is_empty(), "every first attempt was made");
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
     let logged = logs.0.load(Ordering::Relaxed) - log_start;
+    let all = counter.snapshot();
+    let audit = RequestCounts {
+        requests: all
+            .requests
+            .iter()
+            .map(|(k, v)| (k.clone(), v - before_audit.requests.get(k).unwrap_or(&0)))
+            .collect(),
+        read_units: all.read_units - before_audit.read_units,
+        ..RequestCounts::default()
+    };
     Some(Figures::new(
-        &counter.snapshot(),
+        &all,
+        &audit,
         api_requests,
         invocations,
         lambda,
@@ -333,7 +367,8 @@ fn print_table(rows: &[(&Profile, Figures)]) {
     println!("\ncost per event, by profile (DynamoDB Local and moto; prices per million events):");
     for (profile, f) in rows {
         println!(
-            "\n{} ({} events)\n  DynamoDB {:.2} requests, {:.2} RRU, {:.2} WRU (DynamoDB Local reported {:.2}, {:.2} of them to indexes)\n  \
+            "\n{} ({} events)\n  DynamoDB {:.2} requests, {:.2} RRU, {:.2} WRU (DynamoDB Local reported {:.2}, {:.2} of them to indexes; \
+             the audit of first attempts {:.2} requests, {:.2} RRU)\n  \
              SQS {:.2} requests; HTTP API {:.2} requests; Lambda {:.2} invocations, {:.1} ms; logs {:.0} bytes",
             profile.name,
             profile.events,
@@ -342,6 +377,8 @@ fn print_table(rows: &[(&Profile, Figures)]) {
             f.write_units,
             f.reported_write_units,
             f.reported_index_write_units,
+            f.audit_requests,
+            f.audit_read_units,
             f.sqs_requests,
             f.api_requests,
             f.invocations,

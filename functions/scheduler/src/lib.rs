@@ -1,7 +1,8 @@
 //! The scheduler function: each EventBridge tick runs [`Services::run_scheduler`] — retries
 //! due within 15 minutes move from the scheduler table to SQS with their residual delay,
-//! then deliveries left pending past their due time are re-queued, then the owners' emails
-//! whose digest window has passed go out.
+//! then deliveries left pending past their due time are re-queued, and first attempts whose
+//! message the queue lost (the audit), then the owners' emails whose digest window has passed
+//! go out.
 //!
 //! The event's content is not used (an EventBridge Scheduler or rule event, or `{}` from a
 //! manual invoke all mean "tick"). A failed tick is an error for Lambda to record; the next
@@ -11,7 +12,7 @@ use hookwise_core::services::Services;
 use serde_json::{json, Value};
 
 /// One tick; answers what it did, e.g. `{"skipped": false, "moved": 3, "requeued": 0,
-/// "emails": 1}` (`skipped`: another tick held the lease).
+/// "audited": 0, "emails": 1}` (`skipped`: another tick held the lease).
 pub async fn handle(services: &Services, event: &Value) -> Result<Value, hookwise_core::Error> {
     let report = services.run_scheduler().await.inspect_err(|err| {
         let tick = event.get("id").and_then(|v| v.as_str()).unwrap_or("-");
@@ -19,7 +20,10 @@ pub async fn handle(services: &Services, event: &Value) -> Result<Value, hookwis
     });
     services.flush_metrics();
     let report = report?;
-    Ok(json!({"skipped": report.skipped, "moved": report.moved, "requeued": report.requeued, "emails": report.emails}))
+    Ok(
+        json!({"skipped": report.skipped, "moved": report.moved, "requeued": report.requeued,
+        "audited": report.audited, "emails": report.emails}),
+    )
 }
 
 #[cfg(test)]
@@ -73,14 +77,14 @@ mod tests {
         h.clock.set(h.clock.now() + Duration::seconds(1));
         assert_eq!(
             handle(&h.services, &tick).await.unwrap(),
-            json!({"skipped": false, "moved": 0, "requeued": 0, "emails": 0})
+            json!({"skipped": false, "moved": 0, "requeued": 0, "audited": 0, "emails": 0})
         );
         assert_eq!(h.scheduler.items.lock().unwrap().len(), 1);
         // 50 s to go: within the queue's limit, moved with the whole residual delay.
         h.clock.set(h.clock.now() + Duration::seconds(249));
         assert_eq!(
             handle(&h.services, &tick).await.unwrap(),
-            json!({"skipped": false, "moved": 1, "requeued": 0, "emails": 0})
+            json!({"skipped": false, "moved": 1, "requeued": 0, "audited": 0, "emails": 0})
         );
         assert!(h.scheduler.items.lock().unwrap().is_empty());
         let (task, delay) = h.queue.log.lock().unwrap().last().cloned().unwrap();
@@ -91,7 +95,7 @@ mod tests {
         );
         assert_eq!(
             handle(&h.services, &json!({})).await.unwrap(),
-            json!({"skipped": false, "moved": 0, "requeued": 0, "emails": 0})
+            json!({"skipped": false, "moved": 0, "requeued": 0, "audited": 0, "emails": 0})
         );
     }
 }

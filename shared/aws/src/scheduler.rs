@@ -8,6 +8,7 @@
 //! | held   | `HELD#{subscription}`                 | `{due}#{delivery}#{round}#{attempt}` |
 //! | lease  | `#LEASE`                              | `#LEASE`: `holder`, `lease_until` (the scheduler's one-at-a-time) |
 //! | holding | `#HOLDING#3` (by subscription)       | `{subscription}`: `tenant_id` (the endpoints the scheduler tends) |
+//! | audit  | `#AUDIT`                              | `#AUDIT`: `position` (how far the audit of first attempts has got, JSON) |
 //!
 //! A delivery's tasks go to one of [`SHARDS`] shards (by its id), each with its own cursor
 //! and its own partition per minute, so a burst of long retries spreads over eight keys
@@ -40,7 +41,7 @@ use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use hookwise_core::model::{DeliveryId, SubscriptionId, TenantId};
-use hookwise_core::ports::{DeliveryTask, Holding, PortResult, ScheduledTask, SchedulerTable};
+use hookwise_core::ports::{AuditPosition, DeliveryTask, Holding, PortResult, ScheduledTask, SchedulerTable};
 use hookwise_core::PortError;
 
 use crate::error::classify;
@@ -52,6 +53,7 @@ pub const SORT_KEY: &str = "due_key";
 const CURSOR: &str = "#CURSOR";
 const LEASE: &str = "#LEASE";
 const HOLDING: &str = "#HOLDING";
+const AUDIT: &str = "#AUDIT";
 /// Shards of the table's keys.
 pub const SHARDS: u32 = 8;
 /// DynamoDB's limit on one `BatchWriteItem`.
@@ -194,6 +196,10 @@ fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
 }
 
 /// An endpoint's entry in the list of those holding attempts.
+fn audit_key() -> Item {
+    HashMap::from([(PARTITION_KEY.to_owned(), s(AUDIT)), (SORT_KEY.to_owned(), s(AUDIT))])
+}
+
 fn holding_key(sub: &SubscriptionId) -> Item {
     HashMap::from([
         (
@@ -636,6 +642,38 @@ impl SchedulerTable for DynamoScheduler {
         self.write_lease("end the scheduler's lease", "SET #u = :now", "#h = :h", &values)
             .await
             .map(|_| ())
+    }
+
+    async fn audit_position(&self) -> PortResult<Option<AuditPosition>> {
+        const WHAT: &str = "read the audit's position";
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(audit_key()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify(WHAT, e))?;
+        let Some(item) = out.item else { return Ok(None) };
+        serde_json::from_str(get_s(&item, "position")?)
+            .map_err(|e| corrupt(WHAT, e.to_string()))
+            .map(Some)
+    }
+
+    async fn save_audit_position(&self, position: &AuditPosition) -> PortResult<()> {
+        const WHAT: &str = "save the audit's position";
+        let mut item = audit_key();
+        let doc = serde_json::to_string(position).map_err(|e| corrupt(WHAT, e.to_string()))?;
+        item.insert("position".into(), s(doc));
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| classify(WHAT, e))?;
+        Ok(())
     }
 }
 

@@ -547,6 +547,16 @@ impl DynamoStore {
     /// Items by key, strongly consistent, 100 a request, some requests at once; keys
     /// DynamoDB leaves unprocessed are asked again with a backoff. Keyed by `pk`.
     async fn batch_get(&self, pks: &[Key], what: &str) -> Result<HashMap<String, Item>, PortError> {
+        self.batch_get_read(pks, what, true).await
+    }
+
+    /// As [`Self::batch_get`], eventually consistent (half the read units) unless `consistent`.
+    async fn batch_get_read(
+        &self,
+        pks: &[Key],
+        what: &str,
+        consistent: bool,
+    ) -> Result<HashMap<String, Item>, PortError> {
         // DynamoDB refuses a request naming a key twice (an index may list an item under an
         // old key and its new one for a moment).
         let mut unique: Vec<&Key> = pks.iter().collect();
@@ -557,7 +567,7 @@ impl DynamoStore {
             .map(|c| c.iter().map(|k| key_item(k)).collect())
             .collect();
         let found: Vec<Vec<Item>> = futures::stream::iter(chunks)
-            .map(|keys| self.batch_get_chunk(keys, what))
+            .map(|keys| self.batch_get_chunk(keys, what, consistent))
             .buffer_unordered(CONCURRENCY)
             .try_collect()
             .await?;
@@ -569,7 +579,7 @@ impl DynamoStore {
         Ok(by_pk)
     }
 
-    async fn batch_get_chunk(&self, keys: Vec<Item>, what: &str) -> Result<Vec<Item>, PortError> {
+    async fn batch_get_chunk(&self, keys: Vec<Item>, what: &str, consistent: bool) -> Result<Vec<Item>, PortError> {
         let mut items = Vec::new();
         let mut pending = Some(keys);
         for round in 0..8u32 {
@@ -581,7 +591,7 @@ impl DynamoStore {
             }
             let request = KeysAndAttributes::builder()
                 .set_keys(Some(keys))
-                .consistent_read(true)
+                .consistent_read(consistent)
                 .build()
                 .map_err(|e| build_err(what, e))?;
             let out = self
@@ -929,6 +939,43 @@ impl DynamoStore {
 
 /// A cursor is a `gsi_created` value, `{created_at}#{id}`, as this store hands them out;
 /// anything else is refused rather than used as a bound.
+/// Where the audit of first attempts goes on: a tenant, one of its `by-tenant` keys (its
+/// shards, then the unsharded key: [`listing_keys`]), and the last `gsi_created` read there.
+#[derive(Debug, Clone, PartialEq)]
+struct AuditPlace {
+    tenant: TenantId,
+    shard: usize,
+    after: Option<String>,
+}
+
+impl AuditPlace {
+    fn start_of(tenant: TenantId) -> Self {
+        Self {
+            tenant,
+            shard: 0,
+            after: None,
+        }
+    }
+
+    fn encode(&self) -> String {
+        format!("{}|{}|{}", self.tenant, self.shard, self.after.as_deref().unwrap_or(""))
+    }
+
+    fn decode(place: &str) -> PortResult<Self> {
+        let bad = || PortError::InvalidCursor(place.to_owned());
+        let mut parts = place.splitn(3, '|');
+        let (tenant, shard, after) = (parts.next(), parts.next(), parts.next());
+        let tenant = TenantId::parse(tenant.ok_or_else(bad)?).map_err(|_| bad())?;
+        let shard = shard.and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+        let after = after.ok_or_else(bad)?;
+        Ok(Self {
+            tenant,
+            shard,
+            after: (!after.is_empty()).then(|| after.to_owned()),
+        })
+    }
+}
+
 fn check_cursor(cursor: &str) -> PortResult<()> {
     let valid = cursor
         .split_once('#')
@@ -1544,6 +1591,96 @@ impl Store for DynamoStore {
     /// One write a verdict most of the time, a wrong guess one more; lines moving between two
     /// steps go round again. (The SDK's retry of a lost `ADD` wastes a turn or slot: the rate
     /// dips, never rises.)
+    /// Tenant by tenant, and each tenant's `by-tenant` keys one after another (no order across
+    /// them is needed: each delivery is met once), about `limit` index entries a call, the
+    /// deliveries they name read eventually consistently (a first attempt an hour old is
+    /// settled in every replica). A call stops at the end of a tenant's keys, so one with many
+    /// tenants and nothing stored costs a few small queries each.
+    async fn awaiting_first_message(
+        &self,
+        created: std::ops::Range<DateTime<Utc>>,
+        after: Option<&str>,
+        limit: u32,
+    ) -> PortResult<AuditPage> {
+        const WHAT: &str = "audit first attempts";
+        let mut place = match after {
+            Some(a) => AuditPlace::decode(a)?,
+            None => match self.list_tenants(None, 1).await?.pop() {
+                Some(first) => AuditPlace::start_of(first.id),
+                None => return Ok(AuditPage::default()),
+            },
+        };
+        let (start, end) = (sortable_time(created.start), sortable_time(created.end));
+        let shards: Vec<String> = listing_keys(&place.tenant.to_string()).collect();
+        let mut entries: Vec<Key> = Vec::new();
+        let mut next = None;
+        while let Some(shard) = shards.get(place.shard) {
+            let want = (limit.max(1) as usize).saturating_sub(entries.len());
+            // From the range's start (a key `{time}#{id}` sorts after its time alone), or
+            // after the last read; to its end, exclusive (`{end}#{id}` sorts after `{end}`).
+            let lo = place.after.clone().unwrap_or_else(|| start.clone());
+            let q = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(INDEX_BY_TENANT)
+                .key_condition_expression("#k = :k AND #c BETWEEN :lo AND :hi")
+                .expression_attribute_names("#k", GSI_TENANT)
+                .expression_attribute_names("#c", GSI_CREATED)
+                .expression_attribute_values(":k", s(shard))
+                .expression_attribute_values(":lo", s(&lo))
+                .expression_attribute_values(":hi", s(&end))
+                .limit(want as i32 + 1)
+                .set_return_consumed_capacity(self.rcc());
+            let out = q.send().await.map_err(|e| classify(WHAT, e))?;
+            self.charge(WHAT, false, out.consumed_capacity());
+            let mut read = Vec::new();
+            for it in out.items() {
+                let created_key = get_s(it, GSI_CREATED)?;
+                if place.after.as_deref() != Some(created_key) {
+                    read.push((
+                        created_key.to_owned(),
+                        (get_s(it, PK)?.to_owned(), get_s(it, SK)?.to_owned()),
+                    ));
+                }
+            }
+            let more = read.len() > want || out.last_evaluated_key.is_some_and(|k| !k.is_empty());
+            read.truncate(want);
+            if more {
+                place.after = read.last().map(|(c, _)| c.clone()).or(place.after);
+                entries.extend(read.into_iter().map(|(_, k)| k));
+                next = Some(place.encode());
+                break;
+            }
+            entries.extend(read.into_iter().map(|(_, k)| k));
+            place = AuditPlace {
+                shard: place.shard + 1,
+                after: None,
+                ..place
+            };
+        }
+        if next.is_none() {
+            // This tenant is done: the next one, if any, from its start.
+            next = self
+                .list_tenants(Some(&place.tenant), 1)
+                .await?
+                .pop()
+                .map(|t| AuditPlace::start_of(t.id).encode());
+        }
+        let items = self.batch_get_read(&entries, WHAT, false).await?;
+        let mut awaiting = Vec::new();
+        for k in &entries {
+            let Some(item) = items.get(&k.0) else { continue };
+            let d: Delivery = from_item(item)?;
+            if d.awaits_first_message() && created.contains(&d.created_at) {
+                awaiting.push(d);
+            }
+        }
+        // One whose ingest died before its event is not seen, and never will be.
+        let deliveries = self.committed(awaiting, |d| d, WHAT).await?;
+        Ok(AuditPage { deliveries, next })
+    }
+
     async fn limit_rate(
         &self,
         sub: &SubscriptionId,

@@ -897,3 +897,59 @@ async fn given_two_copies_of_a_last_attempt_and_the_first_ones_hand_off_failing_
     assert_eq!(count(&h, &tenant, "dead").await, 1);
     assert_eq!(h.queue.dead_letters().len(), 1, "handed to the dead-letter queue");
 }
+
+#[tokio::test]
+async fn given_a_breaker_opened_by_another_process_then_a_success_made_past_it_closes_it_and_one_failure_does_not_reopen_it(
+) {
+    // Process B's health, read a moment before the outage, shows no failures: for 30 s it
+    // attempts without reading the breaker. Process A's five failures open it, holding
+    // nothing (every delivery failed once and waits for its retry). The endpoint comes back,
+    // and B's attempt succeeds: the save of B's health ends the stored run of failures, so no
+    // attempt reads the breaker any more, and it must not stay open for the next failure to
+    // find past its probe time, probe with, and re-open on one failure.
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let b = hookwise_core::services::Services::new(
+        h.services.ports().clone(),
+        Default::default(),
+        rand::SeedableRng::seed_from_u64(9),
+    );
+    let (tenant, sub) = subscribed(&h, vec![600; 20], CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    ingest(&h, &tenant, 1).await;
+    for task in h.queue.take_visible() {
+        assert_eq!(b.deliver(&task).await.unwrap(), DeliverOutcome::Delivered);
+    }
+    h.clock.advance(Duration::seconds(1));
+    up.store(false, Ordering::SeqCst);
+    ingest(&h, &tenant, 5).await;
+    h.drain_now().await;
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Open);
+    assert!(h.scheduler.held(&sub.id, 10).await.unwrap().is_empty(), "nothing held");
+
+    h.clock.advance(Duration::seconds(10));
+    up.store(true, Ordering::SeqCst);
+    ingest(&h, &tenant, 1).await;
+    for task in h.queue.take_visible() {
+        assert_eq!(b.deliver(&task).await.unwrap(), DeliverOutcome::Delivered);
+    }
+    let stored = h.store.circuit(&sub.id).await.unwrap().unwrap();
+    assert_eq!(
+        stored.state,
+        CircuitState::Closed,
+        "the success that ended the stored run of failures closes it: {stored:?}"
+    );
+
+    // Past the probe time, the endpoint fails again: the threshold's failures open it, not one.
+    h.clock.advance(Duration::seconds(30));
+    up.store(false, Ordering::SeqCst);
+    let posted = h.sender.requests.lock().unwrap().len();
+    ingest(&h, &tenant, 3).await;
+    h.drain_now().await;
+    assert_eq!(
+        h.sender.requests.lock().unwrap().len(),
+        posted + 3,
+        "each attempt made, none held"
+    );
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Closed);
+}

@@ -4,11 +4,12 @@
 //!
 //! What it costs: an endpoint whose latest attempt succeeded costs nothing (its breaker is
 //! closed, and not read). Once attempts fail, its breaker is read, kept by the process for
-//! [`CIRCUIT_TTL`]. It is written on each change of state and each probe. A held attempt is
-//! one read of the breaker (fresh: an attempt is never held on an old copy), a write moving
-//! the delivery's next attempt to its give-up time (so the sweep leaves it be), and its parking
-//! (`SchedulerTable::hold`); nothing more while held, however long. Its release is one
-//! message.
+//! [`CIRCUIT_TTL`]; and a save of the endpoint's health that ends a stored run of failures
+//! reads it once, fresh, to close it if it was left open. It is written on each change of
+//! state and each probe. A held attempt is one read of the breaker (fresh: an attempt is
+//! never held on an old copy), a write moving the delivery's next attempt to its give-up time
+//! (so the sweep leaves it be), and its parking (`SchedulerTable::hold`); nothing more while
+//! held, however long. Its release is one message.
 //!
 //! Held attempts are released, after the probe that closed the breaker, page by page: the
 //! closing call releases the first, and the first released attempt to find the release going
@@ -251,19 +252,49 @@ impl Services {
         let Some(next) = circuit::after_attempt(circuit.as_ref(), breaker, success, failures, now) else {
             return Ok(None);
         };
-        let opening =
-            next.state == CircuitState::Open && circuit.as_ref().is_none_or(|c| c.state == CircuitState::Closed);
-        if opening {
+        if next.state == CircuitState::Open {
             // The failures that open it are stored first: an attempt reads the breaker only
             // when the endpoint's health shows failures, so a process that never saw these
             // (another, or this one started afresh after a crash) must find them stored, or
-            // its attempts go past an open breaker that nobody probes or closes.
-            self.save_health(&sub.id, now).await?;
+            // its attempts go past an open breaker that nobody probes or closes. And so is the
+            // failed probe's that re-opens it: a save ending the stored run with an older
+            // success would close it (`close_after_success`).
+            self.save_health(sub, now).await?;
         }
         match self.write_circuit(sub, &next, circuit.as_ref()).await? {
             true => Ok(Some((circuit, next))),
             false => Ok(None),
         }
+    }
+
+    /// A save of the endpoint's health is about to end a stored run of failures with a
+    /// success (one made past the breaker, by a process whose health showed no failures): the
+    /// breaker, read fresh, is closed as a probe's success closes it, and what it held
+    /// released. Not one half open with its probe in flight (the probe decides), nor one
+    /// turned off (the scheduler's tick releases what it holds). An error stops the save, so
+    /// the run stays stored and the next save tries again.
+    pub(super) async fn close_after_success(&self, sub: &Subscription) -> Result<()> {
+        let breaker = &sub.circuit_breaker;
+        if !breaker.enabled {
+            return Ok(());
+        }
+        let Some(read) = self.kept_circuit(sub, true).await? else {
+            return Ok(());
+        };
+        let now = self.now();
+        let probing = read.state == CircuitState::HalfOpen && read.next_probe_at.is_some_and(|at| now < at);
+        if probing {
+            return Ok(());
+        }
+        let Some(next) = circuit::after_attempt(Some(&read), breaker, true, 0, now) else {
+            return Ok(()); // closed
+        };
+        // Another change came first (a probe's claim, a closing): that one stands.
+        if self.write_circuit(sub, &next, Some(&read)).await? {
+            tracing::info!(subscription_id = %sub.id, "circuit breaker closed: the endpoint's attempts succeed again");
+            self.after_move(sub, Some(&read), next).await?;
+        }
+        Ok(())
     }
 
     /// What follows a change of the breaker from `read` to `next`: the next probe queued

@@ -139,7 +139,8 @@ impl Services {
         let mut circuit = self.kept_circuit(sub, false).await?;
         for fresh in [false, true] {
             let now = self.now();
-            match circuit::admit(circuit.as_ref(), breaker, &task.delivery_id, gives_up_at, now) {
+            let attempt = (task.round, task.attempt);
+            match circuit::admit(circuit.as_ref(), breaker, &task.delivery_id, attempt, gives_up_at, now) {
                 Admission::Send => return Ok(Gate::Attempt { circuit, probe: false }),
                 Admission::ProbeAgain => return Ok(Gate::Attempt { circuit, probe: true }),
                 Admission::Probe(claim) => {
@@ -391,6 +392,7 @@ impl Services {
         self.schedule_attempt(first.task.clone(), at).await?;
         let claim = Circuit {
             probe: Some(first.task.delivery_id.clone()),
+            probe_attempt: Some((first.task.round, first.task.attempt)),
             version: circuit.version + 1,
             ..circuit.clone()
         };
@@ -421,8 +423,8 @@ impl Services {
 
     /// A held (or released) attempt that found its delivery moved on: if it was on its way to
     /// be the probe, another is queued instead; if it was the probe (its breaker half open),
-    /// its outcome moves the breaker, as its attempt's would have (that move, or the process
-    /// making it, failed).
+    /// the outcome of the probe's attempt, once recorded, moves the breaker, as that attempt
+    /// would have (that move, or the process making it, failed).
     pub(super) async fn probe_moved_on(&self, delivery: &Delivery) -> Result<()> {
         let Some(sub) = self
             .kept_subscription(&delivery.tenant_id, &delivery.subscription_id)
@@ -447,14 +449,25 @@ impl Services {
                 ..circuit.clone()
             },
             CircuitState::HalfOpen => {
-                // Only a move made since the probe began is its outcome (an older copy of its
-                // message, stale already, says nothing of it): a 2xx, or a 429 (up, pacing).
-                // (The delivery item is all this reads: the Deliver role may not query the
-                // table for its attempt log.)
-                let began = circuit
-                    .next_probe_at
-                    .map(|at| at - sub.circuit_breaker.probe_interval());
-                if began.is_none_or(|b| delivery.updated_at < b) {
+                // Only the probe's attempt, recorded, is its outcome: a 2xx, or a 429 (up,
+                // pacing). Another move of the delivery (the probe sent back for a rate-limit
+                // slot, the sweep's re-marking) leaves its last outcome an older attempt's,
+                // and the probe still on its way. (The delivery item is all this reads: the
+                // Deliver role may not query the table for its attempt log.)
+                let made = match circuit.probe_attempt {
+                    // That attempt recorded, or the delivery gone past it (a later round, or
+                    // settled without it): the probe will not be made.
+                    Some((round, attempt)) => {
+                        delivery.round > round
+                            || (delivery.round == round && (delivery.attempts >= attempt || delivery.status.is_final()))
+                    }
+                    // A breaker stored before the probe's attempt was kept: a move made since
+                    // the probe began.
+                    None => circuit
+                        .next_probe_at
+                        .is_some_and(|at| delivery.updated_at >= at - sub.circuit_breaker.probe_interval()),
+                };
+                if !made {
                     return Ok(());
                 }
                 let success = delivery.status == DeliveryStatus::Delivered || delivery.last_status_code == Some(429);

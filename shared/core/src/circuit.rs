@@ -122,6 +122,10 @@ pub struct Circuit {
     /// comes, though every other is parked). Half open: the probe in flight (its own message
     /// coming back is still it).
     pub probe: Option<DeliveryId>,
+    /// Which attempt of `probe` it is, as `(round, attempt)`: the probe's outcome is only
+    /// that attempt's (absent from a breaker stored before it was kept).
+    #[serde(default)]
+    pub probe_attempt: Option<(u32, u32)>,
     /// Closed after holding: how many held deliveries have been released so far, whether all
     /// are (`releasing` false), and so where the next one goes on the ramp.
     #[serde(default)]
@@ -139,6 +143,7 @@ impl Circuit {
             since: now,
             next_probe_at: None,
             probe: None,
+            probe_attempt: None,
             released: 0,
             releasing: false,
             version: 0,
@@ -151,6 +156,7 @@ impl Circuit {
             since,
             next_probe_at: None,
             probe: None,
+            probe_attempt: None,
             released: 0,
             releasing: false,
             version: self.version + 1,
@@ -177,12 +183,14 @@ pub enum Admission {
     Hold,
 }
 
-/// What a delivery due now does, given its endpoint's breaker; `gives_up_at`: when it would
-/// make its attempt anyway, as its schedule's last, if held.
+/// What a delivery due now does, given its endpoint's breaker; `attempt`: which of its
+/// attempts is due, as `(round, attempt)`; `gives_up_at`: when it would make its attempt
+/// anyway, as its schedule's last, if held.
 pub fn admit(
     circuit: Option<&Circuit>,
     breaker: &CircuitBreaker,
     delivery: &DeliveryId,
+    attempt: (u32, u32),
     gives_up_at: DateTime<Utc>,
     now: DateTime<Utc>,
 ) -> Admission {
@@ -199,6 +207,7 @@ pub fn admit(
                 state: CircuitState::HalfOpen,
                 next_probe_at: Some(now + breaker.probe_interval()),
                 probe: Some(delivery.clone()),
+                probe_attempt: Some(attempt),
                 version: c.version + 1,
                 ..c.clone()
             };
@@ -212,6 +221,7 @@ pub fn admit(
         (CircuitState::Open, Some(p)) if p == delivery => Admission::WaitForProbe { at: probe_at },
         (CircuitState::Open, None) => Admission::Candidate(Circuit {
             probe: Some(delivery.clone()),
+            probe_attempt: Some(attempt),
             version: c.version + 1,
             ..c.clone()
         }),
@@ -286,6 +296,9 @@ pub fn ramp_released_through(k: u32) -> u64 {
 mod tests {
     use super::*;
 
+    /// The attempt due, `(round, attempt)`.
+    const A: (u32, u32) = (0, 1);
+
     fn at(s: i64) -> DateTime<Utc> {
         "2026-01-01T00:00:00Z".parse::<DateTime<Utc>>().unwrap() + Duration::seconds(s)
     }
@@ -300,27 +313,30 @@ mod tests {
         assert_eq!((open.state, open.next_probe_at), (CircuitState::Open, Some(at(30))));
         // The first to come before the probe time is queued for it; the rest are held.
         let later = at(3_600);
-        let Admission::Candidate(waiting) = admit(Some(&open), &b, &other, later, at(1)) else {
+        let Admission::Candidate(waiting) = admit(Some(&open), &b, &other, A, later, at(1)) else {
             panic!("the first held is the next probe");
         };
         assert_eq!(waiting.probe.as_ref(), Some(&other));
-        assert_eq!(admit(Some(&waiting), &b, &d, later, at(29)), Admission::Hold);
+        assert_eq!(admit(Some(&waiting), &b, &d, A, later, at(29)), Admission::Hold);
         // The next probe come early (a copy of its message) is queued for the probe time.
         assert_eq!(
-            admit(Some(&waiting), &b, &other, later, at(29)),
+            admit(Some(&waiting), &b, &other, A, later, at(29)),
             Admission::WaitForProbe { at: at(30) }
         );
-        let Admission::Probe(probing) = admit(Some(&open), &b, &d, later, at(30)) else {
+        let Admission::Probe(probing) = admit(Some(&open), &b, &d, A, later, at(30)) else {
             panic!("the probe time has come");
         };
-        assert_eq!(probing.state, CircuitState::HalfOpen);
+        assert_eq!(
+            (probing.state, probing.probe_attempt),
+            (CircuitState::HalfOpen, Some(A))
+        );
         assert_eq!(probing.version, open.version + 1);
         // One probe at a time: others are held, its own message is still the probe.
-        assert_eq!(admit(Some(&probing), &b, &other, later, at(31)), Admission::Hold);
-        assert_eq!(admit(Some(&probing), &b, &d, later, at(31)), Admission::ProbeAgain);
+        assert_eq!(admit(Some(&probing), &b, &other, A, later, at(31)), Admission::Hold);
+        assert_eq!(admit(Some(&probing), &b, &d, A, later, at(31)), Admission::ProbeAgain);
         // A probe lost for an interval is replaced.
         assert!(matches!(
-            admit(Some(&probing), &b, &other, later, at(60)),
+            admit(Some(&probing), &b, &other, A, later, at(60)),
             Admission::Probe(_)
         ));
         let again = after_attempt(Some(&probing), &b, false, 6, at(31)).expect("reopens");
@@ -330,7 +346,7 @@ mod tests {
         );
         let closed = after_attempt(Some(&probing), &b, true, 0, at(32)).expect("closes");
         assert_eq!((closed.state, closed.releasing), (CircuitState::Closed, true));
-        assert_eq!(admit(Some(&closed), &b, &d, later, at(32)), Admission::Send);
+        assert_eq!(admit(Some(&closed), &b, &d, A, later, at(32)), Admission::Send);
     }
 
     #[test]
@@ -340,9 +356,9 @@ mod tests {
         let open = after_attempt(None, &b, false, 5, at(0)).unwrap();
         // Its schedule ends at 3 s, the probe comes at 30 s: holding it would cost it its
         // attempts, so it is made.
-        assert_eq!(admit(Some(&open), &b, &d, at(3), at(1)), Admission::Send);
+        assert_eq!(admit(Some(&open), &b, &d, A, at(3), at(1)), Admission::Send);
         assert!(matches!(
-            admit(Some(&open), &b, &d, at(30), at(1)),
+            admit(Some(&open), &b, &d, A, at(30), at(1)),
             Admission::Candidate(_)
         ));
     }
@@ -353,7 +369,7 @@ mod tests {
         let d = DeliveryId::parse("dlv_01J0000000000000000000000A").unwrap();
         assert_eq!(after_attempt(None, &off, false, 50, at(0)), None);
         let open = after_attempt(None, &CircuitBreaker::on(), false, 5, at(0)).unwrap();
-        assert_eq!(admit(Some(&open), &off, &d, at(3_600), at(1)), Admission::Send);
+        assert_eq!(admit(Some(&open), &off, &d, A, at(3_600), at(1)), Admission::Send);
     }
 
     #[test]

@@ -897,3 +897,137 @@ async fn given_two_copies_of_a_last_attempt_and_the_first_ones_hand_off_failing_
     assert_eq!(count(&h, &tenant, "dead").await, 1);
     assert_eq!(h.queue.dead_letters().len(), 1, "handed to the dead-letter queue");
 }
+
+#[tokio::test]
+async fn given_a_breaker_opened_by_another_process_then_a_success_made_past_it_closes_it_and_one_failure_does_not_reopen_it(
+) {
+    // Process B's health, read a moment before the outage, shows no failures: for 30 s it
+    // attempts without reading the breaker. Process A's five failures open it, holding
+    // nothing (every delivery failed once and waits for its retry). The endpoint comes back,
+    // and B's attempt succeeds: the save of B's health ends the stored run of failures, so no
+    // attempt reads the breaker any more, and it must not stay open for the next failure to
+    // find past its probe time, probe with, and re-open on one failure.
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let b = hookwise_core::services::Services::new(
+        h.services.ports().clone(),
+        Default::default(),
+        rand::SeedableRng::seed_from_u64(9),
+    );
+    let (tenant, sub) = subscribed(&h, vec![600; 20], CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    ingest(&h, &tenant, 1).await;
+    for task in h.queue.take_visible() {
+        assert_eq!(b.deliver(&task).await.unwrap(), DeliverOutcome::Delivered);
+    }
+    h.clock.advance(Duration::seconds(1));
+    up.store(false, Ordering::SeqCst);
+    ingest(&h, &tenant, 5).await;
+    h.drain_now().await;
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Open);
+    assert!(h.scheduler.held(&sub.id, 10).await.unwrap().is_empty(), "nothing held");
+
+    h.clock.advance(Duration::seconds(10));
+    up.store(true, Ordering::SeqCst);
+    ingest(&h, &tenant, 1).await;
+    for task in h.queue.take_visible() {
+        assert_eq!(b.deliver(&task).await.unwrap(), DeliverOutcome::Delivered);
+    }
+    let stored = h.store.circuit(&sub.id).await.unwrap().unwrap();
+    assert_eq!(
+        stored.state,
+        CircuitState::Closed,
+        "the success that ended the stored run of failures closes it: {stored:?}"
+    );
+
+    // Past the probe time, the endpoint fails again: the threshold's failures open it, not one.
+    h.clock.advance(Duration::seconds(30));
+    up.store(false, Ordering::SeqCst);
+    let posted = h.sender.requests.lock().unwrap().len();
+    ingest(&h, &tenant, 3).await;
+    h.drain_now().await;
+    assert_eq!(
+        h.sender.requests.lock().unwrap().len(),
+        posted + 3,
+        "each attempt made, none held"
+    );
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Closed);
+}
+
+#[tokio::test]
+async fn given_a_half_open_breakers_probe_deferred_by_the_rate_limit_then_a_stale_copy_of_its_delivery_does_not_reopen_it_and_the_probe_decides(
+) {
+    // One delivery, to an endpoint limited to 1 a second whose breaker opens on one failure.
+    // Its first attempt fails and opens the breaker; its retry, 10 s on, is queued to be the
+    // probe at 30 s (held till 35 s, its schedule's last attempt). Then the probe waits for a
+    // rate-limit slot 10 s ahead: the delivery's next attempt is moved to the slot (a write
+    // since the probe began), unattempted. A copy of its first attempt's message comes back
+    // (a handler that died after recording it): the delivery's last recorded outcome, a 503,
+    // is not the probe's.
+    use hookwise_core::ports::QueueMessage;
+    use hookwise_core::services::QueueRole;
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let breaker = CircuitBreaker {
+        failure_threshold: 1,
+        ..CircuitBreaker::on()
+    };
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![10, 25], Some(1), breaker))
+        .await
+        .unwrap()
+        .subscription;
+    ingest(&h, &tenant, 1).await;
+    h.drain_now().await;
+    let first = h.queue.log.lock().unwrap()[0].0.clone();
+    assert_eq!((first.round, first.attempt), (0, 1));
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Open);
+    h.run_for(Duration::seconds(29), Duration::seconds(1)).await;
+    assert_eq!(
+        h.sender.requests.lock().unwrap().len(),
+        1,
+        "the retry waits to be the probe"
+    );
+
+    // The probe time: ten turns are taken first, and the probe is sent back for its slot.
+    h.clock.advance(Duration::seconds(1));
+    for _ in 0..10 {
+        h.store
+            .limit_rate(&sub.id, std::time::Duration::from_secs(1), h.clock.now(), Arrival::New)
+            .await
+            .unwrap();
+    }
+    let probe = h.queue.take_visible().pop().expect("the probe's message");
+    assert!(matches!(
+        h.services.deliver(&probe).await.unwrap(),
+        DeliverOutcome::RateLimited { .. }
+    ));
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::HalfOpen);
+
+    let copy = QueueMessage {
+        message_id: "first-again".into(),
+        task: Ok(first),
+        redriven: false,
+        receive_count: 2,
+    };
+    h.services.handle_messages(QueueRole::Delivery, &[copy], None).await;
+    assert_eq!(
+        circuit_state(&h, &tenant, &sub).await,
+        CircuitState::HalfOpen,
+        "the probe's attempt is not made yet: a stale copy says nothing of it"
+    );
+
+    // The probe comes for its slot and decides (made as its schedule's last attempt, on the
+    // breaker read fresh): the endpoint is up, and the breaker closes.
+    up.store(true, Ordering::SeqCst);
+    h.run_for(Duration::seconds(15), Duration::seconds(1)).await;
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Closed);
+    assert_eq!(count(&h, &tenant, "delivered").await, 1);
+    assert_eq!(
+        h.sender.requests.lock().unwrap().len(),
+        2,
+        "the first attempt and the probe"
+    );
+}

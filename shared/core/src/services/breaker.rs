@@ -4,11 +4,12 @@
 //!
 //! What it costs: an endpoint whose latest attempt succeeded costs nothing (its breaker is
 //! closed, and not read). Once attempts fail, its breaker is read, kept by the process for
-//! [`CIRCUIT_TTL`]. It is written on each change of state and each probe. A held attempt is
-//! one read of the breaker (fresh: an attempt is never held on an old copy), a write moving
-//! the delivery's next attempt to its give-up time (so the sweep leaves it be), and its parking
-//! (`SchedulerTable::hold`); nothing more while held, however long. Its release is one
-//! message.
+//! [`CIRCUIT_TTL`]; and a save of the endpoint's health that ends a stored run of failures
+//! reads it once, fresh, to close it if it was left open. It is written on each change of
+//! state and each probe. A held attempt is one read of the breaker (fresh: an attempt is
+//! never held on an old copy), a write moving the delivery's next attempt to its give-up time
+//! (so the sweep leaves it be), and its parking (`SchedulerTable::hold`); nothing more while
+//! held, however long. Its release is one message.
 //!
 //! Held attempts are released, after the probe that closed the breaker, page by page: the
 //! closing call releases the first, and the first released attempt to find the release going
@@ -138,7 +139,8 @@ impl Services {
         let mut circuit = self.kept_circuit(sub, false).await?;
         for fresh in [false, true] {
             let now = self.now();
-            match circuit::admit(circuit.as_ref(), breaker, &task.delivery_id, gives_up_at, now) {
+            let attempt = (task.round, task.attempt);
+            match circuit::admit(circuit.as_ref(), breaker, &task.delivery_id, attempt, gives_up_at, now) {
                 Admission::Send => return Ok(Gate::Attempt { circuit, probe: false }),
                 Admission::ProbeAgain => return Ok(Gate::Attempt { circuit, probe: true }),
                 Admission::Probe(claim) => {
@@ -251,19 +253,49 @@ impl Services {
         let Some(next) = circuit::after_attempt(circuit.as_ref(), breaker, success, failures, now) else {
             return Ok(None);
         };
-        let opening =
-            next.state == CircuitState::Open && circuit.as_ref().is_none_or(|c| c.state == CircuitState::Closed);
-        if opening {
+        if next.state == CircuitState::Open {
             // The failures that open it are stored first: an attempt reads the breaker only
             // when the endpoint's health shows failures, so a process that never saw these
             // (another, or this one started afresh after a crash) must find them stored, or
-            // its attempts go past an open breaker that nobody probes or closes.
-            self.save_health(&sub.id, now).await?;
+            // its attempts go past an open breaker that nobody probes or closes. And so is the
+            // failed probe's that re-opens it: a save ending the stored run with an older
+            // success would close it (`close_after_success`).
+            self.save_health(sub, now).await?;
         }
         match self.write_circuit(sub, &next, circuit.as_ref()).await? {
             true => Ok(Some((circuit, next))),
             false => Ok(None),
         }
+    }
+
+    /// A save of the endpoint's health is about to end a stored run of failures with a
+    /// success (one made past the breaker, by a process whose health showed no failures): the
+    /// breaker, read fresh, is closed as a probe's success closes it, and what it held
+    /// released. Not one half open with its probe in flight (the probe decides), nor one
+    /// turned off (the scheduler's tick releases what it holds). An error stops the save, so
+    /// the run stays stored and the next save tries again.
+    pub(super) async fn close_after_success(&self, sub: &Subscription) -> Result<()> {
+        let breaker = &sub.circuit_breaker;
+        if !breaker.enabled {
+            return Ok(());
+        }
+        let Some(read) = self.kept_circuit(sub, true).await? else {
+            return Ok(());
+        };
+        let now = self.now();
+        let probing = read.state == CircuitState::HalfOpen && read.next_probe_at.is_some_and(|at| now < at);
+        if probing {
+            return Ok(());
+        }
+        let Some(next) = circuit::after_attempt(Some(&read), breaker, true, 0, now) else {
+            return Ok(()); // closed
+        };
+        // Another change came first (a probe's claim, a closing): that one stands.
+        if self.write_circuit(sub, &next, Some(&read)).await? {
+            tracing::info!(subscription_id = %sub.id, "circuit breaker closed: the endpoint's attempts succeed again");
+            self.after_move(sub, Some(&read), next).await?;
+        }
+        Ok(())
     }
 
     /// What follows a change of the breaker from `read` to `next`: the next probe queued
@@ -361,6 +393,7 @@ impl Services {
         self.schedule_attempt(first.task.clone(), at).await?;
         let claim = Circuit {
             probe: Some(first.task.delivery_id.clone()),
+            probe_attempt: Some((first.task.round, first.task.attempt)),
             version: circuit.version + 1,
             ..circuit.clone()
         };
@@ -391,8 +424,8 @@ impl Services {
 
     /// A held (or released) attempt that found its delivery moved on: if it was on its way to
     /// be the probe, another is queued instead; if it was the probe (its breaker half open),
-    /// its outcome moves the breaker, as its attempt's would have (that move, or the process
-    /// making it, failed).
+    /// the outcome of the probe's attempt, once recorded, moves the breaker, as that attempt
+    /// would have (that move, or the process making it, failed).
     pub(super) async fn probe_moved_on(&self, delivery: &Delivery) -> Result<()> {
         let Some(sub) = self
             .kept_subscription(&delivery.tenant_id, &delivery.subscription_id)
@@ -417,14 +450,25 @@ impl Services {
                 ..circuit.clone()
             },
             CircuitState::HalfOpen => {
-                // Only a move made since the probe began is its outcome (an older copy of its
-                // message, stale already, says nothing of it): a 2xx, or a 429 (up, pacing).
-                // (The delivery item is all this reads: the Deliver role may not query the
-                // table for its attempt log.)
-                let began = circuit
-                    .next_probe_at
-                    .map(|at| at - sub.circuit_breaker.probe_interval());
-                if began.is_none_or(|b| delivery.updated_at < b) {
+                // Only the probe's attempt, recorded, is its outcome: a 2xx, or a 429 (up,
+                // pacing). Another move of the delivery (the probe sent back for a rate-limit
+                // slot, the sweep's re-marking) leaves its last outcome an older attempt's,
+                // and the probe still on its way. (The delivery item is all this reads: the
+                // Deliver role may not query the table for its attempt log.)
+                let made = match circuit.probe_attempt {
+                    // That attempt recorded, or the delivery gone past it (a later round, or
+                    // settled without it): the probe will not be made.
+                    Some((round, attempt)) => {
+                        delivery.round > round
+                            || (delivery.round == round && (delivery.attempts >= attempt || delivery.status.is_final()))
+                    }
+                    // A breaker stored before the probe's attempt was kept: a move made since
+                    // the probe began.
+                    None => circuit
+                        .next_probe_at
+                        .is_some_and(|at| delivery.updated_at >= at - sub.circuit_breaker.probe_interval()),
+                };
+                if !made {
                     return Ok(());
                 }
                 let success = delivery.status == DeliveryStatus::Delivered || delivery.last_status_code == Some(429);

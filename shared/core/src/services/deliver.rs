@@ -244,7 +244,7 @@ impl Services {
             Err(e) => return Err(e.into()),
         }
         self.record_health(
-            &sub.id,
+            &sub,
             HealthSample {
                 at: now,
                 success: outcome.is_success(),

@@ -12,7 +12,8 @@
 //! Paths that read to write (PATCH, rotate-secret, the 410's disabling) read the store.
 //!
 //! Endpoint health is kept the same way, with the samples this process recorded since it
-//! last saved them: a save (read the stored samples, add these, write) happens at most every
+//! last saved them: a save (read the stored samples, add these, write; a save ending a stored
+//! run of failures closes the endpoint's breaker first) happens at most every
 //! `HEALTH_SAVE_EVERY` per endpoint and process, not on every attempt. Health is advisory: two
 //! processes saving the same endpoint at the same moment can drop one's samples, and a
 //! process that stops holds its unsaved ones.
@@ -267,11 +268,11 @@ impl Services {
     /// Record an attempt's outcome against its endpoint; save what is unsaved if the last
     /// save is `HEALTH_SAVE_EVERY` old (or there was none). Failing to save is logged, not
     /// fatal: health is advisory.
-    pub(crate) async fn record_health(&self, sub: &SubscriptionId, sample: HealthSample) {
+    pub(crate) async fn record_health(&self, sub: &Subscription, sample: HealthSample) {
         let now = self.now();
         let due = {
             let mut kept = self.kept_healths();
-            let entry = kept.entry(sub.clone()).or_insert_with(KeptHealth::unread);
+            let entry = kept.entry(sub.id.clone()).or_insert_with(KeptHealth::unread);
             entry.health.record(sample);
             entry.unsaved.push(sample);
             let every = chrono::Duration::from_std(HEALTH_SAVE_EVERY).unwrap_or_default();
@@ -280,29 +281,39 @@ impl Services {
         if due {
             if let Err(err) = self.save_health(sub, now).await {
                 self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
-                tracing::warn!(error = %err, subscription_id = %sub, "could not save endpoint health");
+                tracing::warn!(error = %err, subscription_id = %sub.id, "could not save endpoint health");
             }
         }
     }
 
-    /// Add this process's unsaved samples to the stored ones.
-    pub(super) async fn save_health(&self, sub: &SubscriptionId, now: DateTime<Utc>) -> Result<()> {
-        let unsaved = match self.kept_healths().get_mut(sub) {
-            Some(k) => {
+    /// Add this process's unsaved samples to the stored ones. A save that ends a stored run
+    /// of failures with a success closes the endpoint's breaker first, if it is left open
+    /// (`close_after_success`).
+    pub(super) async fn save_health(&self, sub: &Subscription, now: DateTime<Utc>) -> Result<()> {
+        let id = &sub.id;
+        let unsaved = match self.kept_healths().get_mut(id) {
+            Some(k) if !k.unsaved.is_empty() => {
                 k.saved_at = Some(now);
                 std::mem::take(&mut k.unsaved)
             }
-            None => return Ok(()),
+            _ => return Ok(()),
         };
         let saved = async {
-            let mut stored = self.ports.store.endpoint_health(sub).await?;
+            let mut stored = self.ports.store.endpoint_health(id).await?;
+            let failing = stored.consecutive_failures() > 0;
             stored.merge(&unsaved);
-            self.ports.store.save_endpoint_health(sub, &stored).await?;
-            Ok::<_, crate::PortError>(stored)
+            if failing && stored.consecutive_failures() == 0 {
+                // Once stored, the success tells every process the breaker is closed (none
+                // reads it), so it is made so before: an open breaker nobody reads would
+                // stay open, for the next failure to find past its probe time and re-open.
+                self.close_after_success(sub).await?;
+            }
+            self.ports.store.save_endpoint_health(id, &stored).await?;
+            Ok::<_, crate::Error>(stored)
         };
         match saved.await {
             Ok(stored) => {
-                if let Some(k) = self.kept_healths().get_mut(sub) {
+                if let Some(k) = self.kept_healths().get_mut(id) {
                     // Samples recorded while saving stay unsaved, and in the kept health.
                     let mut health = stored;
                     health.merge(&k.unsaved);
@@ -313,12 +324,12 @@ impl Services {
             }
             Err(err) => {
                 // Kept for the next save.
-                if let Some(k) = self.kept_healths().get_mut(sub) {
+                if let Some(k) = self.kept_healths().get_mut(id) {
                     let mut back = unsaved;
                     back.append(&mut k.unsaved);
                     k.unsaved = back;
                 }
-                Err(err.into())
+                Err(err)
             }
         }
     }

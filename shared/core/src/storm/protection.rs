@@ -161,6 +161,7 @@ impl<K: Copy> Breaker<K> {
             self.circuit.as_ref(),
             &self.settings,
             &probe,
+            (0, 1),
             DateTime::<Utc>::MAX_UTC,
             at(t),
         ) {

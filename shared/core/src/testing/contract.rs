@@ -1860,6 +1860,7 @@ pub async fn a_circuit_is_written_only_over_the_version_read(b: &dyn ContractBac
         since: t0() + chrono::Duration::nanoseconds(123_456_789),
         next_probe_at: Some(t0() + minutes(1)),
         probe: None,
+        probe_attempt: None,
         released: 0,
         releasing: false,
         version: 1,
@@ -1873,6 +1874,7 @@ pub async fn a_circuit_is_written_only_over_the_version_read(b: &dyn ContractBac
     let probing = Circuit {
         state: CircuitState::HalfOpen,
         probe: Some(fx.task().delivery_id),
+        probe_attempt: Some((0, 1)),
         version: 2,
         ..open.clone()
     };
@@ -1896,6 +1898,7 @@ pub async fn a_circuit_is_written_only_over_the_version_read(b: &dyn ContractBac
         state: CircuitState::Closed,
         next_probe_at: None,
         probe: None,
+        probe_attempt: None,
         released: 500,
         releasing: true,
         version: 3,

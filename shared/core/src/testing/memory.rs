@@ -74,6 +74,14 @@ pub struct MemoryStore {
     pub crash: Arc<CrashPoint>,
 }
 
+impl MemoryStore {
+    /// An endpoint's rate-limit lines as they stand (never used: the default), for a model
+    /// checker to tell its states apart by.
+    pub fn rate_lines(&self, sub: &SubscriptionId) -> crate::rate_limit::Lines {
+        lock(&self.data).rate_lines.get(sub).copied().unwrap_or_default()
+    }
+}
+
 #[async_trait]
 impl Store for MemoryStore {
     async fn create_tenant(&self, tenant: &Tenant) -> PortResult<()> {

@@ -23,8 +23,9 @@
 //!   no round twice (a round replayed before its notice was recorded needs none; a process
 //!   that died between an email and its record may send it once more);
 //! - the endpoint's breaker is closed (or off), and holds nothing; and no attempt stayed held
-//!   longer than [`HELD_AT_MOST`] once the endpoint was up (a probe or a release is always
-//!   on its way: within the probe interval, `PROBE_GRACE` and a page's claim);
+//!   longer than [`HELD_AT_MOST`] once the endpoint was up, or once its message came back from
+//!   a handler that died (a probe or a release is always on its way: within the probe
+//!   interval, `PROBE_GRACE` and a page's claim);
 //! - no delivery whose event the endpoint answered with a 2xx is dead (unless the process
 //!   died right after that POST, before its record: then a later attempt decides), and none
 //!   is dead with fewer attempts than its schedule gives it (unless given up for its deleted
@@ -190,6 +191,10 @@ struct World {
     tenant: Tenant,
     sub: SubscriptionId,
     receives: HashMap<DeliveryTask, u32>,
+    /// When each delivery's message last comes back after a handler that failed or died (its
+    /// visibility timeout): a delivery is let go within the bound of that, not of the
+    /// endpoint coming up, whatever holds it.
+    back_at: HashMap<DeliveryId, DateTime<Utc>>,
     spent: Spent,
 }
 
@@ -275,6 +280,7 @@ impl World {
             tenant,
             sub,
             receives: HashMap::new(),
+            back_at: HashMap::new(),
             spent: Spent::default(),
         }
     }
@@ -444,7 +450,9 @@ impl World {
                 if m.receive_count >= MAX_RECEIVES {
                     self.h.queue.redrive(&[task]);
                 } else {
-                    self.h.queue.put_back(task, self.now() + Duration::seconds(VISIBILITY));
+                    let back = self.now() + Duration::seconds(VISIBILITY);
+                    self.back_at.insert(task.delivery_id.clone(), back);
+                    self.h.queue.put_back(task, back);
                 }
             }
         }
@@ -539,8 +547,7 @@ impl World {
     }
 
     /// The deliveries whose next attempt the breaker holds: parked, or queued to be a probe
-    /// (a retry's next attempt moved to its give-up time; a first attempt's is not moved, and
-    /// is not counted here).
+    /// (its next attempt moved to its give-up time).
     async fn held(&self) -> HashSet<String> {
         let mut tasks: Vec<DeliveryTask> = self.h.queue.messages().into_iter().map(|(t, _)| t).collect();
         tasks.extend(
@@ -686,7 +693,15 @@ impl World {
             if up && self.now() - up_at > Duration::seconds(HELD_AT_MOST) {
                 let parked = self.h.scheduler.held.lock().unwrap().len();
                 let mut unsettled = self.deliveries().await.into_iter();
-                let unsettled = unsettled.find(|d| held.contains(d.id.as_str()) && !d.status.is_final());
+                // A message back from a handler that died is let go within the bound of its
+                // return, not of the endpoint's (a probe that crashed is such a message).
+                let returned = |d: &Delivery| {
+                    self.back_at
+                        .get(&d.id)
+                        .is_some_and(|at| self.now() - *at <= Duration::seconds(HELD_AT_MOST))
+                };
+                let unsettled =
+                    unsettled.find(|d| held.contains(d.id.as_str()) && !d.status.is_final() && !returned(d));
                 if let Some(d) = unsettled
                     .map(|d| d.id.to_string())
                     .or((parked > 0).then(|| "an attempt parked".into()))
@@ -723,11 +738,10 @@ impl World {
             let held = !self.h.scheduler.held.lock().unwrap().is_empty();
             let most = Duration::seconds(if held { 5 } else { 300 });
             let next = self.next_due().unwrap_or(self.now() + most);
-            // Rate-limited, what the tick has just queued to go now (a page released, every
-            // attempt of it at once for the limiter to pace) is handled a second later, not
-            // after time has jumped past it to the next thing due. (The breaker-only world's
-            // fair run is left as it was: there the same jump has not mattered to the bound.)
-            let next = match self.waits.is_some() && !self.visible().is_empty() {
+            // What the tick has just queued to go now (a page released, a probe overdue; every
+            // attempt of a page at once, for a limiter to pace) is handled a second later, not
+            // after time has jumped past it to the next thing due.
+            let next = match !self.visible().is_empty() {
                 true => self.now(),
                 false => next,
             };

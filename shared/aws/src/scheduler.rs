@@ -195,11 +195,12 @@ fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
     ])
 }
 
-/// An endpoint's entry in the list of those holding attempts.
+/// How far the audit of first attempts has got: one item.
 fn audit_key() -> Item {
     HashMap::from([(PARTITION_KEY.to_owned(), s(AUDIT)), (SORT_KEY.to_owned(), s(AUDIT))])
 }
 
+/// An endpoint's entry in the list of those holding attempts.
 fn holding_key(sub: &SubscriptionId) -> Item {
     HashMap::from([
         (

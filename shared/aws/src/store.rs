@@ -937,8 +937,6 @@ impl DynamoStore {
     }
 }
 
-/// A cursor is a `gsi_created` value, `{created_at}#{id}`, as this store hands them out;
-/// anything else is refused rather than used as a bound.
 /// Where the audit of first attempts goes on: a tenant, one of its `by-tenant` keys (its
 /// shards, then the unsharded key: [`listing_keys`]), and the last `gsi_created` read there.
 #[derive(Debug, Clone, PartialEq)]
@@ -976,6 +974,8 @@ impl AuditPlace {
     }
 }
 
+/// A cursor is a `gsi_created` value, `{created_at}#{id}`, as this store hands them out;
+/// anything else is refused rather than used as a bound.
 fn check_cursor(cursor: &str) -> PortResult<()> {
     let valid = cursor
         .split_once('#')
@@ -1576,21 +1576,6 @@ impl Store for DynamoStore {
         Ok(overdue)
     }
 
-    /// `rate_limit::admit`'s rules as conditions on atomic writes (a contract test holds the
-    /// two to the same verdicts), so workers on one endpoint never retry on each other:
-    /// 1. a turn on the send line: `ADD` the interval to `next_turn` while it is between the
-    ///    tolerance behind and [`SLOT_WAIT`] ahead, or `SET` it afresh past now once it has
-    ///    fallen behind (tried first when this process last saw it idle). An attempt back from
-    ///    the backlog marks it `alive`; one that finds the line full comes back for its next
-    ///    turn, read from the refused write. A new attempt takes a turn only while the turn is
-    ///    free now, or no backlog slot (of a backlog alive) is at or after it;
-    /// 2. else a new attempt gets a slot on the backlog: `ADD` the interval to `last_slot`
-    ///    while it is at or after the send line's next turn and the backlog alive, else `SET`
-    ///    it to that turn, alive from now.
-    ///
-    /// One write a verdict most of the time, a wrong guess one more; lines moving between two
-    /// steps go round again. (The SDK's retry of a lost `ADD` wastes a turn or slot: the rate
-    /// dips, never rises.)
     /// Tenant by tenant, and each tenant's `by-tenant` keys one after another (no order across
     /// them is needed: each delivery is met once), about `limit` index entries a call, the
     /// deliveries they name read eventually consistently (a first attempt an hour old is
@@ -1671,9 +1656,13 @@ impl Store for DynamoStore {
         let mut awaiting = Vec::new();
         for k in &entries {
             let Some(item) = items.get(&k.0) else { continue };
-            let d: Delivery = from_item(item)?;
-            if d.awaits_first_message() && created.contains(&d.created_at) {
-                awaiting.push(d);
+            // One item that does not decode must not stop the audit at this place for good.
+            match from_item::<Delivery>(item) {
+                Ok(d) if d.awaits_first_message() && created.contains(&d.created_at) => awaiting.push(d),
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, key = %k.0, "the audit of first attempts skips an item that does not decode")
+                }
             }
         }
         // One whose ingest died before its event is not seen, and never will be.
@@ -1681,6 +1670,21 @@ impl Store for DynamoStore {
         Ok(AuditPage { deliveries, next })
     }
 
+    /// `rate_limit::admit`'s rules as conditions on atomic writes (a contract test holds the
+    /// two to the same verdicts), so workers on one endpoint never retry on each other:
+    /// 1. a turn on the send line: `ADD` the interval to `next_turn` while it is between the
+    ///    tolerance behind and [`SLOT_WAIT`] ahead, or `SET` it afresh past now once it has
+    ///    fallen behind (tried first when this process last saw it idle). An attempt back from
+    ///    the backlog marks it `alive`; one that finds the line full comes back for its next
+    ///    turn, read from the refused write. A new attempt takes a turn only while the turn is
+    ///    free now, or no backlog slot (of a backlog alive) is at or after it;
+    /// 2. else a new attempt gets a slot on the backlog: `ADD` the interval to `last_slot`
+    ///    while it is at or after the send line's next turn and the backlog alive, else `SET`
+    ///    it to that turn, alive from now.
+    ///
+    /// One write a verdict most of the time, a wrong guess one more; lines moving between two
+    /// steps go round again. (The SDK's retry of a lost `ADD` wastes a turn or slot: the rate
+    /// dips, never rises.)
     async fn limit_rate(
         &self,
         sub: &SubscriptionId,

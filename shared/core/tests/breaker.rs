@@ -1031,3 +1031,49 @@ async fn given_a_half_open_breakers_probe_deferred_by_the_rate_limit_then_a_stal
         "the first attempt and the probe"
     );
 }
+
+#[tokio::test]
+async fn given_another_processs_later_success_stored_when_this_one_reaches_the_threshold_then_it_does_not_open_the_breaker(
+) {
+    // Process B's clock is 10 s ahead of A's. B's success is stored first; then A's
+    // failures, made before that success in time, reach A's threshold. Saved before the
+    // opening, they sort before B's success: the endpoint's run of failures is over, and an
+    // opening now would go unread (no process's health shows failures) until a failure
+    // found it past its probe time.
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let ahead = Arc::new(hookwise_core::testing::memory::ManualClock::new(
+        h.clock.now() + Duration::seconds(10),
+    ));
+    let b = hookwise_core::services::Services::new(
+        hookwise_core::services::Ports {
+            clock: ahead,
+            ..h.services.ports().clone()
+        },
+        Default::default(),
+        rand::SeedableRng::seed_from_u64(9),
+    );
+    let (tenant, sub) = subscribed(&h, vec![600; 20], CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    ingest(&h, &tenant, 1).await;
+    for task in h.queue.take_visible() {
+        assert_eq!(b.deliver(&task).await.unwrap(), DeliverOutcome::Delivered);
+    }
+    up.store(false, Ordering::SeqCst);
+    // Six: A's first failure is saved at once (its first sample), and reads B's success.
+    ingest(&h, &tenant, 6).await;
+    for task in h.queue.take_visible() {
+        h.services.deliver(&task).await.unwrap();
+    }
+    let stored = h.store.endpoint_health(&sub.id).await.unwrap();
+    assert_eq!(
+        stored.consecutive_failures(),
+        0,
+        "B's success is the latest: {stored:?}"
+    );
+    assert_eq!(
+        h.store.circuit(&sub.id).await.unwrap().map(|c| c.state),
+        None,
+        "opened on a run of failures the stored health says is over"
+    );
+}

@@ -1252,6 +1252,53 @@ async fn given_first_attempts_whose_messages_the_queue_lost_then_the_audit_queue
 }
 
 #[tokio::test]
+async fn given_deliveries_stored_an_hour_before_the_audits_first_tick_then_they_are_not_audited() {
+    // An older build's: it held and deferred first attempts without moving them, so the audit
+    // starts at its first tick, an hour back, and leaves what came before alone.
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    assert_eq!(h.queue.take_visible().len(), 1);
+    h.clock.advance(Duration::minutes(61));
+    for _ in 0..90 {
+        assert_eq!(h.services.run_scheduler().await.unwrap().audited, 0);
+        h.clock.advance(Duration::minutes(1));
+    }
+}
+
+#[tokio::test]
+async fn given_the_audit_failing_then_the_tick_goes_on_sends_the_digests_and_the_next_tick_audits() {
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![])).await;
+    assert_eq!(h.services.run_scheduler().await.unwrap().audited, 0);
+    for _ in 0..3 {
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    // Two die (the first is told at once, the second waits for the digest), and the third's
+    // message is lost.
+    let tasks = h.queue.take_visible();
+    for task in &tasks[..2] {
+        h.services.deliver(task).await.unwrap();
+        let dead = h.queue.take_dead();
+        h.services.handle_dead_letters(&dead).await.unwrap();
+    }
+    let emails = || h.mailer.sent.lock().unwrap().len();
+    assert_eq!(emails(), 1);
+    h.clock.advance(Duration::minutes(71));
+    h.store.failing_audits.store(1, Ordering::SeqCst);
+    let report = h.services.run_scheduler().await.unwrap();
+    assert_eq!(report.audited, 0, "the audit failed");
+    assert_eq!(emails(), 2, "the digest went out all the same");
+    h.clock.advance(Duration::minutes(1));
+    assert_eq!(
+        h.services.run_scheduler().await.unwrap().audited,
+        1,
+        "and the next tick audits"
+    );
+}
+
+#[tokio::test]
 async fn given_first_attempts_deferred_to_slots_past_the_audits_hour_then_the_audit_leaves_them_be() {
     let (h, clock) = Harness::stepped(ScriptedSender::always(200), Config::default());
     let (tenant, _) = h.tenant("owner@example.com").await;

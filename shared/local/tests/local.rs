@@ -1182,3 +1182,32 @@ async fn a_secret_stored_in_plain_text_by_an_older_build_signs_and_is_sealed_on_
     assert_eq!(requests.len(), 2);
     assert!(signed_with(&requests[1], &plain, clock.now()));
 }
+
+#[tokio::test]
+async fn a_backlog_older_than_the_audits_hour_gets_no_duplicate_messages_here() {
+    // The queue is in the store's database and loses nothing: the audit of first attempts,
+    // which would queue a copy of each first attempt still waiting an hour on, does not run.
+    let (clock, config) = clocked();
+    let backend = LocalBackend::open_temp_with(config).unwrap();
+    let (services, _) = services_on(&backend);
+    let (tenant, _) = services
+        .create_tenant("Acme", Email::parse("ops@acme.example").unwrap())
+        .await
+        .unwrap();
+    let new = serde_json::from_value(serde_json::json!({"url": "https://hooks.example.com/in"})).unwrap();
+    services.create_subscription(&tenant, new).await.unwrap();
+    services.run_scheduler().await.unwrap();
+    for _ in 0..3 {
+        let event = serde_json::from_value(serde_json::json!({"type": "a.b", "payload": {}})).unwrap();
+        services.ingest(&tenant, event, None).await.unwrap();
+    }
+    for _ in 0..80 {
+        clock.advance(secs(60));
+        assert_eq!(services.run_scheduler().await.unwrap().audited, 0);
+    }
+    assert_eq!(
+        backend.queue_len(QueueName::Delivery).await.unwrap(),
+        3,
+        "the backlog, once"
+    );
+}

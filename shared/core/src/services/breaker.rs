@@ -261,6 +261,12 @@ impl Services {
             // failed probe's that re-opens it: a save ending the stored run with an older
             // success would close it (`close_after_success`).
             self.save_health(sub, now).await?;
+            // Saved, the run may be over: another process's success came after these
+            // failures. Opened now, the breaker would go unread (every process sees the run
+            // ended) until a failure found it.
+            if !probe && self.kept_failures(&sub.id) < breaker.failure_threshold {
+                return Ok(None);
+            }
         }
         match self.write_circuit(sub, &next, circuit.as_ref()).await? {
             true => Ok(Some((circuit, next))),
@@ -446,6 +452,7 @@ impl Services {
         let next = match circuit.state {
             CircuitState::Open => Circuit {
                 probe: None,
+                probe_attempt: None,
                 version: circuit.version + 1,
                 ..circuit.clone()
             },
@@ -456,12 +463,10 @@ impl Services {
                 // and the probe still on its way. (The delivery item is all this reads: the
                 // Deliver role may not query the table for its attempt log.)
                 let made = match circuit.probe_attempt {
-                    // That attempt recorded, or the delivery gone past it (a later round, or
-                    // settled without it): the probe will not be made.
-                    Some((round, attempt)) => {
-                        delivery.round > round
-                            || (delivery.round == round && (delivery.attempts >= attempt || delivery.status.is_final()))
-                    }
+                    // That attempt recorded. (A delivery gone past it without it, or replayed
+                    // since, says nothing of it: the probe counts as lost at `next_probe_at`,
+                    // and the next attempt then is the probe.)
+                    Some((round, attempt)) => delivery.round == round && delivery.attempts >= attempt,
                     // A breaker stored before the probe's attempt was kept: a move made since
                     // the probe began.
                     None => circuit

@@ -10,7 +10,7 @@
 
 use std::time::Instant;
 
-use chrono::{DateTime, Duration};
+use chrono::Duration;
 use futures::{StreamExt, TryStreamExt};
 
 use rand::Rng;
@@ -81,7 +81,7 @@ impl Services {
         let moved = self.move_due_retries(until).await?;
         let tended = self.tend_breakers(until).await;
         let requeued = self.sweep_overdue(until).await?;
-        let audited = self.audit_first_attempts(until).await?;
+        let audited = self.audit_in_time(until).await;
         // Emails get their share even when the sweep spent the budget (the Scheduler
         // function's 60 s hold the budget and this).
         let emails = self.send_due_digests(until.max(Instant::now() + EMAIL_SHARE)).await?;
@@ -225,23 +225,46 @@ impl Services {
         }
     }
 
+    /// [`Self::audit_first_attempts`], best effort: what fails is logged and counted, and the
+    /// next tick goes on from the place saved (the digests after it still go out). Not where
+    /// one database holds the store and the queue (`Ports::store_with_queue`): no message is
+    /// lost there, and the audit would only duplicate a backlog's.
+    async fn audit_in_time(&self, until: Instant) -> usize {
+        if self.ports.store_with_queue.is_some() {
+            return 0;
+        }
+        self.audit_first_attempts(until).await.unwrap_or_else(|error| {
+            self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
+            tracing::warn!(%error, "the audit of first attempts failed; the next tick goes on from where it stopped");
+            0
+        })
+    }
+
     /// The audit of first attempts: a first attempt still waiting, `first_attempt_audit_age`
     /// after its ingest, for the message its ingest queued
     /// ([`crate::model::Delivery::awaits_first_message`]) lost it to the queue (past its
     /// retention after a long outage, or in a purge); it is queued again, and marked, so the
-    /// sweep looks after it from then on. Each delivery is looked at once: ranges of creation
-    /// time, at least [`AUDIT_EVERY`] long, each audited page by page, the place reached
-    /// saved after each page (the first range is everything stored until then).
+    /// sweep looks after it from then on (as a retry: again every `requeue_wait` while it
+    /// stays overdue). Each delivery is looked at once: ranges of creation time, at least
+    /// [`AUDIT_EVERY`] long, each audited page by page, the place reached saved after each
+    /// page. The first tick starts the audit at its own cutoff: what was stored an hour or more
+    /// before it (by an older build, which held and deferred first attempts without moving
+    /// them) is not audited.
     async fn audit_first_attempts(&self, until: Instant) -> Result<usize> {
         let age = Duration::from_std(self.config.first_attempt_audit_age).unwrap_or(Duration::hours(1));
         let cutoff = self.now() - age;
-        let mut position = match self.ports.scheduler.audit_position().await? {
+        let scheduler = &self.ports.scheduler;
+        let mut position = match scheduler.audit_position().await? {
             Some(position) => position,
-            None => AuditPosition {
-                from: DateTime::UNIX_EPOCH,
-                to: DateTime::UNIX_EPOCH,
-                after: None,
-            },
+            None => {
+                let start = AuditPosition {
+                    from: cutoff,
+                    to: cutoff,
+                    after: None,
+                };
+                scheduler.save_audit_position(&start).await?;
+                start
+            }
         };
         let mut requeued = 0;
         while Instant::now() < until {
@@ -268,7 +291,7 @@ impl Services {
                     after: None,
                 },
             };
-            self.ports.scheduler.save_audit_position(&position).await?;
+            scheduler.save_audit_position(&position).await?;
         }
         if requeued > 0 {
             tracing::warn!(

@@ -69,6 +69,8 @@ pub struct MemoryStore {
     pub lost_delivery_answers: std::sync::atomic::AtomicU32,
     /// The next this many `finish_digest` calls fail (retryable), writing nothing.
     pub failing_digest_finishes: std::sync::atomic::AtomicU32,
+    /// The next this many pages of the audit of first attempts fail (retryable).
+    pub failing_audits: std::sync::atomic::AtomicU32,
     /// Lookups of API keys so far.
     pub api_key_reads: std::sync::atomic::AtomicU32,
     pub crash: Arc<CrashPoint>,
@@ -355,8 +357,14 @@ impl Store for MemoryStore {
         after: Option<&str>,
         limit: u32,
     ) -> PortResult<AuditPage> {
+        if take_one(&self.failing_audits) {
+            return Err(PortError::retryable(
+                "audit first attempts",
+                "throttled (failing_audits)",
+            ));
+        }
         // In creation order; a page's place is its last delivery's `{created_at}#{id}`.
-        let place = |d: &Delivery| format!("{}#{}", d.created_at.timestamp_micros(), d.id);
+        let place = |d: &Delivery| format!("{}#{}", d.created_at.timestamp_nanos_opt().unwrap_or(i64::MAX), d.id);
         let mut found: Vec<Delivery> = lock(&self.data)
             .deliveries
             .iter()
@@ -799,7 +807,7 @@ impl SchedulerTable for MemoryScheduler {
     }
 }
 
-/// Whether the place `a` (`{micros}#{id}`) comes after `b`, in creation order.
+/// Whether the place `a` (`{nanos}#{id}`) comes after `b`, in creation order.
 fn place_after(a: &str, b: &str) -> bool {
     let split = |p: &str| {
         let (t, id) = p.split_once('#').unwrap_or((p, ""));

@@ -907,19 +907,7 @@ async fn given_a_breaker_opened_by_another_process_then_a_success_made_past_it_c
     // and B's attempt succeeds: the save of B's health ends the stored run of failures, so no
     // attempt reads the breaker any more, and it must not stay open for the next failure to
     // find past its probe time, probe with, and re-open on one failure.
-    let (sender, up) = switchable();
-    let h = Harness::new(sender);
-    let b = hookwise_core::services::Services::new(
-        h.services.ports().clone(),
-        Default::default(),
-        rand::SeedableRng::seed_from_u64(9),
-    );
-    let (tenant, sub) = subscribed(&h, vec![600; 20], CircuitBreaker::on()).await;
-    up.store(true, Ordering::SeqCst);
-    ingest(&h, &tenant, 1).await;
-    for task in h.queue.take_visible() {
-        assert_eq!(b.deliver(&task).await.unwrap(), DeliverOutcome::Delivered);
-    }
+    let (h, b, up, tenant, sub) = another_process_delivered_once(None).await;
     h.clock.advance(Duration::seconds(1));
     up.store(false, Ordering::SeqCst);
     ingest(&h, &tenant, 5).await;
@@ -1040,25 +1028,7 @@ async fn given_another_processs_later_success_stored_when_this_one_reaches_the_t
     // opening, they sort before B's success: the endpoint's run of failures is over, and an
     // opening now would go unread (no process's health shows failures) until a failure
     // found it past its probe time.
-    let (sender, up) = switchable();
-    let h = Harness::new(sender);
-    let ahead = Arc::new(hookwise_core::testing::memory::ManualClock::new(
-        h.clock.now() + Duration::seconds(10),
-    ));
-    let b = hookwise_core::services::Services::new(
-        hookwise_core::services::Ports {
-            clock: ahead,
-            ..h.services.ports().clone()
-        },
-        Default::default(),
-        rand::SeedableRng::seed_from_u64(9),
-    );
-    let (tenant, sub) = subscribed(&h, vec![600; 20], CircuitBreaker::on()).await;
-    up.store(true, Ordering::SeqCst);
-    ingest(&h, &tenant, 1).await;
-    for task in h.queue.take_visible() {
-        assert_eq!(b.deliver(&task).await.unwrap(), DeliverOutcome::Delivered);
-    }
+    let (h, _b, up, tenant, sub) = another_process_delivered_once(Some(Duration::seconds(10))).await;
     up.store(false, Ordering::SeqCst);
     // Six: A's first failure is saved at once (its first sample), and reads B's success.
     ingest(&h, &tenant, 6).await;
@@ -1076,4 +1046,32 @@ async fn given_another_processs_later_success_stored_when_this_one_reaches_the_t
         None,
         "opened on a run of failures the stored health says is over"
     );
+}
+
+/// A harness (process A), a second process B on its ports (its clock `ahead` of A's, on a
+/// clock of its own; else A's), and an endpoint with the default breaker and a long schedule,
+/// up, to which B has delivered one event.
+async fn another_process_delivered_once(
+    ahead: Option<Duration>,
+) -> (
+    Harness,
+    hookwise_core::services::Services,
+    Arc<AtomicBool>,
+    Tenant,
+    Subscription,
+) {
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let mut ports = h.services.ports().clone();
+    if let Some(by) = ahead {
+        ports.clock = Arc::new(hookwise_core::testing::memory::ManualClock::new(h.clock.now() + by));
+    }
+    let b = hookwise_core::services::Services::new(ports, Default::default(), rand::SeedableRng::seed_from_u64(9));
+    let (tenant, sub) = subscribed(&h, vec![600; 20], CircuitBreaker::on()).await;
+    up.store(true, Ordering::SeqCst);
+    ingest(&h, &tenant, 1).await;
+    for task in h.queue.take_visible() {
+        assert_eq!(b.deliver(&task).await.unwrap(), DeliverOutcome::Delivered);
+    }
+    (h, b, up, tenant, sub)
 }

@@ -546,19 +546,17 @@ impl World {
         ]
     }
 
+    /// The attempts the breaker has parked.
+    fn parked(&self) -> Vec<DeliveryTask> {
+        let held = self.h.scheduler.held.lock().unwrap();
+        held.iter().map(|(_, i)| i.task.clone()).collect()
+    }
+
     /// The deliveries whose next attempt the breaker holds: parked, or queued to be a probe
     /// (its next attempt moved to its give-up time).
     async fn held(&self) -> HashSet<String> {
         let mut tasks: Vec<DeliveryTask> = self.h.queue.messages().into_iter().map(|(t, _)| t).collect();
-        tasks.extend(
-            self.h
-                .scheduler
-                .held
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|(_, i)| i.task.clone()),
-        );
+        tasks.extend(self.parked());
         let mut held = HashSet::new();
         for d in self.deliveries().await {
             let next = |t: &DeliveryTask| t.delivery_id == d.id && t.round == d.round && t.attempt == d.attempts + 1;
@@ -639,15 +637,7 @@ impl World {
         let mut tasks: Vec<DeliveryTask> = self.h.queue.messages().into_iter().map(|(t, _)| t).collect();
         tasks.extend(self.h.queue.dead_letters());
         tasks.extend(self.h.scheduler.items.lock().unwrap().iter().map(|i| i.task.clone()));
-        tasks.extend(
-            self.h
-                .scheduler
-                .held
-                .lock()
-                .unwrap()
-                .iter()
-                .map(|(_, i)| i.task.clone()),
-        );
+        tasks.extend(self.parked());
         let extra = usize::from(self.spent.duplicates) + usize::from(self.spent.faults);
         for d in self.deliveries().await {
             if d.status.is_final() {

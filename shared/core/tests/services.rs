@@ -1197,13 +1197,7 @@ async fn given_a_retry_whose_enqueue_was_lost_then_the_sweep_queues_it() {
     let h = Harness::new(first_fails());
     let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![60])).await;
     a_retry_whose_message_is_lost(&h, &tenant, 1).await;
-    let delivery = h
-        .services
-        .list_deliveries(&tenant, DeliveryQuery::default())
-        .await
-        .unwrap()
-        .items[0]
-        .clone();
+    let delivery = deliveries(&h, &tenant).await[0].clone();
     h.clock.advance(Duration::minutes(6));
     assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
     assert_eq!(
@@ -1241,12 +1235,7 @@ async fn given_first_attempts_whose_messages_the_queue_lost_then_the_audit_queue
     }
     assert_eq!(requeued, 3, "each lost first attempt queued again, once");
     assert_eq!(h.drain_now().await, 3);
-    let deliveries = h
-        .services
-        .list_deliveries(&tenant, DeliveryQuery::default())
-        .await
-        .unwrap()
-        .items;
+    let deliveries = deliveries(&h, &tenant).await;
     assert!(deliveries.iter().all(|d| d.status == DeliveryStatus::Delivered));
     assert_eq!(h.sender.requests.lock().unwrap().len(), 3, "one POST each");
 }
@@ -1367,12 +1356,7 @@ async fn given_first_attempts_held_by_an_open_breaker_past_the_audits_hour_then_
         }
         h.clock.advance(Duration::seconds(30));
     }
-    let deliveries = h
-        .services
-        .list_deliveries(&tenant, DeliveryQuery::default())
-        .await
-        .unwrap()
-        .items;
+    let deliveries = deliveries(&h, &tenant).await;
     let never_tried = deliveries.iter().filter(|d| d.attempts == 0).count();
     assert!(never_tried > 20, "{never_tried} first attempts held all along");
     assert_eq!(audited, 0, "first attempts the breaker holds were taken for lost");
@@ -2553,4 +2537,13 @@ async fn given_the_record_of_a_sent_email_failing_once_then_it_is_tried_again_an
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     h.run_for(Duration::minutes(30), Duration::seconds(1)).await;
     assert_eq!(h.mailer.sent.lock().unwrap().len(), 1, "exactly one email");
+}
+
+/// The tenant's deliveries, the first page.
+async fn deliveries(h: &Harness, tenant: &Tenant) -> Vec<Delivery> {
+    h.services
+        .list_deliveries(tenant, DeliveryQuery::default())
+        .await
+        .unwrap()
+        .items
 }

@@ -358,7 +358,8 @@ async fn wait_queue_empty(clients: &AwsClients, url: &str, within: Duration) {
 
 /// The scheduler table: the sum of its cursors' versions (`#CURSOR#{shard}`, bumped
 /// by every `schedule`; `None` if nothing was ever scheduled) and the tasks still waiting
-/// (every item but the cursors and the scheduler's lease, `#LEASE`).
+/// (every item but the cursors, the scheduler's lease, `#LEASE`, and the audit's place,
+/// `#AUDIT`).
 async fn scheduler_table(clients: &AwsClients, table: &str) -> (Option<u64>, usize) {
     let out = clients
         .dynamodb
@@ -372,7 +373,7 @@ async fn scheduler_table(clients: &AwsClients, table: &str) -> (Option<u64>, usi
     let mut tasks = 0;
     for item in out.items() {
         let bucket = item.get("bucket").and_then(|b| b.as_s().ok());
-        if bucket.is_some_and(|b| b == "#LEASE") {
+        if bucket.is_some_and(|b| b == "#LEASE" || b == "#AUDIT") {
             continue;
         }
         if bucket.is_some_and(|b| b.starts_with("#CURSOR")) {

@@ -544,6 +544,28 @@ impl DynamoStore {
         Ok(items)
     }
 
+    /// Up to `limit` tenant ids from the directory, in id order, after `after`: the
+    /// directory's keys alone (a tenant's item is not read).
+    async fn tenant_ids(&self, after: Option<&TenantId>, limit: u32) -> Result<Vec<TenantId>, PortError> {
+        let from = after.map_or_else(|| "TEN#".to_owned(), |a| directory_key(a).1);
+        let q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND sk > :from")
+            .expression_attribute_values(":pk", s(TENANT_DIRECTORY))
+            .expression_attribute_values(":from", s(&from));
+        let entries = self.query_up_to(q, limit as usize, "list tenants").await?;
+        entries
+            .iter()
+            .map(|e| {
+                let id = get_s(e, SK)?.trim_start_matches("TEN#");
+                TenantId::parse(id).map_err(|err| corrupt("tenant directory", err.to_string()))
+            })
+            .collect()
+    }
+
     /// Items by key, strongly consistent, 100 a request, some requests at once; keys
     /// DynamoDB leaves unprocessed are asked again with a backoff. Keyed by `pk`.
     async fn batch_get(&self, pks: &[Key], what: &str) -> Result<HashMap<String, Item>, PortError> {
@@ -1152,24 +1174,7 @@ impl Store for DynamoStore {
     }
 
     async fn list_tenants(&self, after: Option<&TenantId>, limit: u32) -> PortResult<Vec<Tenant>> {
-        let from = after.map_or_else(|| "TEN#".to_owned(), |a| directory_key(a).1);
-        let q = self
-            .client
-            .query()
-            .table_name(&self.table)
-            .consistent_read(true)
-            .key_condition_expression("pk = :pk AND sk > :from")
-            .expression_attribute_values(":pk", s(TENANT_DIRECTORY))
-            .expression_attribute_values(":from", s(&from));
-        let entries = self.query_up_to(q, limit as usize, "list tenants").await?;
-        let keys: Vec<Key> = entries
-            .iter()
-            .map(|e| {
-                let id = get_s(e, SK)?.trim_start_matches("TEN#");
-                let id = TenantId::parse(id).map_err(|err| corrupt("tenant directory", err.to_string()))?;
-                Ok(tenant_key(&id))
-            })
-            .collect::<Result<_, PortError>>()?;
+        let keys: Vec<Key> = self.tenant_ids(after, limit).await?.iter().map(tenant_key).collect();
         let found = self.batch_get(&keys, "list tenants").await?;
         // By id, as the directory lists them; one whose item is gone is left out.
         keys.iter().filter_map(|k| found.get(&k.0)).map(from_item).collect()
@@ -1580,7 +1585,8 @@ impl Store for DynamoStore {
     /// them is needed: each delivery is met once), about `limit` index entries a call, the
     /// deliveries they name read eventually consistently (a first attempt an hour old is
     /// settled in every replica). A call stops at the end of a tenant's keys, so one with many
-    /// tenants and nothing stored costs a few small queries each.
+    /// tenants and nothing stored costs a few small queries each (tenants are found by the
+    /// directory's keys, their items unread).
     async fn awaiting_first_message(
         &self,
         created: std::ops::Range<DateTime<Utc>>,
@@ -1590,8 +1596,8 @@ impl Store for DynamoStore {
         const WHAT: &str = "audit first attempts";
         let mut place = match after {
             Some(a) => AuditPlace::decode(a)?,
-            None => match self.list_tenants(None, 1).await?.pop() {
-                Some(first) => AuditPlace::start_of(first.id),
+            None => match self.tenant_ids(None, 1).await?.pop() {
+                Some(first) => AuditPlace::start_of(first),
                 None => return Ok(AuditPage::default()),
             },
         };
@@ -1647,10 +1653,10 @@ impl Store for DynamoStore {
         if next.is_none() {
             // This tenant is done: the next one, if any, from its start.
             next = self
-                .list_tenants(Some(&place.tenant), 1)
+                .tenant_ids(Some(&place.tenant), 1)
                 .await?
                 .pop()
-                .map(|t| AuditPlace::start_of(t.id).encode());
+                .map(|t| AuditPlace::start_of(t).encode());
         }
         let items = self.batch_get_read(&entries, WHAT, false).await?;
         let mut awaiting = Vec::new();

@@ -60,7 +60,7 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::task::{Poll, Waker};
+use std::task::Poll;
 
 use chrono::{DateTime, Duration, Utc};
 use hookwise_core::circuit::{CircuitBreaker, CircuitState};
@@ -69,7 +69,7 @@ use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, QueueMessage, Store};
 use hookwise_core::rate_limit::{Lines, BACKLOG_GONE, TOLERANCE};
 use hookwise_core::services::{Disposition, NewEvent, NewSubscription, Ports, QueueRole, Services};
-use hookwise_core::testing::memory::{status_outcome, CrashPoint, Harness, ManualClock, ScriptedSender};
+use hookwise_core::testing::memory::{status_outcome, CrashPoint, Harness, ManualClock, ScriptedSender, SteppedClock};
 
 /// Events ingested, one delivery each: three, so that an open breaker holds one while a
 /// second waits to be its probe.
@@ -180,7 +180,7 @@ struct World {
     setup: Setup,
     h: Harness,
     /// What the services read and wait on, in the rate-limited world (else the manual clock).
-    waits: Option<Arc<WorkerClock>>,
+    waits: Option<Arc<SteppedClock>>,
     /// When each POST reached the endpoint, in the order sent.
     posted_at: Arc<Mutex<Vec<DateTime<Utc>>>>,
     up: Arc<AtomicBool>,
@@ -229,10 +229,10 @@ impl World {
         // handlers side by side interleave: the same services on the same ports (and the
         // harness's seed), but for the clock they wait on.
         let waits = setup.rate_limit.map(|_| {
-            let waits = Arc::new(WorkerClock {
-                manual: h.clock.clone(),
-                sleepers: Mutex::default(),
-            });
+            // `sleep_until` waits (as a worker waits for its turn) until the model moves time
+            // on (`drive`), where the manual clock jumps at once: two handlers of one batch
+            // interleave, one waiting for its turn while the other takes the next.
+            let waits = Arc::new(SteppedClock::new(h.clock.clone()));
             let ports = Ports {
                 clock: waits.clone(),
                 ..h.services.ports().clone()
@@ -811,55 +811,9 @@ fn message(task: &DeliveryTask, receive_count: u32) -> QueueMessage {
     }
 }
 
-/// The clock the rate-limited world's services read and wait on: the harness's manual clock,
-/// but `sleep_until` waits (as a worker waits for its turn) until the model moves time on
-/// ([`drive`]), where the manual clock jumps at once; so two handlers of one batch interleave,
-/// one waiting for its turn while the other takes the next.
-struct WorkerClock {
-    manual: Arc<ManualClock>,
-    sleepers: Mutex<Vec<(DateTime<Utc>, Waker)>>,
-}
-
-impl WorkerClock {
-    /// When the first handler waiting wakes.
-    fn next_wake(&self) -> Option<DateTime<Utc>> {
-        self.sleepers.lock().unwrap().iter().map(|(at, _)| *at).min()
-    }
-
-    /// Time moves on to `at`, and whoever waited for it is woken.
-    fn move_to(&self, at: DateTime<Utc>) {
-        self.manual.set(at.max(self.manual.now()));
-        let now = self.manual.now();
-        let due: Vec<Waker> = {
-            let mut sleepers = self.sleepers.lock().unwrap();
-            let (due, waiting) = sleepers.drain(..).partition(|(at, _)| *at <= now);
-            *sleepers = waiting;
-            due.into_iter().map(|(_, w)| w).collect()
-        };
-        due.into_iter().for_each(Waker::wake);
-    }
-}
-
-#[async_trait::async_trait]
-impl Clock for WorkerClock {
-    fn now(&self) -> DateTime<Utc> {
-        self.manual.now()
-    }
-    async fn sleep_until(&self, at: DateTime<Utc>) {
-        std::future::poll_fn(|cx| {
-            if self.manual.now() >= at {
-                return Poll::Ready(());
-            }
-            self.sleepers.lock().unwrap().push((at, cx.waker().clone()));
-            Poll::Pending
-        })
-        .await
-    }
-}
-
 /// Run a call of the services to its end: whenever all it does waits for time (`waits`), time
 /// moves on to the first wake. On the manual clock (`None`) nothing waits: it is awaited.
-async fn drive<T>(waits: Option<&WorkerClock>, call: impl std::future::Future<Output = T>) -> T {
+async fn drive<T>(waits: Option<&SteppedClock>, call: impl std::future::Future<Output = T>) -> T {
     let Some(waits) = waits else {
         return call.await;
     };

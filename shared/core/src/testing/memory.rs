@@ -1001,9 +1001,19 @@ impl SteppedClock {
         }
     }
 
+    /// When the first worker waiting wakes.
+    pub fn next_wake(&self) -> Option<DateTime<Utc>> {
+        lock(&self.sleepers).iter().map(|(at, _)| *at).min()
+    }
+
     /// Move time on, and wake whoever was waiting for it.
     pub fn advance(&self, by: Duration) {
-        self.manual.advance(by);
+        self.move_to(self.manual.now() + by);
+    }
+
+    /// Move time on to `at` (never back), and wake whoever was waiting for it.
+    pub fn move_to(&self, at: DateTime<Utc>) {
+        self.manual.set(at.max(self.manual.now()));
         let now = self.manual.now();
         let woken: Vec<_> = {
             let mut sleepers = lock(&self.sleepers);

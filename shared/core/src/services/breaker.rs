@@ -34,7 +34,7 @@ use crate::error::{PortError, Result};
 use crate::metrics;
 use crate::model::{Delivery, DeliveryStatus, Subscription, SubscriptionId, SubscriptionStatus, TenantId};
 use crate::ports::{DeliveryTask, Holding, ScheduledTask};
-use crate::state::{requeued, seconds};
+use crate::state::seconds;
 
 /// How long a process keeps an endpoint's breaker state before reading it again: another
 /// process's opening or closing is seen within this.
@@ -348,15 +348,7 @@ impl Services {
         until: DateTime<Utc>,
         probe_at: Option<(DateTime<Utc>, Option<Claim>)>,
     ) -> Result<DeliverOutcome> {
-        let now = self.now();
-        if !delivery.status.is_final() && delivery.next_attempt_at.is_none_or(|at| at < until) {
-            // The sweep (or, for a first attempt, the audit) would queue it again at its next
-            // attempt's time: not before the end.
-            match self.ports.store.apply_change(&requeued(delivery, now, until)).await {
-                Ok(()) | Err(PortError::ConditionFailed(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        self.next_attempt_not_before(delivery, until).await?;
         let held = DeliveryTask {
             queued_at: None,
             slot: None,

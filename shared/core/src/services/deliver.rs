@@ -337,23 +337,31 @@ impl Services {
             }
             Verdict::Wait(slot) => slot,
         };
-        if !delivery.status.is_final() && delivery.next_attempt_at.is_none_or(|at| at < slot) {
-            match self
-                .ports
-                .store
-                .apply_change(&state::requeued(delivery, self.now(), slot))
-                .await
-            {
-                Ok(()) | Err(PortError::ConditionFailed(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+        self.next_attempt_not_before(delivery, slot).await?;
         let deferred = DeliveryTask {
             slot: Some(slot),
             ..task.clone()
         };
         self.schedule_attempt(deferred, slot - wait).await?;
         Ok(Some(slot))
+    }
+
+    /// An attempt that waits (for its slot, or held by the breaker) until `at`: its delivery's
+    /// next attempt is moved there first if it is sooner, so neither the sweep nor the audit
+    /// of first attempts queues it again meanwhile. A delivery that moved on keeps its move.
+    pub(super) async fn next_attempt_not_before(&self, delivery: &Delivery, at: DateTime<Utc>) -> Result<()> {
+        if delivery.status.is_final() || delivery.next_attempt_at.is_some_and(|next| next >= at) {
+            return Ok(());
+        }
+        match self
+            .ports
+            .store
+            .apply_change(&state::requeued(delivery, self.now(), at))
+            .await
+        {
+            Ok(()) | Err(PortError::ConditionFailed(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// After the change is stored: queue the next attempt, or hand a dead one on.

@@ -61,8 +61,8 @@ const DIGEST_WINDOW: Duration = Duration::from_secs(5);
 /// record (two in a run), the duplicated messages sent beside the real ones (two of an
 /// attempt), and a message SQS sends twice (a lost answer to its send) or hands out again
 /// (its visibility timeout passing under the injected latency), each of which can cost one;
-/// locally, a message the injector hands out again or an attempt's record whose answer it
-/// loses, likewise.
+/// locally, a message the injector hands out again or early (which goes back beside the
+/// message meant for then), or an attempt's record whose answer it loses, likewise.
 const EXTRA_POSTS: u64 = 6;
 /// How long the faults go on after the last event was accepted: longer than a schedule.
 const FAULT_PHASE: Duration = Duration::from_secs(25);
@@ -396,17 +396,16 @@ fn injected_copies(d: &Value) -> Vec<DeliveryTask> {
 
 /// The local host's faults (`hookwise dev --faults`, hookwise-local's `faults` module): the
 /// store's and queues' calls fail before they run or lose their answer after they commit,
-/// and received messages come again (duplicates). Every kind fires several times a run and
-/// the run still converges. (Not `early`, a message handed out before its delay: an
-/// attempt's time is its message's delay, which neither SQS nor the local queue breaks; the
-/// early and stale messages are the injected copies, as on the AWS path.)
-const LOCAL_FAULTS: &str = "seed=11,call-error=0.02,lost-answer=0.02,duplicate=0.05";
+/// and received messages come again (duplicates) or before their time (early: a delivery's
+/// attempt is never made before its schedule's time, whatever message carries it). Every
+/// kind fires several times a run and the run still converges.
+const LOCAL_FAULTS: &str = "seed=11,call-error=0.02,lost-answer=0.02,duplicate=0.05,early=0.05";
 /// The first crash: right after the commit of the first call that writes this many rows.
 /// The 150-subscription event's ingest writes about 300 rows in one call; no other call of
 /// the run writes more than a few dozen.
 const ABORT_AFTER_ROWS: u64 = 150;
 /// The kinds [`LOCAL_FAULTS`] and the crash inject, as `faults.log` names them.
-const LOCAL_FAULT_KINDS: [&str; 4] = ["call-error", "lost-answer", "duplicate", "abort"];
+const LOCAL_FAULT_KINDS: [&str; 5] = ["call-error", "lost-answer", "duplicate", "early", "abort"];
 
 impl Local {
     /// `<data-dir>/faults.log`: one line, `<kind> <call>`, per fault fired, over every run.
@@ -946,11 +945,17 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
             match (d["status"] == "delivered", answered) {
                 (true, false) => {
                     f.delivered_unanswered += 1;
-                    eprintln!("said delivered, never answered: {}", story(d, hits, &key, backend));
+                    eprintln!(
+                        "said delivered, never answered: {}",
+                        story(d, hits, &key, backend, &api).await
+                    );
                 }
                 (false, true) => {
                     f.answered_undelivered += 1;
-                    eprintln!("answered, not said delivered: {}", story(d, hits, &key, backend));
+                    eprintln!(
+                        "answered, not said delivered: {}",
+                        story(d, hits, &key, backend, &api).await
+                    );
                 }
                 _ => {}
             }
@@ -959,7 +964,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
                 f.over_posted += 1;
                 eprintln!(
                     "{posts} POSTs for {attempts} attempts: {}",
-                    story(d, hits, &key, backend)
+                    story(d, hits, &key, backend, &api).await
                 );
             }
             match d["status"].as_str().unwrap() {
@@ -968,19 +973,25 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
                     f.dead += 1;
                     if attempts != (SCHEDULE.len() + 1) as u64 {
                         f.dead_off_schedule += 1;
-                        eprintln!("dead after {attempts} attempts: {}", story(d, hits, &key, backend));
+                        eprintln!(
+                            "dead after {attempts} attempts: {}",
+                            story(d, hits, &key, backend, &api).await
+                        );
                     }
                     let behaviour = behaviour_of[d["subscription_id"].as_str().unwrap()];
                     // Only the always-failing endpoint's die, and no sooner than its schedule's
                     // end.
                     if behaviour != Behaviour::AlwaysFails || lifetime(d) < SCHEDULE_SPAN {
                         f.early_deaths += 1;
-                        eprintln!("early death ({behaviour:?}): {}", story(d, hits, &key, backend));
+                        eprintln!(
+                            "early death ({behaviour:?}): {}",
+                            story(d, hits, &key, backend, &api).await
+                        );
                     }
                     match notices.get(id).copied().unwrap_or(0) {
                         0 => {
                             f.notices_missing += 1;
-                            eprintln!("dead without a notice: {}", story(d, hits, &key, backend));
+                            eprintln!("dead without a notice: {}", story(d, hits, &key, backend, &api).await);
                         }
                         1 => {}
                         _ => f.notices_repeated += 1,
@@ -1038,26 +1049,35 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
 }
 
 /// A delivery that went wrong, for the report: as the API has it, when its endpoint got its
-/// POSTs, and the faults injected on its messages (where the backend knows).
-fn story(d: &Value, hits: &Hits, key: &Key, backend: &impl Backend) -> String {
-    let created = d["created_at"]
-        .as_str()
-        .unwrap()
-        .parse::<chrono::DateTime<chrono::Utc>>()
-        .unwrap();
-    let times: Vec<String> = hits
+/// POSTs and when its recorded attempts started, and the faults injected on its messages
+/// (where the backend knows).
+async fn story(d: &Value, hits: &Hits, key: &Key, backend: &impl Backend, api: &Api) -> String {
+    let time = |v: &Value| v.as_str().unwrap().parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+    let created = time(&d["created_at"]);
+    let after_creation = |t: chrono::DateTime<chrono::Utc>| format!("{:.2}", (t - created).as_seconds_f64());
+    let posts: Vec<String> = hits
         .times
         .lock()
         .unwrap()
         .get(key)
         .into_iter()
         .flatten()
-        .map(|t| format!("{:.2}", (*t - created).as_seconds_f64()))
+        .map(|t| after_creation(*t))
+        .collect();
+    let id = d["id"].as_str().unwrap();
+    let detail = get_ok(api, &format!("/v1/deliveries/{id}")).await;
+    let attempts: Vec<String> = detail["attempts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| format!("#{} at {}", a["attempt"], after_creation(time(&a["started_at"]))))
         .collect();
     format!(
-        "{d}\n  its endpoint's POSTs, in s after its creation: {}\n  faults on its messages: {:?}",
-        times.join(", "),
-        backend.faults_on(d["id"].as_str().unwrap())
+        "{d}\n  its endpoint's POSTs, in s after its creation: {}\n  its attempts as recorded: {}\n  \
+         faults on its messages: {:?}",
+        posts.join(", "),
+        attempts.join(", "),
+        backend.faults_on(id)
     )
 }
 

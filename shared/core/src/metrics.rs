@@ -22,6 +22,8 @@ pub const DEAD: &str = "Dead";
 pub const STALE: &str = "Stale";
 /// First attempts that arrived before their delivery was stored, looked at again.
 pub const NOT_STORED_YET: &str = "NotStoredYet";
+/// Messages that came before their attempt's time, queued again for then.
+pub const EARLY: &str = "Early";
 /// Attempts the endpoint's rate limit deferred to their slot, not attempted.
 pub const RATE_LIMITED: &str = "RateLimited";
 /// Attempts an open circuit breaker held, breakers opened, and held attempts released.

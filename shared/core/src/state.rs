@@ -99,6 +99,7 @@ pub fn after_attempt(
         status,
         attempts: attempt,
         next_attempt_at,
+        not_before: next_attempt_at,
         last_delay_seconds: last_delay,
         last_status_code: outcome.status_code,
         last_error: failed.then(|| outcome.describe()),
@@ -132,6 +133,7 @@ pub fn give_up(delivery: &Delivery, reason: &str, now: DateTime<Utc>) -> Option<
     let next = Delivery {
         status: DeliveryStatus::Dead,
         next_attempt_at: None,
+        not_before: None,
         last_error: Some(reason.to_owned()),
         updated_at: now,
         ..delivery.clone()
@@ -153,6 +155,7 @@ pub fn replay(delivery: &Delivery, now: DateTime<Utc>) -> Option<DeliveryChange>
         round: delivery.round + 1,
         attempts: 0,
         next_attempt_at: Some(now),
+        not_before: None,
         last_delay_seconds: None,
         held_until: None,
         updated_at: now,

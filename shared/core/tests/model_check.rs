@@ -1,14 +1,13 @@
 //! The model checker: every interleaving, to a bound, of what can happen to three deliveries to
 //! one endpoint with a circuit breaker: messages handed out in any order (a delay is another
-//! message going first), twice, or back after a handler that failed; the scheduler's ticks;
-//! time moving; a failed step (a delivery's write, the breaker's, a queue send, a dead-letter
-//! hand-off: the handler stops there and its message comes back); a delivery's write whose
-//! answer is lost; the process dying after any of its next one to three writes, POSTs or
-//! emails (between any two of a step's, as a crash or a Lambda timing out mid-batch leaves
-//! it: between a POST and its record, an email and its own; what it did stays, and it starts
-//! again with nothing kept); the endpoint going
-//! down and up; the owner turning the breaker off, deleting the subscription, or replaying a
-//! dead delivery.
+//! message going first), twice, before their time, or back after a handler that failed; the
+//! scheduler's ticks; time moving; a failed step (a delivery's write, the breaker's, a queue
+//! send, a dead-letter hand-off: the handler stops there and its message comes back); a
+//! delivery's write whose answer is lost; the process dying after any of its next one to three
+//! writes, POSTs or emails (between any two of a step's, as a crash or a Lambda timing out
+//! mid-batch leaves it: between a POST and its record, an email and its own; what it did
+//! stays, and it starts again with nothing kept); the endpoint going down and up; the owner
+//! turning the breaker off, deleting the subscription, or replaying a dead delivery.
 //!
 //! The search is stateless, with replay: a path is a list of choices, and each path runs from
 //! a fresh world (the real services on the in-memory ports, a manual clock, seeded ids), so
@@ -29,9 +28,10 @@
 //! - no delivery whose event the endpoint answered with a 2xx is dead (unless the process
 //!   died right after that POST, before its record: then a later attempt decides), and none
 //!   is dead with fewer attempts than its schedule gives it (unless given up for its deleted
-//!   subscription);
+//!   subscription), and none had a retry sooner after the attempt before it than its schedule
+//!   says;
 //! - no delivery has had more POSTs than its recorded attempts and one for each duplicated
-//!   message or failed step the path holds, in any state along the way.
+//!   or early message or failed step the path holds, in any state along the way.
 //!
 //! The same world is checked a second time with the subscription rate-limited ([`LIMITED`]: one
 //! POST a second, the breaker still on), so that the limiter is in every step too. There the
@@ -107,8 +107,9 @@ const LIMITED: Setup = Setup {
 /// room. The schedule's span (330 s) is longer, so an attempt left held till it gives up
 /// shows.
 const HELD_AT_MOST: i64 = 90;
-/// The schedule's attempts: the first and two retries (30 s and 300 s after).
-const ATTEMPTS: usize = 3;
+/// The schedule's delays, without jitter: the first attempt and two retries.
+const SCHEDULE: [u64; 2] = [30, 300];
+const ATTEMPTS: usize = SCHEDULE.len() + 1;
 /// How long a message a handler did not finish stays hidden (the Deliver queue's).
 const VISIBILITY: i64 = 180;
 /// Receives before the queue moves a message to the dead-letter queue.
@@ -141,6 +142,10 @@ enum Action {
     Receive(usize),
     /// ... and will hand it out again (SQS delivers at least once).
     Duplicate(usize),
+    /// The queue hands out the delayed message due soonest, before its time: a copy sent
+    /// again at once, or an operator's redrive of the dead-letter queue. (Shares the
+    /// duplicates' budget: one of the two a path.)
+    Early,
     /// (Rate-limited world only.) The queue hands out its visible messages (up to three, in
     /// the order queued) as one batch, handled side by side.
     Together,
@@ -246,7 +251,7 @@ impl World {
             url: EndpointUrl::parse("https://hooks.example.com/in").unwrap(),
             event_types: vec![EventTypeFilter::all()],
             owner_email: None,
-            retry_policy: Some(RetryPolicy::custom(vec![30, 300], Jitter::None, false).unwrap()),
+            retry_policy: Some(RetryPolicy::custom(SCHEDULE.to_vec(), Jitter::None, false).unwrap()),
             timeout_ms: None,
             rate_limit_per_second: setup.rate_limit,
             auto_disable_after_hours: None,
@@ -316,6 +321,9 @@ impl World {
         let mut actions: Vec<Action> = (0..visible.min(3)).map(Action::Receive).collect();
         if self.spent.duplicates == 0 {
             actions.extend((0..visible.min(2)).map(Action::Duplicate));
+            if self.h.queue.messages().len() > visible {
+                actions.push(Action::Early);
+            }
         }
         if self.waits.is_some() && visible >= 2 {
             actions.push(Action::Together);
@@ -361,6 +369,17 @@ impl World {
                     self.spent.duplicates += 1;
                     h.queue.put_back(task.clone(), self.now());
                 }
+                self.receive(vec![task]).await;
+            }
+            Action::Early => {
+                self.spent.duplicates += 1;
+                let now = self.now();
+                let messages = h.queue.messages();
+                let soonest = (0..messages.len())
+                    .filter(|i| messages[*i].1 > now)
+                    .min_by_key(|i| messages[*i].1)
+                    .expect("a delayed message");
+                let (task, _) = h.queue.take_at(soonest);
                 self.receive(vec![task]).await;
             }
             Action::Together => {
@@ -770,6 +789,21 @@ impl World {
                     "{} died after {} of its schedule's {ATTEMPTS} attempts",
                     d.id, d.attempts
                 ));
+            }
+            // No retry before its schedule's delay after the attempt before it, whatever
+            // message carried it.
+            let attempts = self.h.store.attempts(&d.id).await.unwrap();
+            for pair in attempts.windows(2).filter(|p| p[0].round == p[1].round) {
+                let asked = SCHEDULE.get(pair[0].attempt as usize - 1).copied().unwrap_or(0) as i64;
+                let gap = pair[1].started_at - pair[0].started_at;
+                if gap < Duration::seconds(asked) {
+                    return Err(format!(
+                        "{}: attempt {} came {} s after the one before, its schedule asked {asked} s",
+                        d.id,
+                        pair[1].attempt,
+                        gap.num_seconds()
+                    ));
+                }
             }
             let dead_rounds = d.round as usize + usize::from(d.status == DeliveryStatus::Dead);
             let told = emails

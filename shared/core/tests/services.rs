@@ -359,6 +359,49 @@ async fn given_a_duplicated_message_then_no_second_attempt_is_made_or_recorded()
     assert_eq!(h.sender.requests.lock().unwrap().len(), 1);
 }
 
+/// A copy of a retry's message that comes before the retry's time (sent again at once, or an
+/// operator's redrive of the dead-letter queue) makes no attempt: it goes back to arrive then,
+/// and the attempt is made then, once.
+#[tokio::test]
+async fn given_a_retrys_message_before_its_time_then_it_goes_back_until_then_and_the_attempt_waits() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![60])))
+        .await
+        .unwrap();
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let first = h.queue.take_visible().pop().unwrap();
+    let started = h.clock.now();
+    let DeliverOutcome::Retrying { at } = h.services.deliver(&first).await.unwrap() else {
+        panic!("the first attempt fails");
+    };
+    assert_eq!(at, started + Duration::seconds(60));
+    let retry = h.queue.messages().pop().unwrap().0;
+
+    // The retry's message, 20 s after the failure, 40 s early.
+    h.clock.advance(Duration::seconds(20));
+    assert_eq!(h.services.deliver(&retry).await.unwrap(), DeliverOutcome::Early { at });
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 1, "no attempt before its time");
+    let back = h.queue.messages();
+    assert_eq!(back.len(), 2, "the copy went back beside the message meant for then");
+    assert!(
+        back.iter().all(|(task, visible)| *task == retry && *visible >= at),
+        "both come at the retry's time: {back:?}"
+    );
+
+    // Then: one attempt, on time; the second copy is stale.
+    h.clock.set(at);
+    let outcomes = h.services.deliver_batch(&h.queue.take_visible()).await;
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "{outcomes:?}");
+    let (_, attempts) = h
+        .services
+        .get_delivery(&tenant, &ingested.deliveries[0].id)
+        .await
+        .unwrap();
+    assert_eq!(attempts[1].started_at, at);
+}
+
 #[tokio::test]
 async fn given_retries_switched_off_for_the_tenant_then_the_first_failure_is_final() {
     let h = Harness::new(ScriptedSender::always(500));

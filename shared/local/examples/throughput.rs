@@ -171,6 +171,7 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                     round: 0,
                     attempts: 0,
                     next_attempt_at: Some(now),
+                    not_before: None,
                     last_delay_seconds: None,
                     held_until: None,
                     last_status_code: None,

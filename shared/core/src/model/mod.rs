@@ -259,6 +259,13 @@ pub struct Delivery {
     /// Attempts made in this round.
     pub attempts: u32,
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// The soonest its next attempt may be made: the time its schedule (or the endpoint's
+    /// `Retry-After`) gave the retry. No attempt is made sooner, whatever message carries it
+    /// (a copy sent again at once, an operator's redrive of the dead-letter queue): one that
+    /// comes early goes back until then. `next_attempt_at` starts here and only moves later.
+    /// None: due at once (a first attempt, a replay's).
+    #[serde(default)]
+    pub not_before: Option<DateTime<Utc>>,
     /// The delay waited before the latest retry (decorrelated jitter needs it).
     pub last_delay_seconds: Option<Seconds>,
     pub last_status_code: Option<u16>,
@@ -304,6 +311,7 @@ impl Delivery {
             round: 0,
             attempts: 0,
             next_attempt_at: Some(event.created_at),
+            not_before: None,
             last_delay_seconds: None,
             last_status_code: None,
             last_error: None,

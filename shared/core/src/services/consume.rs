@@ -153,6 +153,7 @@ fn outcome_metric(outcome: &DeliverOutcome) -> &'static str {
         DeliverOutcome::Stale => metrics::STALE,
         DeliverOutcome::NotStoredYet => metrics::NOT_STORED_YET,
         DeliverOutcome::RateLimited { .. } => metrics::RATE_LIMITED,
+        DeliverOutcome::Early { .. } => metrics::EARLY,
         DeliverOutcome::Held { .. } => metrics::HELD,
     }
 }

@@ -34,6 +34,11 @@ pub enum DeliverOutcome {
     RateLimited {
         slot: DateTime<Utc>,
     },
+    /// Before its attempt's time (`Delivery::not_before`): queued again for then, not
+    /// attempted.
+    Early {
+        at: DateTime<Utc>,
+    },
     /// Held by the endpoint's open circuit breaker, not attempted (and not counted): parked
     /// until the breaker closes, or queued to be its next probe; it gives up at `until`.
     Held {
@@ -140,6 +145,9 @@ impl Services {
         };
         if !is_due_attempt(&delivery, task) {
             return self.finish_stale(&delivery, task).await;
+        }
+        if let Some(at) = delivery.not_before.filter(|at| *at > self.now()) {
+            return self.too_early(task, at).await;
         }
         // Independent reads, made at once (on DynamoDB, four round trips become one's wait);
         // the subscription and the tenant usually from what this process keeps (`lookups`).
@@ -454,6 +462,16 @@ impl Services {
         self.tell_of_disabling(delivery).await?;
         tracing::debug!(status = delivery.status.as_str(), "stale message");
         Ok(DeliverOutcome::Stale)
+    }
+
+    /// A message for the attempt its delivery waits for, come before that attempt's time (a
+    /// copy sent again at once, an operator's redrive of the dead-letter queue): it goes back
+    /// to arrive then, unattempted. The message meant for then is still on its way, and
+    /// whichever of the two comes second is stale.
+    async fn too_early(&self, task: &DeliveryTask, at: DateTime<Utc>) -> Result<DeliverOutcome> {
+        self.schedule_attempt(task.clone(), at).await?;
+        tracing::debug!(%at, "a message came before its attempt's time; it goes back until then");
+        Ok(DeliverOutcome::Early { at })
     }
 
     /// A message whose conditional write lost: another copy of it (queues deliver at least

@@ -282,6 +282,7 @@ fn failed(d: &Delivery, at: DateTime<Utc>, delay_minutes: i64) -> Delivery {
         status: DeliveryStatus::Retrying,
         attempts: d.attempts + 1,
         next_attempt_at: Some(at + minutes(delay_minutes)),
+        not_before: Some(at + minutes(delay_minutes)),
         last_delay_seconds: Some(60.0 * delay_minutes as f64),
         // As if the breaker had held the attempt to its give-up time: kept through the store.
         held_until: Some(at),

@@ -20,13 +20,14 @@
 //!
 //! At the end, with the faults off, every event the API accepted must have all its deliveries
 //! `delivered`, or `dead` after the whole schedule (all its attempts), each dead one in exactly
-//! one email. The verdict is the receivers': each delivery is said delivered if and only if
-//! its endpoint answered it with a 2xx in time, and no endpoint got more POSTs for a delivery
-//! than its recorded attempts and [`EXTRA_POSTS`]. Every kind of fault the run injects must
-//! have fired, each host is crashed twice, and the first crash must have caught the
-//! 150-subscription event's ingest (its client sent it again). The suite prints its
-//! figures: events, faults by kind, lost, early deaths, the receivers' verdict, POSTs
-//! received against attempts recorded, and the time to drain.
+//! one email, and no retry made sooner after the attempt before it than the schedule says
+//! (by the attempts' recorded start times). The verdict is the receivers': each delivery is
+//! said delivered if and only if its endpoint answered it with a 2xx in time, and no endpoint
+//! got more POSTs for a delivery than its recorded attempts and [`EXTRA_POSTS`]. Every kind of
+//! fault the run injects must have fired, each host is crashed twice, and the first crash must
+//! have caught the 150-subscription event's ingest (its client sent it again). The suite
+//! prints its figures: events, faults by kind, lost, early deaths and retries, the receivers'
+//! verdict, POSTs received against attempts recorded, and the time to drain.
 
 mod aws_support;
 
@@ -759,6 +760,8 @@ struct Figures {
     /// Dead with other than their schedule's attempts.
     dead_off_schedule: usize,
     early_deaths: usize,
+    /// Retries made sooner after the attempt before them than the schedule says.
+    early_retries: usize,
     notices_missing: usize,
     notices_repeated: usize,
     posts: u64,
@@ -907,6 +910,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         most_extra_posts: 0,
         dead_off_schedule: 0,
         early_deaths: 0,
+        early_retries: 0,
         notices_missing: 0,
         notices_repeated: 0,
         posts: endpoints
@@ -967,6 +971,10 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
                     story(d, hits, &key, backend, &api).await
                 );
             }
+            if attempts > 1 && early_retry(&api, d).await {
+                f.early_retries += 1;
+                eprintln!("a retry before its time: {}", story(d, hits, &key, backend, &api).await);
+            }
             match d["status"].as_str().unwrap() {
                 "delivered" => f.delivered += 1,
                 "dead" => {
@@ -1012,7 +1020,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         "chaos ({name}): {} events accepted ({} deliveries: {} delivered, {} dead), {} kill -9, {} extra queue messages\n\
          the first crash ({crash}) caught the 150-subscription ingest: sent {} times\n\
          faults injected:\n{}\
-         lost: {}  early deaths: {}  dead without a notice: {}  with more than one: {}\n\
+         lost: {}  early deaths: {}  retries before their time: {}  dead without a notice: {}  with more than one: {}\n\
          by the receivers: said delivered but never answered: {}  answered but not said delivered: {}  \
          POSTs past the attempts at most: {} (bound {EXTRA_POSTS}; {} past it)\n\
          POSTs received: {} (by endpoint: {by_behaviour:?}, fan-out {}), connections dropped while down: {}\n\
@@ -1030,6 +1038,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         backend.fault_figures(),
         f.lost,
         f.early_deaths,
+        f.early_retries,
         f.notices_missing,
         f.notices_repeated,
         f.delivered_unanswered,
@@ -1079,6 +1088,25 @@ async fn story(d: &Value, hits: &Hits, key: &Key, backend: &impl Backend, api: &
         attempts.join(", "),
         backend.faults_on(id)
     )
+}
+
+/// Whether a retry of this delivery started sooner after the attempt before it than the
+/// schedule's delay (whatever message carried it: the local injector hands messages out
+/// early).
+async fn early_retry(api: &Api, d: &Value) -> bool {
+    let detail = get_ok(api, &format!("/v1/deliveries/{}", d["id"].as_str().unwrap())).await;
+    let attempts = detail["attempts"].as_array().unwrap();
+    let started = |a: &Value| {
+        a["started_at"]
+            .as_str()
+            .unwrap()
+            .parse::<chrono::DateTime<chrono::Utc>>()
+            .unwrap()
+    };
+    attempts.windows(2).filter(|p| p[0]["round"] == p[1]["round"]).any(|p| {
+        let delay = SCHEDULE[p[0]["attempt"].as_u64().unwrap() as usize - 1];
+        started(&p[1]) - started(&p[0]) < chrono::Duration::seconds(delay as i64)
+    })
 }
 
 /// From a delivery's creation to its last change.
@@ -1131,6 +1159,7 @@ fn check(f: &Figures, backend: &impl Backend) {
     let never = backend.faults_never_fired();
     assert!(never.is_empty(), "fault kinds that never fired: {never:?}");
     assert_eq!(f.early_deaths, 0, "deliveries died before their schedule ran out");
+    assert_eq!(f.early_retries, 0, "retries made before their schedule's delay");
     assert_eq!(f.notices_missing, 0, "dead deliveries without a notice");
     assert_eq!(f.notices_repeated, 0, "dead deliveries told more than once");
     // At most one email per window: a storm of deaths is not a storm of emails.

@@ -63,7 +63,10 @@ async fn flaky_dead_replayed_and_duplicated(launcher: Launcher) {
     let owner = format!("{}@owner.example", aws_support::unique_prefix("o"));
     let local = env.services(Some(MAX_DELAY));
     let (_, key) = local
-        .create_tenant("e2e", Email::parse(&owner).unwrap())
+        .create_tenant(hookwise_core::services::NewTenant::named(
+            "e2e",
+            Email::parse(&owner).unwrap(),
+        ))
         .await
         .expect("tenant");
 

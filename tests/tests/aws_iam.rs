@@ -330,7 +330,10 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     let local = Services::new(ports.clone(), Config::default(), rand::rngs::StdRng::from_os_rng());
     let owner = format!("{}@owner.example", aws_support::unique_prefix("o"));
     let (tenant, key) = local
-        .create_tenant("iam", Email::parse(&owner).unwrap())
+        .create_tenant(hookwise_core::services::NewTenant::named(
+            "iam",
+            Email::parse(&owner).unwrap(),
+        ))
         .await
         .expect("the operator creates the tenant");
 

@@ -20,14 +20,15 @@
 //!
 //! At the end, with the faults off, every event the API accepted must have all its deliveries
 //! `delivered`, or `dead` after the whole schedule (all its attempts), each dead one in exactly
-//! one email, and no retry made sooner after the attempt before it than the schedule says
-//! (by the attempts' recorded start times). The verdict is the receivers': each delivery is
-//! said delivered if and only if its endpoint answered it with a 2xx in time, and no endpoint
-//! got more POSTs for a delivery than its recorded attempts and [`EXTRA_POSTS`]. Every kind of
-//! fault the run injects must have fired, each host is crashed twice, and the first crash must
-//! have caught the 150-subscription event's ingest (its client sent it again). The suite
-//! prints its figures: events, faults by kind, lost, early deaths and retries, the receivers'
-//! verdict, POSTs received against attempts recorded, and the time to drain.
+//! one email, and no retry made sooner after the attempt before it than the schedule says (by
+//! the attempts' recorded start times and durations). The verdict is the receivers': each
+//! delivery is said delivered if and only if its endpoint answered it with a 2xx in time, and
+//! no endpoint got more POSTs for a delivery than its recorded attempts and [`EXTRA_POSTS`].
+//! Every kind of fault the run injects must have fired, each host is crashed twice, and the
+//! first crash must have caught the 150-subscription event's ingest (its client sent it
+//! again). The suite prints its figures: events, faults by kind, lost, early deaths and
+//! retries, the receivers' verdict, POSTs received against attempts recorded, and the time to
+//! drain.
 
 mod aws_support;
 
@@ -62,8 +63,9 @@ const DIGEST_WINDOW: Duration = Duration::from_secs(5);
 /// record (two in a run), the duplicated messages sent beside the real ones (two of an
 /// attempt), and a message SQS sends twice (a lost answer to its send) or hands out again
 /// (its visibility timeout passing under the injected latency), each of which can cost one;
-/// locally, a message the injector hands out again or early (which goes back beside the
-/// message meant for then), or an attempt's record whose answer it loses, likewise.
+/// locally, a message the injector hands out again or early (which goes back to arrive at
+/// its time, perhaps beside another copy), or an attempt's record whose answer it loses,
+/// likewise.
 const EXTRA_POSTS: u64 = 6;
 /// How long the faults go on after the last event was accepted: longer than a schedule.
 const FAULT_PHASE: Duration = Duration::from_secs(25);
@@ -1090,9 +1092,9 @@ async fn story(d: &Value, hits: &Hits, key: &Key, backend: &impl Backend, api: &
     )
 }
 
-/// Whether a retry of this delivery started sooner after the attempt before it than the
-/// schedule's delay (whatever message carried it: the local injector hands messages out
-/// early).
+/// Whether a retry of this delivery started sooner after the end of the attempt before it
+/// (its start and its recorded duration) than the schedule's delay, whatever message carried
+/// it: the local injector hands messages out early.
 async fn early_retry(api: &Api, d: &Value) -> bool {
     let detail = get_ok(api, &format!("/v1/deliveries/{}", d["id"].as_str().unwrap())).await;
     let attempts = detail["attempts"].as_array().unwrap();
@@ -1105,7 +1107,8 @@ async fn early_retry(api: &Api, d: &Value) -> bool {
     };
     attempts.windows(2).filter(|p| p[0]["round"] == p[1]["round"]).any(|p| {
         let delay = SCHEDULE[p[0]["attempt"].as_u64().unwrap() as usize - 1];
-        started(&p[1]) - started(&p[0]) < chrono::Duration::seconds(delay as i64)
+        let took = chrono::Duration::milliseconds(p[0]["duration_ms"].as_i64().unwrap());
+        started(&p[1]) - started(&p[0]) - took < chrono::Duration::seconds(delay as i64)
     })
 }
 

@@ -223,7 +223,10 @@ async fn run(profile: &Profile, logs: &LogBytes) -> Option<Figures> {
     let env = AwsEnv::new("cost", Some(&counter)).await?;
     let services = env.services(None);
     let (tenant, key) = services
-        .create_tenant("cost", Email::parse("owner@example.com").unwrap())
+        .create_tenant(hookwise_core::services::NewTenant::named(
+            "cost",
+            Email::parse("owner@example.com").unwrap(),
+        ))
         .await
         .unwrap();
     let (url, _, ok) = endpoint(profile.fail_first).await;

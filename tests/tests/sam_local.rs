@@ -212,7 +212,10 @@ fn write_env_file(env: &AwsEnv, api_base: &str, dir: &Path) -> PathBuf {
 /// fills), then written again under the sample's id and key.
 async fn seed_tenant(services: &Services, owner: &str, api_key: &str) -> Tenant {
     let (stand_in, _) = services
-        .create_tenant("sam local samples", Email::parse(owner).unwrap())
+        .create_tenant(hookwise_core::services::NewTenant::named(
+            "sam local samples",
+            Email::parse(owner).unwrap(),
+        ))
         .await
         .expect("a tenant");
     let tenant = Tenant {

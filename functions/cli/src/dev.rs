@@ -101,7 +101,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
     };
     let services = Arc::new(Services::new(ports, config, rand::rngs::StdRng::from_os_rng()));
     let api_key = kept_api_key(&local.data_dir, args.api_key.as_deref())?;
-    ensure_tenant(&services, &api_key, &args.owner_email).await?;
+    let tenant = ensure_tenant(&services, &api_key, &args.owner_email).await?.id;
 
     // Faults from here on: the start-up above never meets one.
     backend.arm_faults();
@@ -118,6 +118,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
         dead_letter: backend.consumer(QueueName::DeadLetter, visibility),
         title: format!("Hookwise dev: listening on http://{addr}"),
         details,
+        tenant,
         api_key,
     };
     serve(ready, &args, RECEIVE_WAIT).await

@@ -108,7 +108,7 @@ pub async fn run(args: CommonArgs, aws: AwsArgs) -> anyhow::Result<ExitCode> {
         .api_key
         .clone()
         .unwrap_or_else(|| hookwise_core::auth::generate_api_key(&mut rand::rngs::StdRng::from_os_rng()));
-    ensure_tenant(&services, &api_key, &args.owner_email).await?;
+    let tenant = ensure_tenant(&services, &api_key, &args.owner_email).await?.id;
 
     let delivery = SqsConsumer::connect(clients.sqs.clone(), &config.delivery_queue_url).await;
     let dead_letter = SqsConsumer::connect(clients.sqs.clone(), &config.dead_letter_queue_url).await;
@@ -125,6 +125,7 @@ pub async fn run(args: CommonArgs, aws: AwsArgs) -> anyhow::Result<ExitCode> {
                 format!("{} / {}", config.delivery_queue_url, config.dead_letter_queue_url),
             ),
         ],
+        tenant,
         api_key,
     };
     serve(ready, &args, RECEIVE_WAIT).await

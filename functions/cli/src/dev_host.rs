@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use hookwise_core::model::Email;
+use hookwise_core::model::{Email, Tenant, TenantId};
 use hookwise_core::ports::QueueConsumer;
-use hookwise_core::services::Services;
+use hookwise_core::services::{NewTenant, Services};
 use hookwise_core::Error;
 use hookwise_runner::{run_host, CancellationToken, HostConfig};
 use ipnet::IpNet;
@@ -85,16 +85,13 @@ impl CommonArgs {
 }
 
 /// The tenant `hookwise dev` serves: the one with `key`, created if there is none.
-pub async fn ensure_tenant(services: &Services, key: &str, owner: &Email) -> anyhow::Result<()> {
+pub async fn ensure_tenant(services: &Services, key: &str, owner: &Email) -> anyhow::Result<Tenant> {
     match services.authenticate(key).await {
-        Ok(_) => Ok(()),
-        Err(Error::Unauthorized) => {
-            services
-                .create_tenant_with_key("dev", owner.clone(), key)
-                .await
-                .context("create the dev tenant")?;
-            Ok(())
-        }
+        Ok(tenant) => Ok(tenant),
+        Err(Error::Unauthorized) => services
+            .create_tenant_with_key(NewTenant::named("dev", owner.clone()), key)
+            .await
+            .context("create the dev tenant"),
         Err(e) => Err(e).context("look up the dev tenant"),
     }
 }
@@ -109,6 +106,8 @@ pub struct Ready<D, L> {
     pub title: String,
     /// The mode's own lines (data dir, tables, queues), as (label, value).
     pub details: Vec<(&'static str, String)>,
+    /// The default tenant and its API key.
+    pub tenant: TenantId,
     pub api_key: String,
 }
 
@@ -126,6 +125,7 @@ where
     for (label, value) in &ready.details {
         println!("{:<14}{value}", format!("{label}:"));
     }
+    println!("tenant:       {}", ready.tenant);
     println!("API key:      {key}");
     println!("dashboard:    http://{addr}/dashboard");
     println!("try:          curl -H 'Authorization: Bearer {key}' http://{addr}/v1/subscriptions");

@@ -3,6 +3,7 @@
 mod dev;
 mod dev_aws;
 mod dev_host;
+mod operator_cmd;
 mod policy_cmd;
 mod storm_chart;
 mod storm_cmd;
@@ -38,6 +39,11 @@ enum Command {
     /// Manage tenants, in a local data dir or (with --aws) a deployed stack.
     #[command(subcommand)]
     Tenant(tenant_cmd::TenantCommand),
+    /// Manage the deployment's operator keys (they act for any tenant).
+    #[command(subcommand)]
+    Operator(operator_cmd::OperatorCommand),
+    /// Show or move seed 002's percentage rollout of the retries flag.
+    Rollout(operator_cmd::RolloutArgs),
     /// Simulate a retry storm for a policy; exit 1 when the peak breaks the deploy gate.
     Storm(storm_cmd::StormArgs),
 }
@@ -78,6 +84,8 @@ fn main() -> ExitCode {
         Command::Dev(args) if args.aws.aws => runtime().and_then(|rt| rt.block_on(dev_aws::run(args.common, args.aws))),
         Command::Dev(args) => runtime().and_then(|rt| rt.block_on(dev::run(args.common, args.local))),
         Command::Tenant(cmd) => runtime().and_then(|rt| rt.block_on(tenant_cmd::run(cmd))),
+        Command::Operator(cmd) => runtime().and_then(|rt| rt.block_on(operator_cmd::run(cmd))),
+        Command::Rollout(args) => runtime().and_then(|rt| rt.block_on(operator_cmd::rollout(args))),
         Command::Policy(cmd) => policy_cmd::run(cmd),
         Command::Storm(args) => storm_cmd::run(args),
     };

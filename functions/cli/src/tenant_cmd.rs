@@ -1,5 +1,6 @@
 //! `hookwise tenant`: create, list, show and change tenants, and rotate or revoke their API
-//! keys, in a local data dir or (with `--aws`) a deployed stack's table.
+//! keys, in a local data dir or (with `--aws`) a deployed stack's table. (The operator routes
+//! of the API do the same: `POST /v1/tenants` and the rest.)
 //!
 //! A key is printed once, by `create` and `rotate-key`, as JSON. The rest prints plain text,
 //! or JSON with `--json`.
@@ -11,9 +12,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
 use hookwise_aws::FunctionConfig;
-use hookwise_core::model::{Email, Tenant, TenantId};
+use hookwise_core::model::{Deployment, Email, RetriesSetting, Tenant, TenantId, TenantStatus};
 use hookwise_core::ports::{NoSender, SystemClock};
-use hookwise_core::services::{Config, KeyRef, Services, TenantPatch};
+use hookwise_core::services::{Config, KeyRef, NewTenant, Services, TenantPatch};
 use hookwise_local::LocalBackend;
 use rand::SeedableRng;
 use serde_json::json;
@@ -28,6 +29,13 @@ pub enum TenantCommand {
         name: String,
         #[arg(long)]
         owner_email: String,
+        /// Its id: your own account id (`acct_123`; 1 to 64 letters, digits, `_` or `-`).
+        /// Without it, one is made (`ten_...`).
+        #[arg(long)]
+        id: Option<String>,
+        /// Seed 002's per-account flag: on, off, or as the rollout decides (`hookwise rollout`).
+        #[arg(long, value_enum, default_value_t = Retries::Rollout)]
+        retries: Retries,
     },
     /// Every tenant, by id.
     List {
@@ -51,14 +59,19 @@ pub enum TenantCommand {
         #[command(flatten)]
         out: Output,
         tenant: String,
-        /// Seed 002's per-account flag: off, a failed first attempt is final.
-        #[arg(long)]
-        retries: Option<OnOff>,
+        /// Seed 002's per-account flag: off, a failed first attempt is final; rollout, as
+        /// `hookwise rollout` decides for this tenant.
+        #[arg(long, value_enum)]
+        retries: Option<Retries>,
         #[arg(long)]
         name: Option<String>,
         /// Who is told when a delivery dies (unless its subscription names someone else).
         #[arg(long)]
         owner_email: Option<String>,
+        /// Disabled: its keys are refused and no event is accepted for it (what it had
+        /// accepted is still delivered).
+        #[arg(long, value_enum)]
+        status: Option<Status>,
     },
     /// A new key beside the current one; both work until one is revoked. Prints
     /// {"id", "api_key", "key_id"} (the key is shown only here).
@@ -108,29 +121,60 @@ pub struct Output {
 }
 
 #[derive(Clone, Copy, ValueEnum)]
-pub enum OnOff {
+pub enum Retries {
     On,
     Off,
+    Rollout,
+}
+
+impl From<Retries> for RetriesSetting {
+    fn from(r: Retries) -> Self {
+        match r {
+            Retries::On => Self::On,
+            Retries::Off => Self::Off,
+            Retries::Rollout => Self::Rollout,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Status {
+    Active,
+    Disabled,
 }
 
 pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        TenantCommand::Create { on, name, owner_email } => {
-            let owner = Email::parse(&owner_email).context("--owner-email")?;
-            let (tenant, key) = on.services().await?.create_tenant(&name, owner).await?;
+        TenantCommand::Create {
+            on,
+            name,
+            owner_email,
+            id,
+            retries,
+        } => {
+            let new = NewTenant {
+                id: id.as_deref().map(tenant_id).transpose()?,
+                name,
+                owner_email: Email::parse(&owner_email).context("--owner-email")?,
+                retries: retries.into(),
+            };
+            let (tenant, key) = on.services().await?.create_tenant(new).await?;
             print_new_key(&tenant, key);
         }
         TenantCommand::List { on, out } => {
-            let tenants = on.services().await?.all_tenants().await?;
+            let services = on.services().await?;
+            let (tenants, deployment) = (services.all_tenants().await?, services.deployment().await?);
             if out.json {
-                println!("{}", json!(tenants.iter().map(view).collect::<Vec<_>>()));
+                let views: Vec<_> = tenants.iter().map(|t| view(t, &deployment)).collect();
+                println!("{}", json!(views));
             } else {
-                print_table(&tenants);
+                print_table(&tenants, &deployment);
             }
         }
         TenantCommand::Show { on, out, tenant } => {
-            let tenant = on.services().await?.tenant(&tenant_id(&tenant)?).await?;
-            out.print(&tenant);
+            let services = on.services().await?;
+            let tenant = services.tenant(&tenant_id(&tenant)?).await?;
+            out.print(&tenant, &services.deployment().await?);
         }
         TenantCommand::Set {
             on,
@@ -139,19 +183,26 @@ pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
             retries,
             name,
             owner_email,
+            status,
         } => {
             let patch = TenantPatch {
                 name,
                 owner_email: owner_email
                     .map(|e| Email::parse(&e).context("--owner-email"))
                     .transpose()?,
-                retries_enabled: retries.map(|r| matches!(r, OnOff::On)),
+                retries: retries.map(Into::into),
+                status: status.map(|s| match s {
+                    Status::Active => TenantStatus::Active,
+                    Status::Disabled => TenantStatus::Disabled,
+                }),
             };
-            if patch.name.is_none() && patch.owner_email.is_none() && patch.retries_enabled.is_none() {
-                anyhow::bail!("nothing to change: give --retries, --name or --owner-email");
+            if patch.name.is_none() && patch.owner_email.is_none() && patch.retries.is_none() && patch.status.is_none()
+            {
+                anyhow::bail!("nothing to change: give --retries, --name, --owner-email or --status");
             }
-            let tenant = on.services().await?.update_tenant(&tenant_id(&tenant)?, &patch).await?;
-            out.print(&tenant);
+            let services = on.services().await?;
+            let tenant = services.update_tenant(&tenant_id(&tenant)?, &patch).await?;
+            out.print(&tenant, &services.deployment().await?);
         }
         TenantCommand::RotateKey { on, tenant } => {
             let (tenant, key) = on.services().await?.rotate_api_key(&tenant_id(&tenant)?).await?;
@@ -173,8 +224,9 @@ pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
                 (Some(id), _) => KeyRef::Id(id),
                 (None, key) => KeyRef::Key(key.context("give --key-id or --api-key")?),
             };
-            let tenant = on.services().await?.revoke_api_key(&tenant_id(&tenant)?, &key).await?;
-            out.print(&tenant);
+            let services = on.services().await?;
+            let tenant = services.revoke_api_key(&tenant_id(&tenant)?, &key).await?;
+            out.print(&tenant, &services.deployment().await?);
             eprintln!("Revoked. A warm function or `hookwise dev` that used it takes it for up to 30 s more.");
         }
         TenantCommand::SealSecrets { on } => {
@@ -194,7 +246,7 @@ pub async fn run(cmd: TenantCommand) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn tenant_id(text: &str) -> anyhow::Result<TenantId> {
+pub fn tenant_id(text: &str) -> anyhow::Result<TenantId> {
     TenantId::parse(text).with_context(|| format!("`{text}` is not a tenant id"))
 }
 
@@ -204,28 +256,40 @@ fn print_new_key(tenant: &Tenant, key: String) {
     println!("{}", json!({"id": tenant.id, "api_key": key, "key_id": key_id}));
 }
 
-/// A tenant as the commands print it: the keys by id, never their hashes.
-fn view(t: &Tenant) -> serde_json::Value {
+/// A tenant as the commands print it: the keys by id, never their hashes; its retries as set
+/// and as they are (the rollout's word for it).
+fn view(t: &Tenant, deployment: &Deployment) -> serde_json::Value {
+    let retries = deployment.retries_for(t);
     json!({
         "id": t.id,
         "name": t.name,
         "owner_email": t.owner_email,
-        "retries_enabled": t.retries_enabled,
+        "status": t.status.as_str(),
+        "retries": t.retries.as_str(),
+        "retries_enabled": retries.enabled,
+        "retries_why": retries.why(),
         "created_at": t.created_at,
         "api_keys": t.api_keys.iter().map(|k| json!({"id": k.id(), "created_at": k.created_at})).collect::<Vec<_>>(),
     })
 }
 
 impl Output {
-    fn print(&self, t: &Tenant) {
+    fn print(&self, t: &Tenant, deployment: &Deployment) {
         if self.json {
-            println!("{}", view(t));
+            println!("{}", view(t, deployment));
             return;
         }
+        let retries = deployment.retries_for(t);
         println!("id:          {}", t.id);
         println!("name:        {}", t.name);
+        println!("status:      {}", t.status.as_str());
         println!("owner email: {}", t.owner_email);
-        println!("retries:     {}", if t.retries_enabled { "on" } else { "off" });
+        println!(
+            "retries:     {} ({}: {})",
+            on_off(retries.enabled),
+            t.retries.as_str(),
+            retries.why()
+        );
         println!("created:     {}", t.created_at.to_rfc3339());
         if t.api_keys.is_empty() {
             println!("api keys:    none listed (a key made by an older build: revoke it with --api-key)");
@@ -237,13 +301,25 @@ impl Output {
     }
 }
 
-fn print_table(tenants: &[Tenant]) {
-    println!("{:<30} {:<7} {:<4} {:<30} NAME", "ID", "RETRIES", "KEYS", "OWNER");
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
+}
+
+fn print_table(tenants: &[Tenant], deployment: &Deployment) {
+    println!(
+        "{:<30} {:<9} {:<15} {:<4} {:<30} NAME",
+        "ID", "STATUS", "RETRIES", "KEYS", "OWNER"
+    );
     for t in tenants {
-        let retries = if t.retries_enabled { "on" } else { "off" };
+        let retries = format!("{} ({})", on_off(deployment.retries_for(t).enabled), t.retries.as_str());
         println!(
-            "{:<30} {:<7} {:<4} {:<30} {}",
+            "{:<30} {:<9} {:<15} {:<4} {:<30} {}",
             t.id,
+            t.status.as_str(),
             retries,
             t.api_keys.len(),
             t.owner_email,
@@ -254,7 +330,7 @@ fn print_table(tenants: &[Tenant]) {
 }
 
 impl Backend {
-    async fn services(&self) -> anyhow::Result<Services> {
+    pub async fn services(&self) -> anyhow::Result<Services> {
         if self.aws {
             return Ok(FunctionConfig::from_env()
                 .context("the AWS stack")?

@@ -154,6 +154,10 @@ const TENANT_DIRECTORY: &str = "TENANTS";
 fn directory_key(id: &TenantId) -> Key {
     (TENANT_DIRECTORY.into(), format!("TEN#{id}"))
 }
+/// The deployment's settings (operator keys, the rollout): one item.
+fn deployment_key() -> Key {
+    ("DEPLOYMENT".into(), "#DEPLOYMENT".into())
+}
 fn api_key_key(hash: &str) -> Key {
     (format!("KEY#{hash}"), "#KEY".into())
 }
@@ -1239,6 +1243,24 @@ impl Store for DynamoStore {
             .as_ref()
             .map(from_item)
             .transpose()
+    }
+
+    async fn deployment(&self) -> PortResult<Deployment> {
+        let item = self.get(&deployment_key(), "read the deployment's settings").await?;
+        Ok(item.as_ref().map(from_item).transpose()?.unwrap_or_default())
+    }
+
+    async fn put_deployment(&self, next: &Deployment, read: &Deployment) -> PortResult<()> {
+        let item = with_key(to_item(next), &deployment_key(), "deployment");
+        // A stored copy has a version of 1 or more: `read` at 0 is of none stored.
+        let condition = match read.version {
+            0 => Condition::new("attribute_not_exists(pk)"),
+            v => Condition::new("#version = :version")
+                .name("#version", "version")
+                .value(":version", n(v)),
+        };
+        self.put_item(item, Some(condition), "write the deployment's settings")
+            .await
     }
 
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {

@@ -1316,7 +1316,10 @@ async fn given_a_tenant_an_older_build_wrote_then_its_key_can_be_revoked_and_a_c
     }
     let listed = || async { services.all_tenants().await.unwrap().iter().any(|t| t.id == id) };
     assert_eq!(services.authenticate(&key).await.unwrap().id, id);
-    assert!(services.tenant(&id).await.unwrap().api_keys.is_empty());
+    let old = services.tenant(&id).await.unwrap();
+    assert!(old.api_keys.is_empty());
+    // Its `retries_enabled` flag reads as the setting it was: on, not left to the rollout.
+    assert_eq!(old.retries, RetriesSetting::On);
     assert!(!listed().await, "an older build listed no tenants");
 
     // Named by id it is unknown (its tenant does not list it); by value, it goes.

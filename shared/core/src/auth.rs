@@ -1,4 +1,5 @@
-//! API keys: shown once, stored only as a SHA-256 hash.
+//! API keys: a tenant's (`hwk_`) and the operator's (`hwo_`), shown once, stored only as a
+//! SHA-256 hash.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
 use base64::Engine;
@@ -6,23 +7,55 @@ use rand::Rng;
 use sha2::{Digest, Sha256};
 
 pub const API_KEY_PREFIX: &str = "hwk_";
+pub const OPERATOR_KEY_PREFIX: &str = "hwo_";
 
-pub fn generate_api_key(rng: &mut impl Rng) -> String {
-    let mut bytes = [0u8; 24];
-    rng.fill(&mut bytes);
-    format!("{API_KEY_PREFIX}{}", B64URL.encode(bytes))
+/// Whose a key is, by its prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyKind {
+    /// A tenant's: acts for that tenant alone.
+    Tenant,
+    /// The deployment's operator's: acts for any tenant.
+    Operator,
 }
 
-/// Whether `key` has the form of an API key: the prefix, then 16 to 64 base64url characters
+impl KeyKind {
+    pub fn prefix(self) -> &'static str {
+        match self {
+            Self::Tenant => API_KEY_PREFIX,
+            Self::Operator => OPERATOR_KEY_PREFIX,
+        }
+    }
+}
+
+/// A new key of this kind: its prefix and 24 random bytes, base64url.
+pub fn generate_key(kind: KeyKind, rng: &mut impl Rng) -> String {
+    let mut bytes = [0u8; 24];
+    rng.fill(&mut bytes);
+    format!("{}{}", kind.prefix(), B64URL.encode(bytes))
+}
+
+/// A new tenant API key.
+pub fn generate_api_key(rng: &mut impl Rng) -> String {
+    generate_key(KeyKind::Tenant, rng)
+}
+
+/// Whose `key` is, if it has the form of a key: a prefix, then 16 to 64 base64url characters
 /// (a generated one has 32: 24 random bytes; `hookwise dev --api-key` may choose another).
 /// Anything else is refused before any lookup, so a flood of junk keys costs no store reads.
-pub fn is_well_formed(key: &str) -> bool {
-    key.strip_prefix(API_KEY_PREFIX).is_some_and(|rest| {
-        (16..=64).contains(&rest.len())
-            && rest
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+pub fn key_kind(key: &str) -> Option<KeyKind> {
+    [KeyKind::Tenant, KeyKind::Operator].into_iter().find(|kind| {
+        key.strip_prefix(kind.prefix()).is_some_and(|rest| {
+            (16..=64).contains(&rest.len())
+                && rest
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
     })
+}
+
+/// Whether `key` has the form of a tenant's API key.
+pub fn is_well_formed(key: &str) -> bool {
+    key_kind(key) == Some(KeyKind::Tenant)
 }
 
 /// What the store keeps and looks keys up by.
@@ -44,6 +77,9 @@ mod tests {
             assert!(is_well_formed(&generate_api_key(rng)));
         }
         assert!(is_well_formed("hwk_my-dev-key-0123456789"));
+        let operator = generate_key(KeyKind::Operator, rng);
+        assert_eq!(key_kind(&operator), Some(KeyKind::Operator));
+        assert!(!is_well_formed(&operator), "an operator key is no tenant's");
         let good = generate_api_key(rng);
         for junk in [
             "",

@@ -84,6 +84,10 @@ pub enum Error {
     /// No API key, or one that names no tenant.
     #[error("missing or unknown API key")]
     Unauthorized,
+    /// A known caller that may not do this (a tenant key on an operator route, a disabled
+    /// tenant): `code` says which.
+    #[error("{message}")]
+    Forbidden { code: &'static str, message: String },
     #[error(transparent)]
     Port(#[from] PortError),
 }
@@ -91,6 +95,13 @@ pub enum Error {
 impl Error {
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::Conflict(message.into())
+    }
+
+    pub fn forbidden(code: &'static str, message: impl Into<String>) -> Self {
+        Self::Forbidden {
+            code,
+            message: message.into(),
+        }
     }
 
     pub fn not_found(what: &'static str, id: impl ToString) -> Self {

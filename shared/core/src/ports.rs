@@ -90,6 +90,12 @@ pub trait Store: Send + Sync {
     /// (`ConditionFailed` if in use), one in `read.api_keys` and not in `tenant.api_keys`
     /// finds no tenant from now on. `ConditionFailed` if the tenant changed since or is gone.
     async fn update_tenant(&self, tenant: &Tenant, read: &Tenant) -> PortResult<()>;
+    /// The deployment's settings: its operator keys and its rollout (`Deployment::default()`
+    /// until first written).
+    async fn deployment(&self) -> PortResult<Deployment>;
+    /// Replace the deployment's settings if they are still as `read` (its `version`; 0:
+    /// never written); `ConditionFailed` if they changed since.
+    async fn put_deployment(&self, next: &Deployment, read: &Deployment) -> PortResult<()>;
 
     /// A new subscription; `ConditionFailed` if one with its id exists.
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()>;

@@ -406,7 +406,11 @@ async fn given_a_retrys_message_before_its_time_then_it_goes_back_until_then_and
 async fn given_retries_switched_off_for_the_tenant_then_the_first_failure_is_final() {
     let h = Harness::new(ScriptedSender::always(500));
     let (tenant, _) = h.tenant("owner@example.com").await;
-    let tenant = h.services.set_tenant_retries(&tenant.id, false).await.unwrap();
+    let tenant = h
+        .services
+        .set_tenant_retries(&tenant.id, RetriesSetting::Off)
+        .await
+        .unwrap();
     h.services
         .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
         .await
@@ -1816,16 +1820,13 @@ async fn given_a_tenant_change_then_it_is_stored_listed_and_validated() {
     let patch = TenantPatch {
         name: Some("  Renamed ".into()),
         owner_email: Some(Email::parse("new@example.com").unwrap()),
-        retries_enabled: Some(false),
+        retries: Some(RetriesSetting::Off),
+        status: None,
     };
     let changed = h.services.update_tenant(&a.id, &patch).await.unwrap();
     assert_eq!(
-        (
-            changed.name.as_str(),
-            changed.owner_email.as_str(),
-            changed.retries_enabled
-        ),
-        ("Renamed", "new@example.com", false)
+        (changed.name.as_str(), changed.owner_email.as_str(), changed.retries),
+        ("Renamed", "new@example.com", RetriesSetting::Off)
     );
     assert_eq!(changed.version, a.version + 1);
     assert_eq!(h.services.tenant(&a.id).await.unwrap(), changed);
@@ -1851,7 +1852,7 @@ async fn given_a_tenant_change_then_it_is_stored_listed_and_validated() {
     ));
     let ghost = TenantId::generate(h.clock.now(), &mut rand::rng());
     assert!(matches!(
-        h.services.set_tenant_retries(&ghost, true).await,
+        h.services.set_tenant_retries(&ghost, RetriesSetting::On).await,
         Err(Error::NotFound { what: "tenant", .. })
     ));
 }

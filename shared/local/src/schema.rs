@@ -175,6 +175,12 @@ CREATE TABLE IF NOT EXISTS audit_position (
     doc   TEXT NOT NULL
 ) WITHOUT ROWID;
 
+-- The deployment's settings (`Store::deployment`: operator keys, the rollout): one row.
+CREATE TABLE IF NOT EXISTS settings (
+    name  TEXT PRIMARY KEY,
+    doc   TEXT NOT NULL
+) WITHOUT ROWID;
+
 CREATE TABLE IF NOT EXISTS outbox (
     id          INTEGER PRIMARY KEY,
     message_id  TEXT NOT NULL,

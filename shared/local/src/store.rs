@@ -235,6 +235,41 @@ impl Store for LocalBackend {
         .await
     }
 
+    async fn deployment(&self) -> PortResult<Deployment> {
+        self.with_read("read the deployment's settings", move |conn| {
+            query_doc(
+                conn,
+                "deployment",
+                "SELECT doc FROM settings WHERE name = 'deployment'",
+                [],
+            )
+        })
+        .await
+        .map(Option::unwrap_or_default)
+    }
+
+    async fn put_deployment(&self, next: &Deployment, read: &Deployment) -> PortResult<()> {
+        let doc = to_json("deployment", next)?;
+        let version = read.version;
+        self.with_conn("write the deployment's settings", move |conn| {
+            // A stored copy has a version of 1 or more: `read` at 0 is of none stored.
+            let sql = if version == 0 {
+                "INSERT INTO settings (name, doc) SELECT 'deployment', ?1 WHERE ?2 = 0
+                 ON CONFLICT (name) DO NOTHING"
+            } else {
+                "UPDATE settings SET doc = ?1 WHERE name = 'deployment' AND json_extract(doc, '$.version') = ?2"
+            };
+            let changed = conn
+                .execute(sql, params![doc, version])
+                .map_err(|e| db_err("write the deployment's settings", e))?;
+            if changed == 0 {
+                return Err(PortError::ConditionFailed("the deployment's settings changed".into()));
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn list_tenants(&self, after: Option<&TenantId>, limit: u32) -> PortResult<Vec<Tenant>> {
         let after = after.map_or_else(String::new, |a| a.to_string());
         self.with_read("list tenants", move |conn| {

@@ -52,7 +52,8 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         id: TenantId::generate(now, rng),
         name: "Acme".into(),
         owner_email: Email::parse("ops@acme.example").unwrap(),
-        retries_enabled: true,
+        retries: RetriesSetting::On,
+        status: TenantStatus::Active,
         created_at: now,
         api_keys: vec![ApiKey {
             hash: "hash-of-key".into(),
@@ -1000,6 +1001,11 @@ async fn a_version_3_data_dir_moves_each_tenants_key_beside_it_and_lists_it_on_t
         .unwrap()
         .expect("its key still works");
     assert_eq!(tenant.name, "Acme");
+    // Its `retries_enabled` flag reads as the setting it was: on, not left to the rollout.
+    assert_eq!(
+        (tenant.retries, tenant.status),
+        (RetriesSetting::On, TenantStatus::Active)
+    );
     assert_eq!(
         tenant.api_keys,
         vec![ApiKey {
@@ -1109,7 +1115,10 @@ async fn a_subscriptions_secret_is_on_disk_only_sealed_with_a_key_file_only_its_
     let backend = LocalBackend::open(dir.path()).unwrap();
     let (services, _) = services_on(&backend);
     let (tenant, _) = services
-        .create_tenant("Acme", Email::parse("ops@acme.example").unwrap())
+        .create_tenant(hookwise_core::services::NewTenant::named(
+            "Acme",
+            Email::parse("ops@acme.example").unwrap(),
+        ))
         .await
         .unwrap();
     let new = serde_json::from_value(serde_json::json!({"url": "https://hooks.acme.example/in"})).unwrap();
@@ -1193,7 +1202,10 @@ async fn a_backlog_older_than_the_audits_hour_gets_no_duplicate_messages_here() 
     let backend = LocalBackend::open_temp_with(config).unwrap();
     let (services, _) = services_on(&backend);
     let (tenant, _) = services
-        .create_tenant("Acme", Email::parse("ops@acme.example").unwrap())
+        .create_tenant(hookwise_core::services::NewTenant::named(
+            "Acme",
+            Email::parse("ops@acme.example").unwrap(),
+        ))
         .await
         .unwrap();
     let new = serde_json::from_value(serde_json::json!({"url": "https://hooks.example.com/in"})).unwrap();

@@ -68,8 +68,71 @@ macro_rules! id_type {
     };
 }
 
-id_type!(/// A tenant: one customer account, owner of API keys and subscriptions.
-    TenantId, "ten_");
+/// A tenant: one customer account, owner of API keys and subscriptions. Its id is the one
+/// an operator chose for it (the customer's own account id, `acct_123`), or `ten_` and a ULID
+/// when none was chosen: 1 to 64 letters, digits, `_` or `-`, from a letter or digit on (no
+/// character the stores use to join keys).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TenantId(String);
+
+impl TenantId {
+    pub const PREFIX: &'static str = "ten_";
+    pub const MAX_LEN: usize = 64;
+
+    /// A new id whose time part is `now`.
+    pub fn generate(now: DateTime<Utc>, rng: &mut impl Rng) -> Self {
+        let ulid = ulid::Ulid::from_datetime_with_source(SystemTime::from(now), rng);
+        Self(format!("{}{ulid}", Self::PREFIX))
+    }
+
+    pub fn parse(s: &str) -> Result<Self, ValidationError> {
+        let well_formed = (1..=Self::MAX_LEN).contains(&s.len())
+            && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !well_formed {
+            return Err(ValidationError::new(
+                "invalid_id",
+                format!(
+                    "`{s}` is not a tenant id: 1 to {} letters, digits, `_` or `-`, starting with a letter or digit",
+                    Self::MAX_LEN
+                ),
+            ));
+        }
+        Ok(Self(s.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for TenantId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for TenantId {
+    type Error = ValidationError;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::parse(&s)
+    }
+}
+
+impl From<TenantId> for String {
+    fn from(id: TenantId) -> String {
+        id.0
+    }
+}
+
+impl std::str::FromStr for TenantId {
+    type Err = ValidationError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
 id_type!(/// A subscription: an endpoint URL and the event types it wants.
     SubscriptionId, "sub_");
 id_type!(/// An event as a service handed it to Hookwise; also the `webhook-id` on the wire.
@@ -142,6 +205,30 @@ mod tests {
         assert_eq!(EventId::for_key(&a, "order-1042-paid"), id);
         assert_ne!(EventId::for_key(&a, "order-1043-paid"), id);
         assert_ne!(EventId::for_key(&b, "order-1042-paid"), id);
+    }
+
+    #[test]
+    fn a_tenant_id_is_chosen_or_generated_and_holds_no_key_separator() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let generated = TenantId::generate(Utc::now(), &mut rng);
+        assert_eq!(TenantId::parse(generated.as_str()).unwrap(), generated);
+        for good in ["acct_123", "A", "7-eleven", &"a".repeat(64)] {
+            assert_eq!(TenantId::parse(good).unwrap().as_str(), good);
+        }
+        for bad in [
+            "",
+            "_acct",
+            "-acct",
+            "acct#1",
+            "acct|1",
+            "acct 1",
+            "acct/1",
+            "accté",
+            &"a".repeat(65),
+        ] {
+            let err = TenantId::parse(bad).unwrap_err();
+            assert_eq!(err.code, "invalid_id", "{bad:?}");
+        }
     }
 
     #[test]

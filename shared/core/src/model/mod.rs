@@ -18,8 +18,15 @@ pub struct Tenant {
     pub name: String,
     /// Who is told when a delivery dies, unless the subscription names someone else.
     pub owner_email: Email,
-    /// Seed 002's `webhook_retries` rollout flag: off, a failed first attempt is final.
-    pub retries_enabled: bool,
+    /// Seed 002's `webhook_retries` flag as set for this tenant: on, off, or as the
+    /// deployment's rollout decides ([`Deployment::retries_for`]). Off, a failed first attempt
+    /// is final. (An older build stored `retries_enabled`, a bool: on or off.)
+    #[serde(alias = "retries_enabled", deserialize_with = "RetriesSetting::stored")]
+    pub retries: RetriesSetting,
+    /// A disabled tenant's keys are refused, and no event is accepted for it; what it had
+    /// accepted is still delivered.
+    #[serde(default)]
+    pub status: TenantStatus,
     pub created_at: DateTime<Utc>,
     /// Its API keys, oldest first: one, or two while a rotation is under way
     /// ([`MAX_API_KEYS`]). A tenant an older build of the DynamoDB store wrote has none
@@ -47,6 +54,139 @@ impl Tenant {
 
 /// Keys a tenant holds at most: the current one and the one it is rotating to.
 pub const MAX_API_KEYS: usize = 2;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TenantStatus {
+    #[default]
+    Active,
+    Disabled,
+}
+
+impl TenantStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Active => "active",
+            Self::Disabled => "disabled",
+        }
+    }
+}
+
+/// A tenant's retries flag (seed 002's `webhook_retries`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RetriesSetting {
+    On,
+    Off,
+    /// As the deployment's rollout decides for this tenant (a new tenant's setting).
+    #[default]
+    Rollout,
+}
+
+impl RetriesSetting {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::On => "on",
+            Self::Off => "off",
+            Self::Rollout => "rollout",
+        }
+    }
+
+    /// As stored: a setting's name, or an older build's `retries_enabled` bool.
+    fn stored<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Stored {
+            Enabled(bool),
+            Setting(RetriesSetting),
+        }
+        Ok(match Stored::deserialize(d)? {
+            Stored::Enabled(true) => Self::On,
+            Stored::Enabled(false) => Self::Off,
+            Stored::Setting(s) => s,
+        })
+    }
+}
+
+/// What the deployment holds beside its tenants: the operator's keys and seed 002's rollout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deployment {
+    /// Operator keys (`hwo_`), oldest first: one, or two while a rotation is under way
+    /// ([`MAX_API_KEYS`]). An operator key acts for any tenant.
+    #[serde(default)]
+    pub operator_keys: Vec<ApiKey>,
+    /// The share of the tenants that follow the rollout whose retries are on, 0 to 100.
+    pub retries_rollout_percent: u8,
+    /// Moves on every change: what a conditional write checks (0: never written).
+    #[serde(default)]
+    pub version: u64,
+}
+
+impl Default for Deployment {
+    /// No operator key, and every tenant's retries on (the rollout at 100 %).
+    fn default() -> Self {
+        Self {
+            operator_keys: Vec::new(),
+            retries_rollout_percent: 100,
+            version: 0,
+        }
+    }
+}
+
+/// Whether a tenant's retries are on, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EffectiveRetries {
+    pub enabled: bool,
+    pub setting: RetriesSetting,
+    /// The tenant's place in the rollout, 0 to 99: it is in while this is below the percentage.
+    pub rollout_bucket: u8,
+    pub rollout_percent: u8,
+}
+
+impl EffectiveRetries {
+    /// In words, for an API read and the dashboard.
+    pub fn why(&self) -> String {
+        match self.setting {
+            RetriesSetting::On => "set on for this tenant".into(),
+            RetriesSetting::Off => "set off for this tenant".into(),
+            RetriesSetting::Rollout if self.enabled => format!(
+                "in the rollout: its bucket, {}, is below {} %",
+                self.rollout_bucket, self.rollout_percent
+            ),
+            RetriesSetting::Rollout => format!(
+                "not in the rollout yet: its bucket, {}, is not below {} %",
+                self.rollout_bucket, self.rollout_percent
+            ),
+        }
+    }
+}
+
+impl Deployment {
+    /// Whether `tenant`'s retries are on: its own setting, or the rollout's word for it.
+    pub fn retries_for(&self, tenant: &Tenant) -> EffectiveRetries {
+        let bucket = rollout_bucket(&tenant.id);
+        let enabled = match tenant.retries {
+            RetriesSetting::On => true,
+            RetriesSetting::Off => false,
+            RetriesSetting::Rollout => bucket < self.retries_rollout_percent,
+        };
+        EffectiveRetries {
+            enabled,
+            setting: tenant.retries,
+            rollout_bucket: bucket,
+            rollout_percent: self.retries_rollout_percent,
+        }
+    }
+}
+
+/// A tenant's place in the rollout, 0 to 99, from a SHA-256 of its id: the same on every
+/// host and for ever, so raising the percentage keeps in every tenant that was in.
+pub fn rollout_bucket(id: &TenantId) -> u8 {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(id.as_str().as_bytes());
+    let n = u64::from_be_bytes(digest[..8].try_into().expect("a SHA-256 has 32 bytes"));
+    (n % 100) as u8
+}
 
 /// An API key as stored: its hash (the key itself is shown once, never kept).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -131,10 +131,9 @@ impl Services {
             // Its subscription is gone: the next message's worker abandons it.
             return Ok(self.schedule_attempt(next_task(delivery), self.now()).await?);
         };
-        let retries = self
-            .kept_tenant(&delivery.tenant_id)
-            .await?
-            .is_none_or(|t| t.retries_enabled);
+        let (tenant, deployment) = futures::try_join!(self.kept_tenant(&delivery.tenant_id), self.kept_deployment())?;
+        // A tenant that is gone keeps the default: on.
+        let retries = tenant.is_none_or(|t| deployment.retries_for(&t).enabled);
         let now = self.now();
         let outcome = SendOutcome {
             status_code: None,

@@ -151,11 +151,12 @@ impl Services {
         }
         // Independent reads, made at once (on DynamoDB, four round trips become one's wait);
         // the subscription and the tenant usually from what this process keeps (`lookups`).
-        let (subscription, event, tenant, health) = futures::try_join!(
+        let (subscription, event, tenant, health, deployment) = futures::try_join!(
             self.kept_subscription(&delivery.tenant_id, &delivery.subscription_id),
             async { Ok(store.get_event(&delivery.tenant_id, &delivery.event_id).await?) },
             self.kept_tenant(&delivery.tenant_id),
             self.kept_health(&delivery.subscription_id),
+            self.kept_deployment(),
         )?;
         let (sub, event) = match (subscription, event) {
             (Some(s), Some(e)) if s.status == SubscriptionStatus::Active => (s, e),
@@ -170,7 +171,8 @@ impl Services {
             // No attempt can be signed: dead at once, its owner told, replayable once fixed.
             Opened::Never(why) => return self.abandon(&delivery, task, &why).await,
         };
-        let retries_enabled = tenant.as_ref().is_none_or(|t| t.retries_enabled);
+        // A tenant that is gone keeps the default: on.
+        let retries_enabled = tenant.as_ref().is_none_or(|t| deployment.retries_for(t).enabled);
         let gives_up_at = self.gives_up_at(&sub, &delivery, task, retries_enabled);
         let mut failures = health.consecutive_failures();
         let mut waited = false;
@@ -393,8 +395,10 @@ impl Services {
 
     /// On the queue with a delay if the queue can hold it that long, else in the scheduler table.
     pub(super) async fn schedule_attempt(&self, task: DeliveryTask, at: DateTime<Utc>) -> Result<(), PortError> {
-        let delay_ms = (at - self.now()).num_milliseconds().max(0);
-        let delay = (delay_ms as u64).div_ceil(1000);
+        // Whole seconds, rounded up to the nanosecond: never visible before `at`.
+        let delay = (at - self.now())
+            .to_std()
+            .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0));
         if delay <= u64::from(self.ports.queue.max_delay_seconds()) {
             self.ports.queue.enqueue(&[(task, delay as u32)]).await
         } else {
@@ -466,8 +470,8 @@ impl Services {
 
     /// A message for the attempt its delivery waits for, come before that attempt's time (a
     /// copy sent again at once, an operator's redrive of the dead-letter queue): it goes back
-    /// to arrive then, unattempted. The message meant for then is still on its way, and
-    /// whichever of the two comes second is stale.
+    /// to arrive then, unattempted. Where it was a copy, the message meant for then is on its
+    /// way too, and whichever of the two comes second is stale.
     async fn too_early(&self, task: &DeliveryTask, at: DateTime<Utc>) -> Result<DeliverOutcome> {
         self.schedule_attempt(task.clone(), at).await?;
         tracing::debug!(%at, "a message came before its attempt's time; it goes back until then");

@@ -110,6 +110,8 @@ pub(crate) struct Lookups {
     health: Mutex<HashMap<SubscriptionId, KeptHealth>>,
     /// Endpoints' circuit breakers (`None`: none stored), for `breaker::CIRCUIT_TTL`.
     pub(super) circuits: Kept<SubscriptionId, Option<crate::circuit::Circuit>>,
+    /// The deployment's settings: its operator keys and its rollout.
+    deployment: Kept<(), Deployment>,
 }
 
 impl Lookups {
@@ -122,6 +124,7 @@ impl Lookups {
             tenant_subscriptions: Kept::new(),
             health: Mutex::new(HashMap::new()),
             circuits: Kept::new(),
+            deployment: Kept::new(),
         }
     }
 
@@ -216,6 +219,24 @@ impl Services {
     }
 
     /// This process changed a tenant: forget it, and what its keys (as `read`) found.
+    /// The deployment's settings, as kept (an operator key revoked elsewhere, or the rollout
+    /// moved, is seen within the time to live).
+    pub(crate) async fn kept_deployment(&self) -> Result<Deployment> {
+        if let Some(d) = self.lookups.deployment.get(&(), self.kept_after()) {
+            return Ok(d);
+        }
+        let read_in = self.lookups.generation.load(Ordering::SeqCst);
+        let found = self.ports.store.deployment().await?;
+        let l = &self.lookups;
+        l.deployment.put((), found.clone(), self.now(), &l.generation, read_in);
+        Ok(found)
+    }
+
+    pub(crate) fn forget_deployment(&self) {
+        self.lookups.generation.fetch_add(1, Ordering::SeqCst);
+        self.lookups.deployment.forget(&());
+    }
+
     pub(crate) fn forget_tenant(&self, read: &Tenant) {
         self.lookups.generation.fetch_add(1, Ordering::SeqCst);
         self.lookups.tenants.forget(&read.id);

@@ -36,7 +36,7 @@ pub use secrets::SealReport;
 pub use subscriptions::{
     check_retention, NewSubscription, SubscriptionOverview, SubscriptionPage, SubscriptionPatch, SubscriptionWithSecret,
 };
-pub use tenants::{KeyRef, TenantPatch};
+pub use tenants::{Caller, KeyRef, NewTenant, TenantPatch};
 
 /// The adapters the services run on.
 #[derive(Clone)]

@@ -1,22 +1,50 @@
-//! Tenants and their API keys: created, listed, changed by an operator (`hookwise tenant`).
+//! Tenants and their API keys, and the deployment's own settings: its operator keys and
+//! seed 002's retries rollout. Changed by an operator, through `hookwise tenant`, `hookwise
+//! operator` and `hookwise rollout`, or the operator routes of the API.
 //!
 //! A tenant holds one key, or two while it rotates: `rotate_api_key` adds a key beside the
-//! current one, and `revoke_api_key` takes one away. A revoked key finds no tenant in the
-//! store at once; a warm process that found it in the last `Config::lookup_ttl` (30 s) still
-//! takes it until its entry is that old (`lookups`). The same holds for the retries flag.
+//! current one, and `revoke_api_key` takes one away; the deployment's operator keys work the
+//! same way. A revoked key is refused by the store at once; a warm process that found it in
+//! the last `Config::lookup_ttl` (30 s) still takes it until its entry is that old
+//! (`lookups`). The same holds for the retries flag and the rollout.
 
 use super::Services;
-use crate::auth::{generate_api_key, hash_api_key, is_well_formed, API_KEY_PREFIX};
+use crate::auth::{generate_key, hash_api_key, key_kind, KeyKind};
 use crate::error::{Error, Result, ValidationError};
-use crate::model::{ApiKey, Email, Tenant, TenantId, MAX_API_KEYS};
+use crate::model::{
+    ApiKey, Deployment, EffectiveRetries, Email, RetriesSetting, Tenant, TenantId, TenantStatus, MAX_API_KEYS,
+};
 use crate::PortError;
+
+/// A tenant to create.
+#[derive(Debug, Clone)]
+pub struct NewTenant {
+    /// The id the operator chose (its own account id, `acct_123`); none, a generated one.
+    pub id: Option<TenantId>,
+    pub name: String,
+    pub owner_email: Email,
+    pub retries: RetriesSetting,
+}
+
+impl NewTenant {
+    /// A tenant with a generated id, following the rollout.
+    pub fn named(name: &str, owner_email: Email) -> Self {
+        Self {
+            id: None,
+            name: name.to_owned(),
+            owner_email,
+            retries: RetriesSetting::default(),
+        }
+    }
+}
 
 /// What `update_tenant` changes: each field that is set.
 #[derive(Debug, Clone, Default)]
 pub struct TenantPatch {
     pub name: Option<String>,
     pub owner_email: Option<Email>,
-    pub retries_enabled: Option<bool>,
+    pub retries: Option<RetriesSetting>,
+    pub status: Option<TenantStatus>,
 }
 
 /// How an operator names a key to revoke.
@@ -28,27 +56,56 @@ pub enum KeyRef {
     Key(String),
 }
 
-/// Times a change is tried again when another change to the same tenant landed first.
+impl KeyRef {
+    fn names(&self, k: &ApiKey) -> bool {
+        match self {
+            KeyRef::Id(want) => k.id() == want.as_str(),
+            KeyRef::Key(value) => k.hash == hash_api_key(value),
+        }
+    }
+
+    fn not_found(&self) -> Error {
+        Error::NotFound {
+            what: "API key",
+            id: match self {
+                KeyRef::Id(want) => want.clone(),
+                KeyRef::Key(_) => "(the one given)".into(),
+            },
+        }
+    }
+}
+
+/// Who a key belongs to.
+#[derive(Debug, Clone)]
+pub enum Caller {
+    /// A tenant's own key: it acts for that tenant alone.
+    Tenant(Tenant),
+    /// An operator key: it acts for any tenant, and on the operator routes.
+    Operator,
+}
+
+/// Times a change is tried again when another change to the same value landed first.
 const UPDATE_TRIES: usize = 5;
 
 impl Services {
     /// A new tenant and its API key (shown once; only its hash is stored).
-    pub async fn create_tenant(&self, name: &str, owner_email: Email) -> Result<(Tenant, String)> {
-        let key = generate_api_key(&mut *self.rng());
-        let tenant = self.create_tenant_with_key(name, owner_email, &key).await?;
+    pub async fn create_tenant(&self, new: NewTenant) -> Result<(Tenant, String)> {
+        let key = generate_key(KeyKind::Tenant, &mut *self.rng());
+        let tenant = self.create_tenant_with_key(new, &key).await?;
         Ok((tenant, key))
     }
 
     /// A new tenant with a key the operator chose (`hookwise dev --api-key`).
-    pub async fn create_tenant_with_key(&self, name: &str, owner_email: Email, api_key: &str) -> Result<Tenant> {
-        check_name(name)?;
-        check_key_form(api_key)?;
+    pub async fn create_tenant_with_key(&self, new: NewTenant, api_key: &str) -> Result<Tenant> {
+        check_name(&new.name)?;
+        check_key_form(api_key, KeyKind::Tenant)?;
         let now = self.now();
         let tenant = Tenant {
-            id: TenantId::generate(now, &mut *self.rng()),
-            name: name.trim().to_owned(),
-            owner_email,
-            retries_enabled: true,
+            id: new.id.unwrap_or_else(|| TenantId::generate(now, &mut *self.rng())),
+            name: new.name.trim().to_owned(),
+            owner_email: new.owner_email,
+            retries: new.retries,
+            status: TenantStatus::Active,
             created_at: now,
             api_keys: vec![ApiKey {
                 hash: hash_api_key(api_key),
@@ -56,16 +113,139 @@ impl Services {
             }],
             version: 0,
         };
-        self.ports.store.create_tenant(&tenant).await?;
+        match self.ports.store.create_tenant(&tenant).await {
+            Ok(()) => Ok(tenant),
+            Err(PortError::ConditionFailed(_)) => Err(Error::conflict(format!(
+                "a tenant `{}` exists already (or its key is in use)",
+                tenant.id
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Who a key belongs to: a tenant (refused while the tenant is disabled) or the operator.
+    pub async fn identify(&self, key: &str) -> Result<Caller> {
+        match key_kind(key) {
+            Some(KeyKind::Tenant) => {
+                let tenant = self.tenant_by_api_key(key).await?.ok_or(Error::Unauthorized)?;
+                active(&tenant)?;
+                Ok(Caller::Tenant(tenant))
+            }
+            Some(KeyKind::Operator) => {
+                let hash = hash_api_key(key);
+                let deployment = self.kept_deployment().await?;
+                match deployment.operator_keys.iter().any(|k| k.hash == hash) {
+                    true => Ok(Caller::Operator),
+                    false => Err(Error::Unauthorized),
+                }
+            }
+            None => Err(Error::Unauthorized),
+        }
+    }
+
+    /// The tenant an operator acts for: as kept, and active.
+    pub async fn tenant_for_operator(&self, id: &TenantId) -> Result<Tenant> {
+        let tenant = self
+            .kept_tenant(id)
+            .await?
+            .ok_or_else(|| Error::not_found("tenant", id))?;
+        active(&tenant)?;
         Ok(tenant)
     }
 
-    /// The tenant an API key belongs to.
-    pub async fn authenticate(&self, api_key: &str) -> Result<Tenant> {
-        if !is_well_formed(api_key) {
-            return Err(Error::Unauthorized);
+    /// A page of tenants, by id, after `after`.
+    pub async fn list_tenants(&self, after: Option<&TenantId>, limit: u32) -> Result<Vec<Tenant>> {
+        let limit = limit.clamp(1, Self::MAX_PAGE);
+        Ok(self.ports.store.list_tenants(after, limit).await?)
+    }
+
+    /// Whether a tenant's retries are on, and why (read afresh).
+    pub async fn effective_retries(&self, tenant: &Tenant) -> Result<EffectiveRetries> {
+        Ok(self.ports.store.deployment().await?.retries_for(tenant))
+    }
+
+    /// The deployment's settings as stored now.
+    pub async fn deployment(&self) -> Result<Deployment> {
+        Ok(self.ports.store.deployment().await?)
+    }
+
+    /// Seed 002's rollout: the share of the tenants that follow it whose retries are on. A
+    /// tenant is in while its bucket (`model::rollout_bucket`) is below the percentage, so
+    /// raising it keeps in every tenant that was in.
+    pub async fn set_retries_rollout(&self, percent: u8) -> Result<Deployment> {
+        if percent > 100 {
+            return Err(ValidationError::new("invalid_percent", "the rollout is a percentage: 0 to 100").into());
         }
-        self.tenant_by_api_key(api_key).await?.ok_or(Error::Unauthorized)
+        self.change_deployment(|d| {
+            d.retries_rollout_percent = percent;
+            Ok(())
+        })
+        .await
+    }
+
+    /// A new operator key (shown once): the first, or a second beside it for a rotation.
+    pub async fn create_operator_key(&self) -> Result<(Deployment, String)> {
+        let key = generate_key(KeyKind::Operator, &mut *self.rng());
+        let added = ApiKey {
+            hash: hash_api_key(&key),
+            created_at: self.now(),
+        };
+        let deployment = self
+            .change_deployment(|d| {
+                if d.operator_keys.len() >= MAX_API_KEYS {
+                    return Err(Error::conflict(format!(
+                        "the deployment holds {MAX_API_KEYS} operator keys already: revoke one first"
+                    )));
+                }
+                d.operator_keys.push(added.clone());
+                Ok(())
+            })
+            .await?;
+        Ok((deployment, key))
+    }
+
+    /// Take an operator key away: it answers 401 from now on (after at most `lookup_ttl` in
+    /// a warm process that used it).
+    pub async fn revoke_operator_key(&self, key: &KeyRef) -> Result<Deployment> {
+        self.change_deployment(|d| {
+            let before = d.operator_keys.len();
+            d.operator_keys.retain(|k| !key.names(k));
+            match d.operator_keys.len() < before {
+                true => Ok(()),
+                false => Err(key.not_found()),
+            }
+        })
+        .await
+    }
+
+    /// Read the deployment's settings, change them, and write them if nobody else did
+    /// meanwhile (else again).
+    async fn change_deployment(&self, change: impl Fn(&mut Deployment) -> Result<()>) -> Result<Deployment> {
+        for _ in 0..UPDATE_TRIES {
+            let read = self.ports.store.deployment().await?;
+            let mut next = read.clone();
+            change(&mut next)?;
+            next.version = read.version + 1;
+            match self.ports.store.put_deployment(&next, &read).await {
+                Ok(()) => {
+                    self.forget_deployment();
+                    return Ok(next);
+                }
+                Err(PortError::ConditionFailed(_)) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::conflict(
+            "the deployment's settings kept changing under this change: try again",
+        ))
+    }
+
+    /// The tenant a tenant's API key belongs to.
+    pub async fn authenticate(&self, api_key: &str) -> Result<Tenant> {
+        match self.identify(api_key).await? {
+            Caller::Tenant(tenant) => Ok(tenant),
+            Caller::Operator => Err(Error::Unauthorized),
+        }
     }
 
     /// A tenant as stored now (not as a warm process keeps it).
@@ -105,18 +285,21 @@ impl Services {
             if let Some(owner) = &patch.owner_email {
                 t.owner_email = owner.clone();
             }
-            if let Some(enabled) = patch.retries_enabled {
-                t.retries_enabled = enabled;
+            if let Some(retries) = patch.retries {
+                t.retries = retries;
+            }
+            if let Some(status) = patch.status {
+                t.status = status;
             }
             Ok(())
         })
         .await
     }
 
-    /// Seed 002's per-account retries flag: off, a failed first attempt is final.
-    pub async fn set_tenant_retries(&self, id: &TenantId, enabled: bool) -> Result<Tenant> {
+    /// Seed 002's per-account retries flag: on, off, or as the rollout decides.
+    pub async fn set_tenant_retries(&self, id: &TenantId, retries: RetriesSetting) -> Result<Tenant> {
         let patch = TenantPatch {
-            retries_enabled: Some(enabled),
+            retries: Some(retries),
             ..TenantPatch::default()
         };
         self.update_tenant(id, &patch).await
@@ -124,7 +307,7 @@ impl Services {
 
     /// A second key beside the current one; both work until one is revoked. Shown once.
     pub async fn rotate_api_key(&self, id: &TenantId) -> Result<(Tenant, String)> {
-        let key = generate_api_key(&mut *self.rng());
+        let key = generate_key(KeyKind::Tenant, &mut *self.rng());
         let added = ApiKey {
             hash: hash_api_key(&key),
             created_at: self.now(),
@@ -148,10 +331,7 @@ impl Services {
     /// process that used it). A key named by its value may be one an older build stored
     /// without listing it on its tenant; it is revoked all the same.
     pub async fn revoke_api_key(&self, id: &TenantId, key: &KeyRef) -> Result<Tenant> {
-        let named = |k: &ApiKey| match key {
-            KeyRef::Id(want) => k.id() == want.as_str(),
-            KeyRef::Key(value) => k.hash == hash_api_key(value),
-        };
+        let named = |k: &ApiKey| key.names(k);
         let unlisted = match key {
             KeyRef::Key(value) => self
                 .ports
@@ -175,13 +355,7 @@ impl Services {
                 let before = next.api_keys.len();
                 next.api_keys.retain(|k| !named(k));
                 if next.api_keys.len() == before {
-                    return Err(Error::NotFound {
-                        what: "API key",
-                        id: match key {
-                            KeyRef::Id(want) => want.clone(),
-                            KeyRef::Key(_) => "(the one given)".into(),
-                        },
-                    });
+                    return Err(key.not_found());
                 }
                 Ok(())
             })
@@ -228,13 +402,27 @@ fn check_name(name: &str) -> Result<()> {
     Ok(())
 }
 
-fn check_key_form(api_key: &str) -> Result<()> {
-    if is_well_formed(api_key) {
+fn check_key_form(key: &str, kind: KeyKind) -> Result<()> {
+    if key_kind(key) == Some(kind) {
         return Ok(());
     }
     Err(ValidationError::new(
         "invalid_api_key",
-        format!("an API key is `{API_KEY_PREFIX}` and 16 to 64 letters, digits, `-` or `_`"),
+        format!(
+            "an API key is `{}` and 16 to 64 letters, digits, `-` or `_`",
+            kind.prefix()
+        ),
     )
     .into())
+}
+
+/// A disabled tenant is refused: 403, not 401 (its key is known).
+fn active(tenant: &Tenant) -> Result<()> {
+    match tenant.status {
+        TenantStatus::Active => Ok(()),
+        TenantStatus::Disabled => Err(Error::forbidden(
+            "tenant_disabled",
+            format!("tenant `{}` is disabled", tenant.id),
+        )),
+    }
 }

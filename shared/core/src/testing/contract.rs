@@ -107,6 +107,7 @@ macro_rules! store_contract_tests {
             endpoints_that_held_an_attempt_are_listed_in_id_order_until_let_go,
             the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_back,
             the_audits_position_round_trips,
+            the_deployments_settings_are_written_only_over_the_copy_read,
             a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscription,
         }
     };
@@ -159,7 +160,8 @@ impl Fixture {
             id: TenantId::generate(t0(), &mut self.rng),
             name: "Acme".into(),
             owner_email: Email::parse("ops@acme.example").expect("a valid email"),
-            retries_enabled: true,
+            retries: RetriesSetting::Rollout,
+            status: TenantStatus::Active,
             created_at: t0(),
             api_keys: Vec::new(),
             version: 0,
@@ -385,7 +387,13 @@ fn with_key(mut tenant: Tenant, key: &str) -> Tenant {
 
 pub async fn tenants_are_found_by_id_and_by_api_key_hash(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
-    let tenant = fx.tenant();
+    // An id the operator chose (the customer's account id), not a generated one.
+    let generated = fx.tenant();
+    let chosen = format!("acct_{}", &generated.id.as_str()[TenantId::PREFIX.len()..]).to_lowercase();
+    let tenant = Tenant {
+        id: TenantId::parse(&chosen).expect("a chosen id"),
+        ..generated
+    };
     b.store().create_tenant(&tenant).await.expect("create tenant");
 
     assert_eq!(
@@ -453,7 +461,8 @@ pub async fn update_tenant_claims_and_frees_keys_and_refuses_a_stale_copy(b: &dy
     // A rotation: a second key beside the first, and the flag turned off.
     let rotated = with_key(
         Tenant {
-            retries_enabled: false,
+            retries: RetriesSetting::Off,
+            status: TenantStatus::Disabled,
             version: read.version + 1,
             ..read.clone()
         },
@@ -1419,6 +1428,46 @@ pub async fn the_audits_position_round_trips(b: &dyn ContractBackend) {
             ..position
         };
     }
+}
+
+/// The deployment's settings are one value: written over the copy read, refused over a stale
+/// one. (A backend shared by several tests may have them written already.)
+pub async fn the_deployments_settings_are_written_only_over_the_copy_read(b: &dyn ContractBackend) {
+    let read = b.store().deployment().await.expect("read");
+    if read.version == 0 {
+        assert_eq!(read, Deployment::default(), "never written: the defaults");
+    }
+    let next = Deployment {
+        operator_keys: vec![ApiKey {
+            hash: "a".repeat(64),
+            created_at: t0(),
+        }],
+        retries_rollout_percent: 10,
+        version: read.version + 1,
+    };
+    b.store()
+        .put_deployment(&next, &read)
+        .await
+        .expect("written over the copy read");
+    assert_eq!(b.store().deployment().await.expect("read"), next);
+    let lost = Deployment {
+        retries_rollout_percent: 50,
+        ..next.clone()
+    };
+    assert!(matches!(
+        b.store().put_deployment(&lost, &read).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    let later = Deployment {
+        operator_keys: Vec::new(),
+        retries_rollout_percent: 50,
+        version: next.version + 1,
+    };
+    b.store()
+        .put_deployment(&later, &next)
+        .await
+        .expect("written over the copy read");
+    assert_eq!(b.store().deployment().await.expect("read"), later);
 }
 
 impl Fixture {

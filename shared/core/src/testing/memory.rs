@@ -13,7 +13,7 @@ use crate::error::PortError;
 use crate::health::EndpointHealth;
 use crate::model::*;
 use crate::ports::*;
-use crate::services::{Config, Ports, Services};
+use crate::services::{Config, NewTenant, Ports, Services};
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -34,6 +34,7 @@ struct StoreData {
     /// Dead rounds' notices: to whom, and whether sent.
     notices: HashMap<(DeliveryId, u32), (Email, DeadNotice, bool)>,
     digests: HashMap<Email, MemoryDigest>,
+    deployment: Deployment,
 }
 
 /// An owner's emails: when the last went out, and the claim on the next.
@@ -139,6 +140,18 @@ impl Store for MemoryStore {
     }
     async fn get_tenant(&self, id: &TenantId) -> PortResult<Option<Tenant>> {
         Ok(lock(&self.data).tenants.get(id).cloned())
+    }
+    async fn deployment(&self) -> PortResult<Deployment> {
+        Ok(lock(&self.data).deployment.clone())
+    }
+    async fn put_deployment(&self, next: &Deployment, read: &Deployment) -> PortResult<()> {
+        self.crash.act("put deployment")?;
+        let mut d = lock(&self.data);
+        if d.deployment.version != read.version {
+            return Err(PortError::ConditionFailed("the deployment's settings changed".into()));
+        }
+        d.deployment = next.clone();
+        Ok(())
     }
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {
         self.crash.act("create subscription")?;
@@ -1153,7 +1166,7 @@ impl Harness {
     /// A tenant and its API key.
     pub async fn tenant(&self, owner: &str) -> (Tenant, String) {
         self.services
-            .create_tenant("test", Email::parse(owner).expect("a valid email"))
+            .create_tenant(NewTenant::named("test", Email::parse(owner).expect("a valid email")))
             .await
             .expect("tenant created")
     }

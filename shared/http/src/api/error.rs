@@ -75,6 +75,7 @@ impl From<Error> for ApiError {
             e @ Error::NotFound { .. } => Self::not_found(e.to_string()),
             Error::Conflict(message) => Self::new(StatusCode::CONFLICT, "conflict", message),
             Error::Unauthorized => Self::unauthorized("the API key is missing or unknown"),
+            Error::Forbidden { code, message } => Self::new(StatusCode::FORBIDDEN, code, message),
             Error::Port(PortError::ConditionFailed(what)) => {
                 tracing::info!(%what, "a concurrent change won");
                 Self::new(

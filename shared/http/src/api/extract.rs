@@ -7,13 +7,18 @@ use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use hookwise_core::model::Tenant;
+use hookwise_core::model::{Tenant, TenantId};
+use hookwise_core::services::Caller;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::ApiState;
 
-/// The tenant whose API key came as `Authorization: Bearer <key>`.
+/// The header naming the tenant an operator key acts for.
+pub const TENANT_HEADER: &str = "hookwise-tenant";
+
+/// The tenant a request acts for: the one whose API key came as `Authorization: Bearer
+/// <key>`, or, with an operator key, the one the `Hookwise-Tenant` header names.
 pub struct Authenticated(pub Tenant);
 
 impl<S> FromRequestParts<S> for Authenticated
@@ -24,29 +29,114 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let how = "send your API key as `Authorization: Bearer <key>`";
-        let header = parts
-            .headers
-            .get(AUTHORIZATION)
-            .ok_or_else(|| ApiError::unauthorized(format!("no API key: {how}")))?;
-        let value = header
-            .to_str()
-            .map_err(|_| ApiError::unauthorized(format!("unreadable Authorization header: {how}")))?;
-        let key = match value.trim().split_once(' ') {
-            Some((scheme, key)) if scheme.eq_ignore_ascii_case("bearer") && !key.trim().is_empty() => key.trim(),
-            _ => {
-                return Err(ApiError::unauthorized(format!(
-                    "the Authorization header is not a bearer token: {how}"
-                )))
-            }
-        };
         let state = ApiState::from_ref(state);
-        match state.services.authenticate(key).await {
-            Ok(tenant) => Ok(Self(tenant)),
-            Err(hookwise_core::Error::Unauthorized) => Err(ApiError::unauthorized("unknown API key")),
-            Err(e) => Err(e.into()),
+        let caller = identify(parts, &state).await?;
+        let named = named_tenant(parts)?;
+        acting_for(&state, caller, named.as_ref()).await.map(Self)
+    }
+}
+
+/// The tenant a caller acts for: a tenant key's own (a header naming another is refused), or
+/// the one an operator key names.
+pub async fn acting_for(state: &ApiState, caller: Caller, named: Option<&TenantId>) -> Result<Tenant, ApiError> {
+    match (caller, named) {
+        (Caller::Tenant(tenant), None) => Ok(tenant),
+        (Caller::Tenant(tenant), Some(id)) if *id == tenant.id => Ok(tenant),
+        (Caller::Tenant(tenant), Some(id)) => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "tenant_mismatch",
+            format!(
+                "this API key acts for tenant `{}` alone, not `{id}` (only an operator key names its tenant)",
+                tenant.id
+            ),
+        )),
+        (Caller::Operator, Some(id)) => Ok(state.services.tenant_for_operator(id).await?),
+        (Caller::Operator, None) => Err(ApiError::bad_request(
+            "tenant_required",
+            "an operator key acts for the tenant the `Hookwise-Tenant` header names: name one",
+        )),
+    }
+}
+
+/// A caller of the operator routes (`/v1/tenants`, `/v1/rollout`): an operator key.
+pub struct Operator;
+
+impl<S> FromRequestParts<S> for Operator
+where
+    ApiState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match identify(parts, &ApiState::from_ref(state)).await? {
+            Caller::Operator => Ok(Self),
+            Caller::Tenant(_) => Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "operator_only",
+                "this route takes an operator key (`hookwise operator create-key`), not a tenant's",
+            )),
         }
     }
+}
+
+/// Who called, with the tenant the header names if any: for a route where each item may
+/// name its own (`POST /v1/events/batch`).
+pub struct Identified {
+    pub caller: Caller,
+    pub named: Option<TenantId>,
+}
+
+impl<S> FromRequestParts<S> for Identified
+where
+    ApiState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let caller = identify(parts, &ApiState::from_ref(state)).await?;
+        Ok(Self {
+            caller,
+            named: named_tenant(parts)?,
+        })
+    }
+}
+
+/// The caller behind the bearer key: a tenant or the operator.
+async fn identify(parts: &Parts, state: &ApiState) -> Result<Caller, ApiError> {
+    let how = "send your API key as `Authorization: Bearer <key>`";
+    let header = parts
+        .headers
+        .get(AUTHORIZATION)
+        .ok_or_else(|| ApiError::unauthorized(format!("no API key: {how}")))?;
+    let value = header
+        .to_str()
+        .map_err(|_| ApiError::unauthorized(format!("unreadable Authorization header: {how}")))?;
+    let key = match value.trim().split_once(' ') {
+        Some((scheme, key)) if scheme.eq_ignore_ascii_case("bearer") && !key.trim().is_empty() => key.trim(),
+        _ => {
+            return Err(ApiError::unauthorized(format!(
+                "the Authorization header is not a bearer token: {how}"
+            )))
+        }
+    };
+    match state.services.identify(key).await {
+        Ok(caller) => Ok(caller),
+        Err(hookwise_core::Error::Unauthorized) => Err(ApiError::unauthorized("unknown API key")),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The tenant `Hookwise-Tenant` names, if the header is there.
+fn named_tenant(parts: &Parts) -> Result<Option<TenantId>, ApiError> {
+    let Some(value) = parts.headers.get(TENANT_HEADER) else {
+        return Ok(None);
+    };
+    let text = value.to_str().unwrap_or_default().trim();
+    TenantId::parse(text)
+        .map(Some)
+        .map_err(|e| ApiError::bad_request("invalid_tenant_header", format!("Hookwise-Tenant: {}", e.message)))
 }
 
 /// A JSON body. Syntax errors are 400; a body that parses but does not fit (wrong types,
@@ -174,6 +264,10 @@ fn misfit(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         "status" => "invalid_status",
         "payload" => "invalid_payload",
         "since" => "invalid_since",
+        "id" | "tenant" => "invalid_id",
+        "name" => "invalid_name",
+        "retries" => "invalid_retries",
+        "retries_percent" => "invalid_percent",
         _ => "invalid_body",
     };
     ApiError::unprocessable(code, format!("`{path}`: {message}"))

@@ -5,13 +5,15 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use hookwise_core::model::{DeliveryId, DeliveryStatus, EventId, EventType, SubscriptionId};
+use std::collections::HashMap;
+
+use hookwise_core::model::{DeliveryId, DeliveryStatus, EventId, EventType, SubscriptionId, Tenant, TenantId};
 use hookwise_core::ports::DeliveryQuery;
-use hookwise_core::services::{Ingested, NewEvent, NewSubscription, Services, SubscriptionPatch, MAX_BATCH};
+use hookwise_core::services::{NewEvent, NewSubscription, Services, SubscriptionPatch, MAX_BATCH};
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{self, path_id, ApiJson, ApiQuery, Authenticated, PathId};
+use super::extract::{self, path_id, ApiJson, ApiQuery, Authenticated, Identified, PathId};
 use super::views::*;
 use super::ApiState;
 
@@ -44,8 +46,8 @@ pub async fn create_subscription(
 
 #[derive(Debug, Default, Deserialize)]
 pub struct PageParams {
-    limit: Option<String>,
-    cursor: Option<String>,
+    pub(super) limit: Option<String>,
+    pub(super) cursor: Option<String>,
 }
 
 pub async fn list_subscriptions(
@@ -74,12 +76,12 @@ pub async fn list_subscriptions(
 }
 
 /// An empty query parameter is as good as none.
-fn nonempty(v: Option<String>) -> Option<String> {
+pub(super) fn nonempty(v: Option<String>) -> Option<String> {
     v.filter(|s| !s.is_empty())
 }
 
 /// A page size, 1 to `MAX_PAGE`; 0 (none given) means the service's default.
-fn parse_limit(limit: Option<String>) -> ApiResult<u32> {
+pub(super) fn parse_limit(limit: Option<String>) -> ApiResult<u32> {
     let Some(l) = nonempty(limit) else { return Ok(0) };
     l.parse::<u32>()
         .ok()
@@ -204,11 +206,17 @@ struct BatchEvent {
     event_type: EventType,
     payload: serde_json::Value,
     idempotency_key: Option<String>,
+    /// With an operator key: the tenant this event is for (else the one `Hookwise-Tenant`
+    /// names). A tenant's key may name only its own.
+    tenant: Option<TenantId>,
 }
 
+/// Up to [`MAX_BATCH`] events, each for its own tenant if the caller is the operator: each
+/// result keeps its event's place and names its tenant, and an event that fails (invalid, a
+/// tenant unknown or not the caller's) fails alone.
 pub async fn ingest_batch(
     State(s): State<ApiState>,
-    Authenticated(tenant): Authenticated,
+    Identified { caller, named }: Identified,
     ApiJson(batch): ApiJson<Batch>,
 ) -> ApiResult<(StatusCode, Json<AcceptedBatch>)> {
     if batch.events.is_empty() || batch.events.len() > MAX_BATCH {
@@ -217,52 +225,84 @@ pub async fn ingest_batch(
             format!("`events` holds 1 to {MAX_BATCH} events (got {})", batch.events.len()),
         ));
     }
-    // The events that parse go to the service; each result keeps its place.
-    let mut valid = Vec::new();
-    let places: Vec<Result<usize, ApiError>> = batch
-        .events
-        .into_iter()
-        .enumerate()
-        .map(|(i, value)| {
-            let e: BatchEvent = extract::parse_value(value, "an event").map_err(|mut e| {
+    // Each event parsed, and its tenant found (once per tenant named).
+    let mut tenants: HashMap<Option<TenantId>, Result<Tenant, ApiError>> = HashMap::new();
+    let mut parsed = Vec::with_capacity(batch.events.len());
+    for (i, value) in batch.events.into_iter().enumerate() {
+        let e = match extract::parse_value::<BatchEvent>(value, "an event") {
+            Ok(e) => e,
+            Err(mut e) => {
                 e.message = format!("events[{i}]: {}", e.message);
-                e
-            })?;
-            let new = NewEvent {
-                event_type: e.event_type,
-                payload: e.payload,
-            };
-            valid.push((new, e.idempotency_key));
-            Ok(valid.len() - 1)
-        })
-        .collect();
-    let mut ingested: Vec<Option<hookwise_core::Result<Ingested>>> = if valid.is_empty() {
-        Vec::new()
-    } else {
-        s.services
-            .ingest_batch(&tenant, valid)
-            .await?
-            .into_iter()
-            .map(Some)
-            .collect()
-    };
-    let results: Vec<BatchResult> = places
-        .into_iter()
-        .map(|place| {
-            let result = place.and_then(|i| {
-                ingested[i]
-                    .take()
-                    .expect("one result per valid event")
-                    .map_err(ApiError::from)
-            });
-            match result {
-                Ok(i) => BatchResult::Accepted {
-                    event: AcceptedEvent::from(&i),
-                    replayed: !i.created,
-                },
-                Err(e) => e.into(),
+                parsed.push(Err((None, e)));
+                continue;
             }
-        })
+        };
+        let wanted = e.tenant.clone().or_else(|| named.clone());
+        if !tenants.contains_key(&wanted) {
+            let found = extract::acting_for(&s, caller.clone(), wanted.as_ref()).await;
+            tenants.insert(wanted.clone(), found);
+        }
+        match &tenants[&wanted] {
+            Ok(tenant) => parsed.push(Ok((tenant.id.clone(), e))),
+            Err(err) => parsed.push(Err((wanted, err.clone()))),
+        }
+    }
+    // One call of the service per tenant, its events in order; each result back in place.
+    let mut results: Vec<Option<BatchResult>> = Vec::with_capacity(parsed.len());
+    let mut groups: Vec<(TenantId, Vec<(usize, BatchEvent)>)> = Vec::new();
+    for (i, item) in parsed.into_iter().enumerate() {
+        match item {
+            Ok((tenant, e)) => {
+                results.push(None);
+                match groups.iter_mut().find(|(t, _)| *t == tenant) {
+                    Some((_, group)) => group.push((i, e)),
+                    None => groups.push((tenant, vec![(i, e)])),
+                }
+            }
+            Err((tenant, err)) => results.push(Some(BatchResult::failed(err, tenant))),
+        }
+    }
+    for (tenant_id, group) in groups {
+        let tenant = tenants
+            .values()
+            .filter_map(|t| t.as_ref().ok())
+            .find(|t| t.id == tenant_id)
+            .expect("a group's tenant was found");
+        let (places, events): (Vec<usize>, Vec<_>) = group
+            .into_iter()
+            .map(|(i, e)| {
+                let new = NewEvent {
+                    event_type: e.event_type,
+                    payload: e.payload,
+                };
+                (i, (new, e.idempotency_key))
+            })
+            .unzip();
+        match s.services.ingest_batch(tenant, events).await {
+            Ok(ingested) => {
+                for (i, result) in places.into_iter().zip(ingested) {
+                    results[i] = Some(match result {
+                        Ok(i) => BatchResult::Accepted {
+                            event: AcceptedEvent::from(&i),
+                            replayed: !i.created,
+                            tenant: tenant.id.clone(),
+                        },
+                        Err(e) => BatchResult::failed(e.into(), Some(tenant.id.clone())),
+                    });
+                }
+            }
+            // This tenant's events fail together (each worth sending again, with its key).
+            Err(e) => {
+                let err = ApiError::from(e);
+                for i in places {
+                    results[i] = Some(BatchResult::failed(err.clone(), Some(tenant.id.clone())));
+                }
+            }
+        }
+    }
+    let results: Vec<BatchResult> = results
+        .into_iter()
+        .map(|r| r.expect("a result for every event"))
         .collect();
     let accepted = results
         .iter()

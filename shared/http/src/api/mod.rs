@@ -7,6 +7,7 @@ mod dashboard;
 mod error;
 mod extract;
 mod handlers;
+mod operator;
 mod views;
 
 use std::sync::Arc;
@@ -89,11 +90,20 @@ route_table! {
     GET    "/v1/deliveries"                        => handlers::list_deliveries;
     GET    "/v1/deliveries/{id}"                   => handlers::get_delivery;
     POST   "/v1/deliveries/{id}/replay"            => handlers::replay_delivery;
+    POST   "/v1/tenants"                           => operator::create_tenant;
+    GET    "/v1/tenants"                           => operator::list_tenants;
+    GET    "/v1/tenants/{id}"                      => operator::get_tenant;
+    PATCH  "/v1/tenants/{id}"                      => operator::update_tenant;
+    POST   "/v1/tenants/{id}/api-keys"             => operator::create_tenant_key;
+    DELETE "/v1/tenants/{id}/api-keys/{key_id}"    => operator::revoke_tenant_key;
+    GET    "/v1/rollout"                           => operator::get_rollout;
+    PUT    "/v1/rollout"                           => operator::set_rollout;
 }
 
 /// The whole API. `GET /healthz`, the OpenAPI document and the dashboard's assets need no
-/// key; everything else under `/v1` needs `Authorization: Bearer <api key>` and sees only
-/// that key's tenant.
+/// key; everything else under `/v1` needs `Authorization: Bearer <key>`: a tenant's key sees
+/// only its tenant; an operator key acts for the tenant `Hookwise-Tenant` names, and alone
+/// may use the operator routes (`/v1/tenants`, `/v1/rollout`).
 pub fn router(state: ApiState) -> Router {
     add_routes(Router::new())
         .fallback(handlers::no_route)

@@ -249,23 +249,20 @@ pub enum BatchResult {
         #[serde(flatten)]
         event: AcceptedEvent,
         replayed: bool,
+        /// The tenant the event is for.
+        tenant: TenantId,
     },
     Failed {
         error: BatchError,
+        /// The tenant the event named, where it named one (or the caller's).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        tenant: Option<TenantId>,
     },
 }
 
-#[derive(Debug, Serialize)]
-pub struct BatchError {
-    /// The status a single `POST /v1/events` would have answered: 422 is the client's to fix,
-    /// 503 worth sending again (with the same `idempotency_key`).
-    pub status: u16,
-    pub code: String,
-    pub message: String,
-}
-
-impl From<ApiError> for BatchResult {
-    fn from(e: ApiError) -> Self {
+impl BatchResult {
+    /// Refused with the error a single request would have got.
+    pub fn failed(e: ApiError, tenant: Option<TenantId>) -> Self {
         // A payload too large is what a single request's body limit answers with 413.
         let status = if e.code == "payload_too_large" {
             axum::http::StatusCode::PAYLOAD_TOO_LARGE
@@ -278,8 +275,18 @@ impl From<ApiError> for BatchResult {
                 code: e.code.into_owned(),
                 message: e.message,
             },
+            tenant,
         }
     }
+}
+
+#[derive(Debug, Serialize)]
+pub struct BatchError {
+    /// The status a single `POST /v1/events` would have answered: 422 is the client's to fix,
+    /// 503 worth sending again (with the same `idempotency_key`).
+    pub status: u16,
+    pub code: String,
+    pub message: String,
 }
 
 /// `GET /v1/events/{id}`.
@@ -292,6 +299,87 @@ pub struct EventView {
     pub idempotency_key: Option<String>,
     pub created_at: DateTime<Utc>,
     pub deliveries: Vec<DeliveryView>,
+}
+
+/// A tenant as the operator routes show it: its keys by id (never their hashes), and its
+/// retries as set and as they are.
+#[derive(Debug, Serialize)]
+pub struct TenantView {
+    pub id: TenantId,
+    pub name: String,
+    pub owner_email: Email,
+    pub status: TenantStatus,
+    pub retries: RetriesView,
+    pub api_keys: Vec<ApiKeyView>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// A tenant's retries flag: its setting, whether they are on, and why.
+#[derive(Debug, Serialize)]
+pub struct RetriesView {
+    pub setting: RetriesSetting,
+    pub enabled: bool,
+    pub why: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ApiKeyView {
+    pub id: String,
+    pub created_at: DateTime<Utc>,
+}
+
+impl TenantView {
+    pub fn of(t: &Tenant, deployment: &Deployment) -> Self {
+        let retries = deployment.retries_for(t);
+        Self {
+            id: t.id.clone(),
+            name: t.name.clone(),
+            owner_email: t.owner_email.clone(),
+            status: t.status,
+            retries: RetriesView {
+                setting: t.retries,
+                enabled: retries.enabled,
+                why: retries.why(),
+            },
+            api_keys: t
+                .api_keys
+                .iter()
+                .map(|k| ApiKeyView {
+                    id: k.id().to_owned(),
+                    created_at: k.created_at,
+                })
+                .collect(),
+            created_at: t.created_at,
+        }
+    }
+}
+
+/// A tenant and the API key just made for it: the key is shown this once.
+#[derive(Debug, Serialize)]
+pub struct NewApiKeyView {
+    #[serde(flatten)]
+    pub tenant: TenantView,
+    pub api_key: String,
+}
+
+impl NewApiKeyView {
+    pub fn new(tenant: TenantView, api_key: String) -> Self {
+        Self { tenant, api_key }
+    }
+}
+
+/// Seed 002's rollout: the share of the tenants following it whose retries are on.
+#[derive(Debug, Serialize)]
+pub struct RolloutView {
+    pub retries_percent: u8,
+}
+
+impl RolloutView {
+    pub fn of(d: &Deployment) -> Self {
+        Self {
+            retries_percent: d.retries_rollout_percent,
+        }
+    }
 }
 
 /// A listing: `{"data": [...], "next_cursor": "..." | null}`.

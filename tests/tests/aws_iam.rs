@@ -454,6 +454,71 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         .await
         .expect("moved back");
 
+    // The operator routes, with an operator key: a tenant of the operator's naming, its
+    // change, its keys rotated, the rollout moved, a listing and a batch for two tenants.
+    let (_, operator_key) = local.create_operator_key().await.expect("an operator key");
+    let operator_api = Gateway {
+        host: host.clone(),
+        key: operator_key,
+    };
+    let account = aws_support::unique_prefix("acct").replace(['.', ':'], "-");
+    let created = ok(
+        operator_api
+            .call(
+                "POST",
+                "/v1/tenants",
+                Some(json!({"id": account, "name": "An account", "owner_email": owner})),
+            )
+            .await,
+        "create a tenant",
+    );
+    ok(
+        operator_api
+            .call(
+                "PATCH",
+                &format!("/v1/tenants/{account}"),
+                Some(json!({"retries": "on"})),
+            )
+            .await,
+        "change a tenant",
+    );
+    let rotated = ok(
+        operator_api
+            .call("POST", &format!("/v1/tenants/{account}/api-keys"), None)
+            .await,
+        "add a tenant's key",
+    );
+    let first_key = rotated["api_keys"][0]["id"].as_str().unwrap();
+    ok(
+        operator_api
+            .call("DELETE", &format!("/v1/tenants/{account}/api-keys/{first_key}"), None)
+            .await,
+        "revoke a tenant's key",
+    );
+    assert_ne!(created["api_key"], rotated["api_key"]);
+    ok(
+        operator_api
+            .call("PUT", "/v1/rollout", Some(json!({"retries_percent": 100})))
+            .await,
+        "move the rollout",
+    );
+    ok(operator_api.call("GET", "/v1/tenants", None).await, "list the tenants");
+    let two = json!({"events": [
+        {"type": "none.yet", "payload": {}, "tenant": account},
+        {"type": "none.yet", "payload": {}, "tenant": tenant.id},
+    ]});
+    let both = ok(
+        operator_api.call("POST", "/v1/events/batch", Some(two)).await,
+        "a batch for two tenants",
+    );
+    assert_eq!(both["accepted"], 2, "{both}");
+    ok(
+        operator_api
+            .call_for(Some(&account), "GET", "/v1/subscriptions", None)
+            .await,
+        "a tenant's route, for the tenant the operator names",
+    );
+
     // Ingest: keyed events in a batch, the batch again (answered from the store), one event.
     let keyed = json!({"events": [
         {"type": "order.paid", "payload": {"order": 1}, "idempotency_key": "o-1"},

@@ -645,3 +645,98 @@ async fn given_one_tenants_backlog_to_a_slow_endpoint_then_another_tenants_deliv
     );
     assert!(p99 < Duration::from_secs(2), "B's p99 {p99:?} behind A's backlog");
 }
+
+/// Seed 002's story on the real `hookwise dev`: an operator key made with the CLI beside the
+/// running process creates two accounts under their own ids, subscribes and sends events for
+/// each with `Hookwise-Tenant` and in one batch, and moves the rollout; each account's
+/// endpoint gets its own events only, and an account out of the rollout has no retries.
+#[tokio::test]
+async fn given_an_operator_key_then_one_service_runs_every_accounts_webhooks_and_their_retries_rollout() {
+    let dir = TempDir::new("accounts");
+    let dev = Dev::start(&dir.0, &[]);
+    let out = Command::new(hookwise_bin())
+        .args(["operator", "create-key", "--data-dir"])
+        .arg(&dir.0)
+        .env("HOOKWISE_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let made: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let op = dev.api().with_key(made["api_key"].as_str().unwrap());
+    let as_account = |id: &'static str| [("Hookwise-Tenant", id)];
+    let call = |method: &str, path: &str, body: serde_json::Value, tenant: Option<&'static str>| {
+        let op = op.clone();
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let path = path.to_owned();
+        async move {
+            let headers: Vec<(&str, &str)> = tenant.map(as_account).into_iter().flatten().collect();
+            op.call(method, &path, Some(body), &headers).await
+        }
+    };
+
+    let northwind = Receiver::start(0).await;
+    let contoso = Receiver::start(u32::MAX).await;
+    for (id, receiver) in [("acct_northwind", &northwind), ("acct_contoso", &contoso)] {
+        let tenant = json!({"id": id, "name": id, "owner_email": format!("{id}@example.com")});
+        let (status, body) = call("POST", "/v1/tenants", tenant, None).await;
+        assert_eq!(status, 201, "{body}");
+        let sub = json!({"url": receiver.url("/"), "retry_policy": {"schedule_seconds": [1, 1]}});
+        let (status, body) = call("POST", "/v1/subscriptions", sub, Some(id)).await;
+        assert_eq!(status, 201, "{body}");
+    }
+    // Northwind's retries are on whatever the rollout; Contoso follows it, now at 0 %.
+    let (status, _) = call("PATCH", "/v1/tenants/acct_northwind", json!({"retries": "on"}), None).await;
+    assert_eq!(status, 200);
+    let (status, _) = call("PUT", "/v1/rollout", json!({"retries_percent": 0}), None).await;
+    assert_eq!(status, 200);
+
+    let (status, one) = call(
+        "POST",
+        "/v1/events",
+        json!({"type": "invoice.paid", "payload": {"n": 1}}),
+        Some("acct_northwind"),
+    )
+    .await;
+    assert_eq!(status, 202, "{one}");
+    let batch = json!({"events": [
+        {"type": "invoice.paid", "payload": {"n": 2}, "tenant": "acct_northwind"},
+        {"type": "invoice.paid", "payload": {"n": 3}, "tenant": "acct_contoso"},
+    ]});
+    let (status, both) = call("POST", "/v1/events/batch", batch, None).await;
+    assert_eq!((status, both["accepted"].clone()), (202, json!(2)), "{both}");
+
+    // Northwind's endpoint gets its two events; Contoso's delivery dies after one attempt.
+    let contoso_delivery = both["results"][1]["deliveries"][0]["id"].as_str().unwrap();
+    let contoso_api = op.clone();
+    let headers = [("Hookwise-Tenant", "acct_contoso")];
+    let dead = hookwise_tests::poll_delivery_status(contoso_delivery, "dead", WAIT, Duration::from_millis(100), || {
+        let api = contoso_api.clone();
+        async move {
+            api.call(
+                reqwest::Method::GET,
+                &format!("/v1/deliveries/{contoso_delivery}"),
+                None,
+                &headers,
+            )
+            .await
+            .1
+        }
+    })
+    .await;
+    assert_eq!(dead["attempt_count"], 1, "out of the rollout: no retries");
+    let start = std::time::Instant::now();
+    while northwind.count() < 2 && start.elapsed() < WAIT {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let bodies: Vec<String> = northwind
+        .requests()
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    assert_eq!(bodies.len(), 2, "{bodies:?}");
+    assert!(
+        bodies.iter().all(|b| !b.contains("\"n\":3")),
+        "Contoso's event stays Contoso's"
+    );
+    assert_eq!(contoso.count(), 1);
+}

@@ -596,13 +596,17 @@ pub struct Gateway {
 impl Gateway {
     /// (status, JSON body) of `method path`.
     pub async fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let out = self
-            .host
-            .invoke(
-                "hookwise-ingest",
-                &http_api_event(method, path, &self.key, body.as_ref()),
-            )
-            .await;
+        self.call_for(None, method, path, body).await
+    }
+
+    /// (status, JSON body) of `method path`, naming a tenant with `Hookwise-Tenant` (as an
+    /// operator key does).
+    pub async fn call_for(&self, tenant: Option<&str>, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut event = http_api_event(method, path, &self.key, body.as_ref());
+        if let Some(tenant) = tenant {
+            event["headers"]["hookwise-tenant"] = json!(tenant);
+        }
+        let out = self.host.invoke("hookwise-ingest", &event).await;
         let status = out["statusCode"]
             .as_u64()
             .unwrap_or_else(|| panic!("an HTTP API response: {out}")) as u16;

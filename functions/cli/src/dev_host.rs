@@ -119,6 +119,7 @@ where
 {
     // Before the ready lines: a SIGTERM right after them must stop the process cleanly.
     let stop: CancellationToken = hookwise_runner::cancel_on_signals().context("install the signal handlers")?;
+    let portal = hookwise_http::PortalConfig::from_env().map_err(anyhow::Error::msg)?;
     let addr = ready.listener.local_addr()?;
     let key = &ready.api_key;
     println!("{}", ready.title);
@@ -128,6 +129,18 @@ where
     println!("tenant:       {}", ready.tenant);
     println!("API key:      {key}");
     println!("dashboard:    http://{addr}/dashboard");
+    // A day's portal link for the default tenant: the dashboard as its customer sees it.
+    let tenant = ready
+        .services
+        .tenant(&ready.tenant)
+        .await
+        .context("read the default tenant")?;
+    let (_, token) = ready
+        .services
+        .create_portal_session(&tenant, Some(hookwise_core::services::PORTAL_SESSION_MAX), false)
+        .await
+        .context("make the default tenant's portal link")?;
+    println!("portal:       http://{addr}/portal#token={token}");
     println!("try:          curl -H 'Authorization: Bearer {key}' http://{addr}/v1/subscriptions");
     if !args.deny_loopback {
         eprintln!(
@@ -139,6 +152,7 @@ where
         receive_wait,
         batches_in_flight: BATCHES_IN_FLIGHT,
         scheduler_tick: Duration::from_secs(args.scheduler_interval.max(1)),
+        portal,
     };
     run_host(
         ready.services,

@@ -6,11 +6,11 @@ use std::sync::Arc;
 
 use axum::Router;
 use hookwise_core::services::Services;
-use hookwise_http::{router, ApiState};
+use hookwise_http::{router, ApiState, PortalConfig};
 
-/// The API on the services.
-pub fn app(services: Arc<Services>) -> Router {
-    router(ApiState::new(services))
+/// The API on the services, its customer portal as the deployment set it.
+pub fn app(services: Arc<Services>, portal: PortalConfig) -> Router {
+    router(ApiState::new(services).with_portal(portal))
 }
 
 #[cfg(test)]
@@ -34,7 +34,7 @@ mod tests {
         let sample = include_str!("../../../infra/events/ingest-http-api.json")
             .replace("hwk_example_key_replace_me_000000", &key);
         let request = lambda_http::request::from_str(&sample).expect("an HTTP API v2 event");
-        let response = app(services).oneshot(request).await.unwrap();
+        let response = app(services, PortalConfig::default()).oneshot(request).await.unwrap();
         assert_eq!(response.status(), 202);
         let body = axum::body::to_bytes(response.into_body(), 1 << 20).await.unwrap();
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();

@@ -12,5 +12,6 @@ async fn main() -> Result<(), Error> {
     // Once per container: SDK clients and adapters; the Router shares them across requests.
     // The API never POSTs to an endpoint (deliveries are queued).
     let services = Arc::new(FunctionConfig::from_env()?.services(Arc::new(NoSender)).await);
-    run(hookwise_ingest::app(services)).await
+    let portal = hookwise_http::PortalConfig::from_env()?;
+    run(hookwise_ingest::app(services, portal)).await
 }

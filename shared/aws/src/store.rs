@@ -154,6 +154,11 @@ const TENANT_DIRECTORY: &str = "TENANTS";
 fn directory_key(id: &TenantId) -> Key {
     (TENANT_DIRECTORY.into(), format!("TEN#{id}"))
 }
+/// A customer's portal session: an item of its own, dropped by the table's TTL a day after
+/// it expires.
+fn portal_session_key(id: &PortalSessionId) -> Key {
+    (format!("PORTAL#{id}"), "#PORTAL".into())
+}
 /// The deployment's settings (operator keys, the rollout): one item.
 fn deployment_key() -> Key {
     ("DEPLOYMENT".into(), "#DEPLOYMENT".into())
@@ -1243,6 +1248,34 @@ impl Store for DynamoStore {
             .as_ref()
             .map(from_item)
             .transpose()
+    }
+
+    async fn create_portal_session(&self, session: &PortalSession) -> PortResult<()> {
+        let mut item = with_key(to_item(session), &portal_session_key(&session.id), "portal_session");
+        let gone_at = session.valid_until + chrono::Duration::days(1);
+        item.insert(TTL_ATTRIBUTE.into(), n(gone_at.timestamp()));
+        let condition = Condition::new("attribute_not_exists(pk)");
+        self.put_item(item, Some(condition), "create portal session").await
+    }
+
+    async fn portal_session(&self, id: &PortalSessionId) -> PortResult<Option<PortalSession>> {
+        let item = self.get(&portal_session_key(id), "read portal session").await?;
+        item.as_ref().map(from_item).transpose()
+    }
+
+    async fn delete_portal_session(&self, id: &PortalSessionId) -> PortResult<bool> {
+        let out = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(key_item(&portal_session_key(id))))
+            .return_values(aws_sdk_dynamodb::types::ReturnValue::AllOld)
+            .set_return_consumed_capacity(self.rcc())
+            .send()
+            .await
+            .map_err(|e| classify("delete portal session", e))?;
+        self.charge("delete portal session", true, out.consumed_capacity());
+        Ok(out.attributes().is_some_and(|a| !a.is_empty()))
     }
 
     async fn deployment(&self) -> PortResult<Deployment> {

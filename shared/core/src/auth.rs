@@ -1,5 +1,5 @@
-//! API keys: a tenant's (`hwk_`) and the operator's (`hwo_`), shown once, stored only as a
-//! SHA-256 hash.
+//! API keys: a tenant's (`hwk_`) and the operator's (`hwo_`), and portal sessions' tokens
+//! (`hwp_`); each shown once, stored only as a SHA-256 hash.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
 use base64::Engine;
@@ -8,6 +8,7 @@ use sha2::{Digest, Sha256};
 
 pub const API_KEY_PREFIX: &str = "hwk_";
 pub const OPERATOR_KEY_PREFIX: &str = "hwo_";
+pub const PORTAL_TOKEN_PREFIX: &str = "hwp_";
 
 /// Whose a key is, by its prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,6 +17,8 @@ pub enum KeyKind {
     Tenant,
     /// The deployment's operator's: acts for any tenant.
     Operator,
+    /// A customer's portal session's token: acts for its tenant, as the dashboard does.
+    Portal,
 }
 
 impl KeyKind {
@@ -23,6 +26,7 @@ impl KeyKind {
         match self {
             Self::Tenant => API_KEY_PREFIX,
             Self::Operator => OPERATOR_KEY_PREFIX,
+            Self::Portal => PORTAL_TOKEN_PREFIX,
         }
     }
 }
@@ -43,14 +47,16 @@ pub fn generate_api_key(rng: &mut impl Rng) -> String {
 /// (a generated one has 32: 24 random bytes; `hookwise dev --api-key` may choose another).
 /// Anything else is refused before any lookup, so a flood of junk keys costs no store reads.
 pub fn key_kind(key: &str) -> Option<KeyKind> {
-    [KeyKind::Tenant, KeyKind::Operator].into_iter().find(|kind| {
-        key.strip_prefix(kind.prefix()).is_some_and(|rest| {
-            (16..=64).contains(&rest.len())
-                && rest
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    [KeyKind::Tenant, KeyKind::Operator, KeyKind::Portal]
+        .into_iter()
+        .find(|kind| {
+            key.strip_prefix(kind.prefix()).is_some_and(|rest| {
+                (16..=64).contains(&rest.len())
+                    && rest
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+            })
         })
-    })
 }
 
 /// Whether `key` has the form of a tenant's API key.

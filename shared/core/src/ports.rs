@@ -96,6 +96,13 @@ pub trait Store: Send + Sync {
     /// Replace the deployment's settings if they are still as `read` (its `version`; 0:
     /// never written); `ConditionFailed` if they changed since.
     async fn put_deployment(&self, next: &Deployment, read: &Deployment) -> PortResult<()>;
+    /// A new portal session (`ConditionFailed` if its id is taken).
+    async fn create_portal_session(&self, session: &PortalSession) -> PortResult<()>;
+    /// A portal session by id, expired or not (the store may drop one a while after
+    /// `valid_until`).
+    async fn portal_session(&self, id: &PortalSessionId) -> PortResult<Option<PortalSession>>;
+    /// Revoke a portal session; whether there was one.
+    async fn delete_portal_session(&self, id: &PortalSessionId) -> PortResult<bool>;
 
     /// A new subscription; `ConditionFailed` if one with its id exists.
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()>;

@@ -5,5 +5,5 @@
 pub mod api;
 pub mod sender;
 
-pub use api::{router, ApiState};
+pub use api::{router, ApiState, PortalConfig};
 pub use sender::{send_batch, HttpSender, SenderConfig, SsrfGuard};

@@ -40,6 +40,7 @@ async fn main() {
         created_at: now,
         api_keys: Vec::new(),
         version: 0,
+        portal_sessions_since: None,
     };
     backend.create_tenant(&tenant).await.unwrap();
     let sub = Subscription {

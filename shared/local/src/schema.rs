@@ -181,6 +181,12 @@ CREATE TABLE IF NOT EXISTS settings (
     doc   TEXT NOT NULL
 ) WITHOUT ROWID;
 
+-- Customers' portal sessions (`Store::portal_session`).
+CREATE TABLE IF NOT EXISTS portal_sessions (
+    id    TEXT PRIMARY KEY,
+    doc   TEXT NOT NULL
+) WITHOUT ROWID;
+
 CREATE TABLE IF NOT EXISTS outbox (
     id          INTEGER PRIMARY KEY,
     message_id  TEXT NOT NULL,

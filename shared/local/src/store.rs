@@ -270,6 +270,47 @@ impl Store for LocalBackend {
         .await
     }
 
+    async fn create_portal_session(&self, session: &PortalSession) -> PortResult<()> {
+        let id = session.id.to_string();
+        let doc = to_json("portal session", session)?;
+        self.with_conn("create portal session", move |conn| {
+            let added = conn
+                .execute(
+                    "INSERT INTO portal_sessions (id, doc) VALUES (?1, ?2) ON CONFLICT (id) DO NOTHING",
+                    params![id, doc],
+                )
+                .map_err(|e| db_err("create portal session", e))?;
+            match added {
+                1 => Ok(()),
+                _ => Err(PortError::ConditionFailed(format!("portal session `{id}` exists"))),
+            }
+        })
+        .await
+    }
+
+    async fn portal_session(&self, id: &PortalSessionId) -> PortResult<Option<PortalSession>> {
+        let id = id.to_string();
+        self.with_read("read portal session", move |conn| {
+            query_doc(
+                conn,
+                "portal session",
+                "SELECT doc FROM portal_sessions WHERE id = ?1",
+                [&id],
+            )
+        })
+        .await
+    }
+
+    async fn delete_portal_session(&self, id: &PortalSessionId) -> PortResult<bool> {
+        let id = id.to_string();
+        self.with_conn("delete portal session", move |conn| {
+            conn.execute("DELETE FROM portal_sessions WHERE id = ?1", [&id])
+                .map(|n| n > 0)
+                .map_err(|e| db_err("delete portal session", e))
+        })
+        .await
+    }
+
     async fn list_tenants(&self, after: Option<&TenantId>, limit: u32) -> PortResult<Vec<Tenant>> {
         let after = after.map_or_else(String::new, |a| a.to_string());
         self.with_read("list tenants", move |conn| {

@@ -60,6 +60,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
             created_at: now,
         }],
         version: 0,
+        portal_sessions_since: None,
     };
     store.create_tenant(&tenant).await.unwrap();
     let sub = Subscription {

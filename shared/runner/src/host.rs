@@ -23,6 +23,8 @@ pub struct HostConfig {
     pub batches_in_flight: usize,
     /// Between scheduler runs (moving due retries, sweeping overdue deliveries).
     pub scheduler_tick: Duration,
+    /// The customer portal's framing and branding.
+    pub portal: hookwise_http::PortalConfig,
 }
 
 /// A token cancelled on Ctrl-C or SIGTERM. The handlers are installed when this is called,
@@ -86,7 +88,7 @@ where
     let scheduling = tokio::spawn(tick_scheduler(services.clone(), config.scheduler_tick, stop.clone()));
 
     let api_stop = stop.clone();
-    let api = axum::serve(listener, router(ApiState::new(services)))
+    let api = axum::serve(listener, router(ApiState::new(services).with_portal(config.portal)))
         .with_graceful_shutdown(async move { api_stop.cancelled().await });
     let serving = tokio::spawn(async move { api.await });
 

@@ -139,6 +139,8 @@ id_type!(/// An event as a service handed it to Hookwise; also the `webhook-id` 
     EventId, "evt_");
 id_type!(/// One event going to one subscription.
     DeliveryId, "dlv_");
+id_type!(/// A customer's portal session.
+    PortalSessionId, "ps_");
 
 impl EventId {
     /// The id of the tenant's event with this `Idempotency-Key`: the same key always gives

@@ -3,7 +3,7 @@
 mod ids;
 mod parse;
 
-pub use ids::{DeliveryId, EventId, SubscriptionId, TenantId};
+pub use ids::{DeliveryId, EventId, PortalSessionId, SubscriptionId, TenantId};
 pub use parse::{Email, EndpointUrl, EventType, EventTypeFilter, SealedSecret, Secret};
 
 use chrono::{DateTime, Utc};
@@ -36,6 +36,9 @@ pub struct Tenant {
     /// Moves on every change: what a conditional write of the tenant checks.
     #[serde(default)]
     pub version: u64,
+    /// Portal sessions made until this time are refused: "revoke all of its sessions".
+    #[serde(default)]
+    pub portal_sessions_since: Option<DateTime<Utc>>,
 }
 
 impl Tenant {
@@ -50,6 +53,21 @@ impl Tenant {
         };
         (missing_from(read, self), missing_from(self, read))
     }
+}
+
+/// A customer's portal session: the dashboard in portal mode, scoped to one tenant, until it
+/// expires or is revoked. Its token (`hwp_`, shown once, carried after `#` in the link) is its
+/// id and a secret; only the secret's SHA-256 is kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortalSession {
+    pub id: PortalSessionId,
+    pub tenant_id: TenantId,
+    /// [`crate::auth::hash_api_key`] of the token's secret.
+    pub secret_hash: String,
+    /// Reads only: no change, no replay.
+    pub read_only: bool,
+    pub created_at: DateTime<Utc>,
+    pub valid_until: DateTime<Utc>,
 }
 
 /// Keys a tenant holds at most: the current one and the one it is rotating to.

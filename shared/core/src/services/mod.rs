@@ -8,6 +8,7 @@ mod deliver;
 mod events;
 mod lookups;
 mod notices;
+mod portal;
 mod replay;
 mod scheduler;
 mod secrets;
@@ -31,6 +32,7 @@ pub use deliver::{DeliverOutcome, DISABLE_NOTICE_CLAIM, INGEST_WINDOW};
 pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD_BYTES};
 pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;
+pub use portal::{PORTAL_SESSION_DEFAULT, PORTAL_SESSION_MAX};
 pub use scheduler::SchedulerReport;
 pub use secrets::SealReport;
 pub use subscriptions::{

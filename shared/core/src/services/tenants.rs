@@ -82,6 +82,9 @@ pub enum Caller {
     Tenant(Tenant),
     /// An operator key: it acts for any tenant, and on the operator routes.
     Operator,
+    /// A customer's portal session: it acts for its tenant alone, as the dashboard does
+    /// (no events sent; with `read_only`, nothing changed).
+    Portal { tenant: Tenant, read_only: bool },
 }
 
 /// Times a change is tried again when another change to the same value landed first.
@@ -112,6 +115,7 @@ impl Services {
                 created_at: now,
             }],
             version: 0,
+            portal_sessions_since: None,
         };
         match self.ports.store.create_tenant(&tenant).await {
             Ok(()) => Ok(tenant),
@@ -139,6 +143,7 @@ impl Services {
                     false => Err(Error::Unauthorized),
                 }
             }
+            Some(KeyKind::Portal) => self.portal_caller(key).await,
             None => Err(Error::Unauthorized),
         }
     }
@@ -244,7 +249,7 @@ impl Services {
     pub async fn authenticate(&self, api_key: &str) -> Result<Tenant> {
         match self.identify(api_key).await? {
             Caller::Tenant(tenant) => Ok(tenant),
-            Caller::Operator => Err(Error::Unauthorized),
+            Caller::Operator | Caller::Portal { .. } => Err(Error::Unauthorized),
         }
     }
 
@@ -363,6 +368,15 @@ impl Services {
         Ok(tenant)
     }
 
+    /// [`Self::change_tenant`] with a change that cannot fail.
+    pub(super) async fn change_tenant_now(&self, id: &TenantId, change: impl Fn(&mut Tenant)) -> Result<Tenant> {
+        self.change_tenant(id, |t| {
+            change(t);
+            Ok(())
+        })
+        .await
+    }
+
     async fn change_tenant(&self, id: &TenantId, change: impl Fn(&mut Tenant) -> Result<()>) -> Result<Tenant> {
         self.change_tenant_from(id, |_, next| change(next)).await
     }
@@ -417,7 +431,7 @@ fn check_key_form(key: &str, kind: KeyKind) -> Result<()> {
 }
 
 /// A disabled tenant is refused: 403, not 401 (its key is known).
-fn active(tenant: &Tenant) -> Result<()> {
+pub(super) fn active(tenant: &Tenant) -> Result<()> {
     match tenant.status {
         TenantStatus::Active => Ok(()),
         TenantStatus::Disabled => Err(Error::forbidden(

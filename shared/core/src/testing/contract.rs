@@ -108,6 +108,7 @@ macro_rules! store_contract_tests {
             the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_back,
             the_audits_position_round_trips,
             the_deployments_settings_are_written_only_over_the_copy_read,
+            a_portal_session_is_created_once_read_by_id_and_revoked,
             a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscription,
         }
     };
@@ -165,6 +166,7 @@ impl Fixture {
             created_at: t0(),
             api_keys: Vec::new(),
             version: 0,
+            portal_sessions_since: None,
         };
         let key = format!("hwk_{}", tenant.id);
         with_key(tenant, &key)
@@ -1468,6 +1470,33 @@ pub async fn the_deployments_settings_are_written_only_over_the_copy_read(b: &dy
         .await
         .expect("written over the copy read");
     assert_eq!(b.store().deployment().await.expect("read"), later);
+}
+
+pub async fn a_portal_session_is_created_once_read_by_id_and_revoked(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let tenant = fx.stored_tenant(b).await;
+    let session = PortalSession {
+        id: PortalSessionId::generate(t0(), &mut fx.rng),
+        tenant_id: tenant.id.clone(),
+        secret_hash: "b".repeat(64),
+        read_only: true,
+        created_at: t0(),
+        valid_until: t0() + minutes(60),
+    };
+    b.store().create_portal_session(&session).await.expect("create");
+    assert_eq!(
+        b.store().portal_session(&session.id).await.expect("read"),
+        Some(session.clone())
+    );
+    assert!(matches!(
+        b.store().create_portal_session(&session).await,
+        Err(PortError::ConditionFailed(_))
+    ));
+    let other = PortalSessionId::generate(t0(), &mut fx.rng);
+    assert_eq!(b.store().portal_session(&other).await.expect("read"), None);
+    assert!(b.store().delete_portal_session(&session.id).await.expect("revoke"));
+    assert!(!b.store().delete_portal_session(&session.id).await.expect("again"));
+    assert_eq!(b.store().portal_session(&session.id).await.expect("read"), None);
 }
 
 impl Fixture {

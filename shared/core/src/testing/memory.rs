@@ -35,6 +35,7 @@ struct StoreData {
     notices: HashMap<(DeliveryId, u32), (Email, DeadNotice, bool)>,
     digests: HashMap<Email, MemoryDigest>,
     deployment: Deployment,
+    portal_sessions: HashMap<PortalSessionId, PortalSession>,
 }
 
 /// An owner's emails: when the last went out, and the claim on the next.
@@ -143,6 +144,22 @@ impl Store for MemoryStore {
     }
     async fn deployment(&self) -> PortResult<Deployment> {
         Ok(lock(&self.data).deployment.clone())
+    }
+    async fn create_portal_session(&self, session: &PortalSession) -> PortResult<()> {
+        self.crash.act("create portal session")?;
+        let mut d = lock(&self.data);
+        if d.portal_sessions.contains_key(&session.id) {
+            return Err(PortError::ConditionFailed("portal session id in use".into()));
+        }
+        d.portal_sessions.insert(session.id.clone(), session.clone());
+        Ok(())
+    }
+    async fn portal_session(&self, id: &PortalSessionId) -> PortResult<Option<PortalSession>> {
+        Ok(lock(&self.data).portal_sessions.get(id).cloned())
+    }
+    async fn delete_portal_session(&self, id: &PortalSessionId) -> PortResult<bool> {
+        self.crash.act("delete portal session")?;
+        Ok(lock(&self.data).portal_sessions.remove(id).is_some())
     }
     async fn put_deployment(&self, next: &Deployment, read: &Deployment) -> PortResult<()> {
         self.crash.act("put deployment")?;

@@ -12,25 +12,39 @@ const INDEX_HTML: &str = include_str!("../../dashboard/index.html");
 const APP_JS: &str = include_str!("../../dashboard/app.js");
 const APP_CSS: &str = include_str!("../../dashboard/app.css");
 
-/// Scripts, styles and API calls from this origin only; no inline script, no framing.
-const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
-                   img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+/// Scripts, styles and API calls from this origin only; no inline script; framed by
+/// `frame_ancestors` (the dashboard: by none).
+pub(super) fn csp(frame_ancestors: &str) -> String {
+    format!(
+        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; \
+         img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors {frame_ancestors}"
+    )
+}
 
-type Asset = ([(HeaderName, &'static str); 5], &'static str);
+type Asset = ([(HeaderName, String); 5], &'static str);
 
 fn asset(content_type: &'static str, body: &'static str) -> Asset {
+    asset_with(content_type, body, csp("'none'"))
+}
+
+fn asset_with(content_type: &'static str, body: &'static str, csp: String) -> Asset {
     (
         [
-            (CONTENT_TYPE, content_type),
+            (CONTENT_TYPE, content_type.to_owned()),
             // Assets change with the binary; revalidating is cheap and avoids a stale page.
-            (CACHE_CONTROL, "no-cache"),
-            (HeaderName::from_static("content-security-policy"), CSP),
-            (HeaderName::from_static("x-content-type-options"), "nosniff"),
-            // The page never puts the key in a URL, and sends no referrer anywhere either.
-            (HeaderName::from_static("referrer-policy"), "no-referrer"),
+            (CACHE_CONTROL, "no-cache".to_owned()),
+            (HeaderName::from_static("content-security-policy"), csp),
+            (HeaderName::from_static("x-content-type-options"), "nosniff".to_owned()),
+            // The page never puts a key in a URL, and sends no referrer anywhere either.
+            (HeaderName::from_static("referrer-policy"), "no-referrer".to_owned()),
         ],
         body,
     )
+}
+
+/// The dashboard's page under another CSP (the portal's).
+pub(super) fn page_with(csp: String) -> impl IntoResponse {
+    asset_with("text/html; charset=utf-8", INDEX_HTML, csp)
 }
 
 pub async fn openapi() -> impl IntoResponse {

@@ -6,7 +6,7 @@ use axum::extract::rejection::{BytesRejection, QueryRejection};
 use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use hookwise_core::model::{Tenant, TenantId};
 use hookwise_core::services::Caller;
 use serde::de::DeserializeOwned;
@@ -31,22 +31,47 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let state = ApiState::from_ref(state);
         let caller = identify(parts, &state).await?;
+        portal_may(parts, &caller)?;
         let named = named_tenant(parts)?;
         acting_for(&state, caller, named.as_ref()).await.map(Self)
     }
 }
 
-/// The tenant a caller acts for: a tenant key's own (a header naming another is refused), or
-/// the one an operator key names.
+/// What a portal session may do: what its dashboard does. It sends no events, and a
+/// read-only one changes nothing (no replay either).
+fn portal_may(parts: &Parts, caller: &Caller) -> Result<(), ApiError> {
+    let Caller::Portal { read_only, .. } = caller else {
+        return Ok(());
+    };
+    let path = parts.uri.path().trim_end_matches('/');
+    if parts.method == Method::POST && (path.ends_with("/v1/events") || path.ends_with("/v1/events/batch")) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "portal_cannot_send",
+            "a portal session cannot send events",
+        ));
+    }
+    if *read_only && !matches!(parts.method, Method::GET | Method::HEAD) {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "read_only",
+            "this portal session is read-only",
+        ));
+    }
+    Ok(())
+}
+
+/// The tenant a caller acts for: a tenant key's or a portal session's own (a header naming
+/// another is refused), or the one an operator key names.
 pub async fn acting_for(state: &ApiState, caller: Caller, named: Option<&TenantId>) -> Result<Tenant, ApiError> {
     match (caller, named) {
-        (Caller::Tenant(tenant), None) => Ok(tenant),
-        (Caller::Tenant(tenant), Some(id)) if *id == tenant.id => Ok(tenant),
-        (Caller::Tenant(tenant), Some(id)) => Err(ApiError::new(
+        (Caller::Tenant(tenant) | Caller::Portal { tenant, .. }, None) => Ok(tenant),
+        (Caller::Tenant(tenant) | Caller::Portal { tenant, .. }, Some(id)) if *id == tenant.id => Ok(tenant),
+        (Caller::Tenant(tenant) | Caller::Portal { tenant, .. }, Some(id)) => Err(ApiError::new(
             StatusCode::FORBIDDEN,
             "tenant_mismatch",
             format!(
-                "this API key acts for tenant `{}` alone, not `{id}` (only an operator key names its tenant)",
+                "this key acts for tenant `{}` alone, not `{id}` (only an operator key names its tenant)",
                 tenant.id
             ),
         )),
@@ -71,7 +96,7 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         match identify(parts, &ApiState::from_ref(state)).await? {
             Caller::Operator => Ok(Self),
-            Caller::Tenant(_) => Err(ApiError::new(
+            Caller::Tenant(_) | Caller::Portal { .. } => Err(ApiError::new(
                 StatusCode::FORBIDDEN,
                 "operator_only",
                 "this route takes an operator key (`hookwise operator create-key`), not a tenant's",
@@ -96,6 +121,7 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let caller = identify(parts, &ApiState::from_ref(state)).await?;
+        portal_may(parts, &caller)?;
         Ok(Self {
             caller,
             named: named_tenant(parts)?,

@@ -8,6 +8,7 @@ mod error;
 mod extract;
 mod handlers;
 mod operator;
+mod portal;
 mod views;
 
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use tower_http::trace::TraceLayer;
 pub use dashboard::OPENAPI_JSON;
 pub use error::{ApiError, ApiResult};
 pub use extract::{parse_json, ApiJson, Authenticated};
+pub use portal::PortalConfig;
 pub use views::*;
 
 /// The largest request body accepted (the event payload limit): larger is 413.
@@ -45,15 +47,28 @@ async fn time_limit(request: axum::extract::Request, next: axum::middleware::Nex
     }
 }
 
-/// What every handler shares: the services, built once by the host.
+/// What every handler shares: the services, built once by the host, and the portal's
+/// settings.
 #[derive(Clone)]
 pub struct ApiState {
     pub services: Arc<Services>,
+    pub portal: Arc<PortalConfig>,
 }
 
 impl ApiState {
+    /// The services, and a portal without framing or branding.
     pub fn new(services: Arc<Services>) -> Self {
-        Self { services }
+        Self {
+            services,
+            portal: Arc::new(PortalConfig::default()),
+        }
+    }
+
+    pub fn with_portal(self, portal: PortalConfig) -> Self {
+        Self {
+            portal: Arc::new(portal),
+            ..self
+        }
     }
 }
 
@@ -76,6 +91,8 @@ route_table! {
     GET    "/dashboard"                            => dashboard::page;
     GET    "/dashboard/app.js"                     => dashboard::script;
     GET    "/dashboard/app.css"                    => dashboard::stylesheet;
+    GET    "/dashboard/branding.json"              => portal::branding;
+    GET    "/portal"                               => portal::page;
     POST   "/v1/subscriptions"                     => handlers::create_subscription;
     GET    "/v1/subscriptions"                     => handlers::list_subscriptions;
     GET    "/v1/subscriptions/{id}"                => handlers::get_subscription;
@@ -98,6 +115,9 @@ route_table! {
     DELETE "/v1/tenants/{id}/api-keys/{key_id}"    => operator::revoke_tenant_key;
     GET    "/v1/rollout"                           => operator::get_rollout;
     PUT    "/v1/rollout"                           => operator::set_rollout;
+    POST   "/v1/portal-sessions"                   => portal::create_session;
+    DELETE "/v1/portal-sessions"                   => portal::revoke_sessions;
+    DELETE "/v1/portal-sessions/{id}"              => portal::revoke_session;
 }
 
 /// The whole API. `GET /healthz`, the OpenAPI document and the dashboard's assets need no

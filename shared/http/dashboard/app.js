@@ -1,9 +1,14 @@
 // Hookwise dashboard: plain JavaScript over the public API, no dependencies.
 // The API key lives in sessionStorage only; it is sent as a bearer header, never in a URL.
+// At /portal it is the customer portal: its token comes after `#` in the link (so no server
+// ever logs it), is moved to sessionStorage and out of the address bar at once, and the page
+// carries the deployment's branding; a read-only link hides what would change anything.
 "use strict";
 
 (() => {
-  const KEY_STORAGE = "hookwise.apiKey";
+  const PORTAL = window.location.pathname.replace(/\/+$/, "").endsWith("/portal");
+  const KEY_STORAGE = PORTAL ? "hookwise.portalToken" : "hookwise.apiKey";
+  const READ_ONLY_STORAGE = "hookwise.portalReadOnly";
   const PAGE_SIZE = 20;
   const SUBS_PAGE = 20;
   const POLL_MS = 1000;
@@ -78,7 +83,11 @@
       case 0:
         return "Could not reach the Hookwise API. Check that the server is running and try again.";
       case 401:
-        return `The API key was not accepted${detail}. Enter it again.`;
+        return PORTAL
+          ? "This portal link has expired or was revoked. Ask for a new link."
+          : `The API key was not accepted${detail}. Enter it again.`;
+      case 403:
+        return err.code === "read_only" ? "This link is read-only: it cannot change anything." : `That is not allowed${detail}.`;
       case 404:
         return `That was not found: it may have been deleted, or belong to another API key${detail}.`;
       case 409:
@@ -223,7 +232,8 @@
           cell("Retrying", String(c.retrying ?? 0), "num"),
           cell("Delivered", String(c.delivered ?? 0), "num"),
           cell("Dead", String(c.dead ?? 0), "num"),
-          cell("Recover", recover),
+          cell("Recover", recover, "writes"),
+          cell("Change", changeControls(s), "writes"),
         ),
       );
     }
@@ -237,6 +247,84 @@
     select.replaceChildren(el("option", { value: "" }, "Any subscription"));
     for (const s of state.subs) select.append(el("option", { value: s.id }, s.url));
     select.value = state.subs.some((s) => s.id === chosen) ? chosen : "";
+  }
+
+  // Pause or resume, a new URL, a new secret, or delete.
+  function changeControls(s) {
+    const urlId = `url-${s.id}`;
+    const paused = s.status === "disabled";
+    const act = (label, what, run) =>
+      el("button", { type: "button", class: "small secondary", "aria-label": `${label} ${s.url}`, onclick: () => change(what, run) }, label);
+    return el(
+      "div",
+      { class: "change" },
+      el(
+        "form",
+        { class: "change", onsubmit: (e) => { e.preventDefault(); change("The URL is changed.", () => patchSub(s, { url: $(urlId).value.trim() })); } },
+        el("label", { for: urlId, class: "visually-hidden" }, `New URL for ${s.url}`),
+        el("input", { id: urlId, type: "url", value: s.url, spellcheck: "false" }),
+        el("button", { type: "submit", class: "small" }, "Save URL"),
+      ),
+      act(paused ? "Resume" : "Pause", paused ? "Resumed." : "Paused: nothing is sent to it until it is resumed.", () =>
+        patchSub(s, { status: paused ? "active" : "disabled" }),
+      ),
+      act("Rotate secret", "", async () => {
+        const r = await api("POST", `v1/subscriptions/${encodeURIComponent(s.id)}/rotate-secret`, { body: {} });
+        showSecret(s.url, r.secret);
+      }),
+      act("Delete", "Deleted.", async () => {
+        if (!window.confirm(`Delete the endpoint ${s.url}? Its deliveries stop.`)) throw new Error("not deleted");
+        await api("DELETE", `v1/subscriptions/${encodeURIComponent(s.id)}`);
+      }),
+    );
+  }
+
+  const patchSub = (s, body) => api("PATCH", `v1/subscriptions/${encodeURIComponent(s.id)}`, { body });
+
+  async function change(done, run) {
+    clearError();
+    try {
+      await run();
+      if (done) notice(done);
+      await refreshAll();
+    } catch (e) {
+      if (e.message !== "not deleted") showError(e);
+    }
+  }
+
+  function showSecret(url, secret) {
+    $("secret-for").textContent = url;
+    $("secret-value").textContent = secret;
+    $("secret-box").hidden = false;
+  }
+
+  async function addSubscription() {
+    clearError();
+    const url = $("new-url").value.trim();
+    const types = $("new-types").value.split(",").map((t) => t.trim()).filter(Boolean);
+    const schedule = $("new-schedule").value.split(",").map((t) => t.trim()).filter(Boolean).map(Number);
+    if (!url) {
+      showError(new Error("enter the endpoint's URL"));
+      $("new-url").focus();
+      return;
+    }
+    if (schedule.some((n) => !Number.isInteger(n) || n < 1)) {
+      showError(new Error("a retry schedule is whole seconds, comma-separated"));
+      $("new-schedule").focus();
+      return;
+    }
+    const body = { url, event_types: types.length ? types : ["*"] };
+    if (schedule.length) body.retry_policy = { schedule_seconds: schedule };
+    try {
+      const s = await api("POST", "v1/subscriptions", { body });
+      showSecret(s.url, s.secret);
+      notice(`Added ${s.url}.`);
+      $("new-url").value = "";
+      $("new-schedule").value = "";
+      await refreshAll();
+    } catch (e) {
+      showError(e);
+    }
   }
 
   async function recoverSince(sub, input) {
@@ -455,12 +543,13 @@
     }
     sessionStorage.setItem(KEY_STORAGE, key);
     $("login").hidden = true;
+    $("portal-gone").hidden = true;
     $("app").hidden = false;
     $("forget").hidden = false;
     state.cursors = [null];
     state.subsPages = 1;
     await refreshAll();
-    notice("Signed in. The key is kept for this tab only.");
+    notice(PORTAL ? "Signed in. This link is kept for this tab only." : "Signed in. The key is kept for this tab only.");
     $("subs-title").setAttribute("tabindex", "-1");
     $("subs-title").focus();
     if (state.subs.some((s) => s.counts && (s.counts.pending > 0 || s.counts.retrying > 0))) startPolling();
@@ -476,10 +565,46 @@
     $("app").hidden = true;
     $("detail").hidden = true;
     $("forget").hidden = true;
+    if (PORTAL) {
+      // No key to type here: a portal is opened by its link.
+      sessionStorage.removeItem(READ_ONLY_STORAGE);
+      $("portal-gone").hidden = false;
+      if (announce) notice("Signed out of the portal.");
+      return;
+    }
     $("login").hidden = false;
     $("api-key").value = "";
     if (announce) notice("The API key is forgotten.");
     $("api-key").focus();
+  }
+
+  // ---- The portal: its link's token, the branding ----
+
+  /** The token and mode in the link's `#`, moved to sessionStorage and out of the address bar. */
+  function takePortalLink() {
+    const params = new URLSearchParams(window.location.hash.slice(1));
+    const token = params.get("token");
+    if (token) {
+      sessionStorage.setItem(KEY_STORAGE, token);
+      sessionStorage.setItem(READ_ONLY_STORAGE, params.get("read_only") === "1" ? "1" : "");
+      window.history.replaceState(null, "", window.location.pathname + window.location.search);
+    }
+    return sessionStorage.getItem(KEY_STORAGE);
+  }
+
+  async function applyBranding() {
+    try {
+      const b = await (await fetch(new URL("dashboard/branding.json", document.baseURI), { cache: "no-store" })).json();
+      $("brand-name").textContent = b.name;
+      document.title = `${b.name}: webhook deliveries`;
+      if (b.accent) document.documentElement.style.setProperty("--accent", b.accent);
+      if (b.logo) {
+        $("brand-logo").src = b.logo;
+        $("brand-logo").hidden = false;
+      }
+    } catch (e) {
+      // The default look stays.
+    }
   }
 
   // ---- Wiring ----
@@ -528,11 +653,25 @@
       }
     });
     $("replay").addEventListener("click", replayOpen);
+    $("add-sub").addEventListener("submit", (e) => {
+      e.preventDefault();
+      addSubscription();
+    });
     $("close-detail").addEventListener("click", closeDetail);
     document.addEventListener("keydown", (e) => {
       if (e.key === "Escape" && !$("detail").hidden) closeDetail();
     });
 
+    if (PORTAL) {
+      $("forget").textContent = "Sign out";
+      $("login").hidden = true;
+      applyBranding();
+      const token = takePortalLink();
+      document.body.classList.toggle("read-only", sessionStorage.getItem(READ_ONLY_STORAGE) === "1");
+      if (token) signIn(token);
+      else $("portal-gone").hidden = false;
+      return;
+    }
     const saved = sessionStorage.getItem(KEY_STORAGE);
     if (saved) signIn(saved);
     else $("api-key").focus();

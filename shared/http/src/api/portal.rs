@@ -123,7 +123,8 @@ pub struct NewPortalSession {
 #[derive(Debug, Serialize)]
 pub struct PortalSessionView {
     pub id: PortalSessionId,
-    /// The link to hand the customer: the portal, its token after `#`.
+    /// The link to hand the customer: the portal, its token (and `read_only=1` for a
+    /// read-only one) after `#`.
     pub url: String,
     pub read_only: bool,
     pub expires_at: DateTime<Utc>,
@@ -149,7 +150,12 @@ pub async fn create_session(
         StatusCode::CREATED,
         Json(PortalSessionView {
             id: session.id,
-            url: format!("{origin}/portal#token={token}"),
+            // The mode rides along for the page to hide what it may not do (the API refuses it
+            // all the same).
+            url: format!(
+                "{origin}/portal#token={token}{}",
+                if session.read_only { "&read_only=1" } else { "" }
+            ),
             read_only: session.read_only,
             expires_at: session.valid_until,
         }),

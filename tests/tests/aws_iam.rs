@@ -518,6 +518,36 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
             .await,
         "a tenant's route, for the tenant the operator names",
     );
+    // A customer portal link: minted, used, revoked one and all.
+    let session = ok(
+        operator_api
+            .call_for(Some(&account), "POST", "/v1/portal-sessions", Some(json!({})))
+            .await,
+        "mint a portal link",
+    );
+    let url = session["url"].as_str().unwrap();
+    let portal_api = Gateway {
+        host: host.clone(),
+        key: url.split_once("#token=").unwrap().1.to_owned(),
+    };
+    ok(
+        portal_api.call("GET", "/v1/deliveries", None).await,
+        "the portal's reads",
+    );
+    let id = session["id"].as_str().unwrap();
+    ok(
+        operator_api
+            .call_for(Some(&account), "DELETE", &format!("/v1/portal-sessions/{id}"), None)
+            .await,
+        "revoke a portal link",
+    );
+    assert_eq!(portal_api.call("GET", "/v1/deliveries", None).await.0, 401);
+    ok(
+        operator_api
+            .call_for(Some(&account), "DELETE", "/v1/portal-sessions", None)
+            .await,
+        "revoke every portal link of a tenant",
+    );
 
     // Ingest: keyed events in a batch, the batch again (answered from the store), one event.
     let keyed = json!({"events": [

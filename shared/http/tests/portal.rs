@@ -78,7 +78,9 @@ impl App {
         let (status, session) = self.call("POST", "/v1/portal-sessions", key, headers, Some(body)).await;
         assert_eq!(status, StatusCode::CREATED, "{session}");
         let url = session["url"].as_str().unwrap();
-        let token = url.split_once("#token=").expect("the token after #").1.to_owned();
+        let after = url.split_once("#token=").expect("the token after #").1;
+        let token = after.split('&').next().unwrap().to_owned();
+        assert_eq!(after.contains("&read_only=1"), session["read_only"] == true, "{url}");
         (session, token)
     }
 }

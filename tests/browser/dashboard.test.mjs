@@ -232,7 +232,10 @@ test("a dead delivery is found in the dashboard, its attempts shown, and Replay 
 
   // "Recover since..." replays the other dead delivery of the subscription.
   await page.selectOption("#filter-status", "");
+  // A preview first: how many it will replay; then the replay.
   await subRow.getByRole("button", { name: /Recover dead deliveries/ }).click();
+  await subRow.locator("[data-preview]", { hasText: "1 dead delivery since then" }).waitFor();
+  await subRow.getByRole("button", { name: /Replay 1 dead delivery/ }).click();
   await page.locator("#notice", { hasText: "Replaying 1 dead delivery" }).waitFor();
   await waitFor("the recovered delivery to be delivered", async () => (await subRow.locator('td[data-label="Dead"]').innerText()) === "0", WAIT_MS);
   await waitFor("the subscription to count two delivered", async () => (await subRow.locator('td[data-label="Delivered"]').innerText()) === "2", WAIT_MS);

@@ -192,6 +192,9 @@ test("the first customer adds an endpoint, sees a delivery go dead, fixes the en
   assert.match(await page.locator("#secret-value").innerText(), /^whsec_/);
   const row = page.locator("#subs tbody tr").first();
   await waitFor("the endpoint listed", async () => (await row.innerText()).includes(down.url));
+  // Its schedule as a timeline, by the policy code; whose account this is, and its retries.
+  assert.match(await row.locator('td[data-label="Policy"]').innerText(), /if your endpoint is down: retries at \+1 s, \+2 s; dead after 2 s/);
+  assert.match(await page.locator("#account").innerText(), /\(acct_first\): retries on, in the rollout/);
 
   // The ledger service sends the account an event; it fails three times and goes dead.
   const sent = await op("POST", "/v1/events", { type: "invoice.paid", payload: { invoice: "in_42" } }, "acct_first");

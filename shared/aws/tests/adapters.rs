@@ -1326,6 +1326,26 @@ async fn given_a_tenant_an_older_build_wrote_then_its_key_can_be_revoked_and_a_c
     let (rotated, new_key) = services.rotate_api_key(&id).await.unwrap();
     assert_eq!((rotated.version, rotated.api_keys.len()), (1, 1));
     assert!(listed().await, "a change lists it");
+    // Disabled, its old key (whose entry the change did not rewrite) is refused too.
+    let disable = |status| hookwise_core::services::TenantPatch {
+        status: Some(status),
+        ..Default::default()
+    };
+    services
+        .update_tenant(&id, &disable(TenantStatus::Disabled))
+        .await
+        .unwrap();
+    assert!(matches!(
+        process().identify(&key).await,
+        Err(hookwise_core::Error::Forbidden {
+            code: "tenant_disabled",
+            ..
+        })
+    ));
+    services
+        .update_tenant(&id, &disable(TenantStatus::Active))
+        .await
+        .unwrap();
     let revoked = services.revoke_api_key(&id, &KeyRef::Key(key.clone())).await.unwrap();
     assert_eq!(revoked.api_keys, rotated.api_keys);
     let fresh = process();

@@ -79,6 +79,21 @@ async fn given_an_operator_key_then_it_identifies_the_operator_until_revoked_and
         h.services.revoke_operator_key(&KeyRef::Key(first)).await,
         Err(Error::NotFound { .. })
     ));
+    // A key made by another process works here at once, though this one keeps the settings
+    // it read (a key found is kept; one not found is looked for again).
+    let elsewhere = hookwise_core::services::Services::new(
+        h.services.ports().clone(),
+        hookwise_core::services::Config::default(),
+        rand::SeedableRng::seed_from_u64(9),
+    );
+    h.services
+        .revoke_operator_key(&KeyRef::Key(second.clone()))
+        .await
+        .unwrap();
+    // (This process reads the settings, and keeps them.)
+    assert!(matches!(h.services.identify(&second).await, Err(Error::Unauthorized)));
+    let (_, third) = elsewhere.create_operator_key().await.unwrap();
+    assert!(matches!(h.services.identify(&third).await, Ok(Caller::Operator)));
     // A made-up operator key is refused, as is junk.
     let made_up = format!("hwo_{}", "x".repeat(32));
     assert!(matches!(h.services.identify(&made_up).await, Err(Error::Unauthorized)));

@@ -24,6 +24,7 @@
     openId: null, // the delivery shown in detail
     openerId: null, // the button that opened it, to return focus on close
     poll: null,
+    recoverPreview: null, // "<subscription>@<since>" previewed: the next submit replays
   };
 
   // ---- API ----
@@ -87,7 +88,9 @@
           ? "This portal link has expired or was revoked. Ask for a new link."
           : `The API key was not accepted${detail}. Enter it again.`;
       case 403:
-        return err.code === "read_only" ? "This link is read-only: it cannot change anything." : `That is not allowed${detail}.`;
+        if (err.code === "read_only") return "This link is read-only: it cannot change anything.";
+        if (err.code === "tenant_disabled") return "This account is disabled. Ask its owner.";
+        return `That is not allowed${detail}.`;
       case 404:
         return `That was not found: it may have been deleted, or belong to another API key${detail}.`;
       case 409:
@@ -164,6 +167,26 @@
     return `custom: ${delays}${jitter && jitter !== "none" ? `; jitter ${jitter}` : ""}${p.adaptive ? "; adaptive" : ""}`;
   }
 
+  /** A span of seconds in the unit that reads best: "90 s", "6 min", "2.5 h", "3.4 days". */
+  function span(seconds) {
+    const round1 = (n) => (Math.round(n * 10) / 10).toString();
+    if (seconds < 90) return `${Math.round(seconds)} s`;
+    if (seconds < 5400) return `${round1(seconds / 60)} min`;
+    if (seconds < 172800) return `${round1(seconds / 3600)} h`;
+    return `${round1(seconds / 86400)} days`;
+  }
+
+  // The policy's timeline, as the API computes it: "if your endpoint is down: retries at
+  // +1 min, +6 min, … dead after 82.6 h".
+  function scheduleLabel(s) {
+    const t = s.schedule;
+    if (!t) return null;
+    if (!t.retries_after_seconds.length) return el("div", { class: "hint" }, "if your endpoint is down: no retries, dead at once");
+    const shown = t.retries_after_seconds.slice(0, 4).map((x) => `+${span(x)}`);
+    const more = t.retries_after_seconds.length > 4 ? ", …" : "";
+    return el("div", { class: "hint" }, `if your endpoint is down: retries at ${shown.join(", ")}${more}; dead after ${span(t.dead_after_seconds)}`);
+  }
+
   function healthLabel(h) {
     return h === null || h === undefined ? "no attempts yet" : `${Math.round(h * 100)} %`;
   }
@@ -174,14 +197,21 @@
     if (sub.circuit_breaker && sub.circuit_breaker.enabled === false) return "off";
     if (!c || c.state === "closed") return "closed";
     const state = c.state === "half_open" ? "half open" : "open";
-    const probe = c.next_probe_at ? el("div", { class: "hint" }, `next probe ${new Date(c.next_probe_at).toLocaleTimeString()}`) : null;
-    return [el("span", { class: "badge dead" }, state), probe];
+    const since = el("div", { class: "hint" }, `since ${new Date(c.since).toLocaleTimeString()}`);
+    const probe = c.next_probe_at ? el("div", { class: "hint" }, `next probe ${relative(c.next_probe_at)}`) : null;
+    return [el("span", { class: "badge dead" }, state), since, probe];
   }
 
   const subById = (id) => state.subs.find((s) => s.id === id);
   const subName = (id) => (subById(id) ? subById(id).url : id);
 
   // ---- Subscriptions ----
+
+  // Whose deliveries these are, and whether their retries are on (and why).
+  async function loadAccount() {
+    const t = await api("GET", "v1/tenant");
+    $("account").textContent = `${t.name} (${t.id}): retries ${t.retries.enabled ? "on" : "off"}, ${t.retries.why}.`;
+  }
 
   async function loadSubscriptions() {
     const subs = [];
@@ -205,6 +235,7 @@
   }
 
   function renderSubscriptions() {
+    state.recoverPreview = null; // a preview stands only on the row it was shown on
     const body = $("subs").tBodies[0];
     body.replaceChildren();
     for (const s of state.subs) {
@@ -215,6 +246,7 @@
         el("label", { for: sinceId }, "Recover since"),
         el("input", { id: sinceId, type: "datetime-local", value: isoHoursAgo(24), required: true }),
         el("button", { type: "submit", class: "small", "aria-label": `Recover dead deliveries of ${s.url} since the time given` }, "Recover"),
+        el("span", { class: "hint", "data-preview": s.id }),
       );
       const c = s.counts || {};
       body.append(
@@ -223,7 +255,7 @@
           { "data-sub": s.id },
           cell("Endpoint", el("span", { class: "mono" }, s.url), "url"),
           cell("Event types", s.event_types.join(", ")),
-          cell("Policy", policyLabel(s.retry_policy)),
+          cell("Policy", [policyLabel(s.retry_policy), scheduleLabel(s)]),
           cell("Rate limit", s.rate_limit_per_second ? `${s.rate_limit_per_second}/s` : "none", "num"),
           cell("Status", [badge(s.status), s.disabled_reason ? el("div", { class: "hint" }, s.disabled_reason) : null]),
           cell("Health", healthLabel(s.health)),
@@ -339,6 +371,29 @@
       showError(new Error(`"${input.value}" is not a date and time`));
       return;
     }
+    // First a preview: how many it will replay; the second submit of the same time replays.
+    const preview = document.querySelector(`[data-preview="${sub.id}"]`);
+    const button = input.form.querySelector("button");
+    if (state.recoverPreview !== `${sub.id}@${since.toISOString()}`) {
+      try {
+        const p = await api("GET", `v1/subscriptions/${encodeURIComponent(sub.id)}/recover`, { query: { since: since.toISOString() } });
+        if (p.would_replay === 0) {
+          notice(`No dead deliveries of ${sub.url} since ${since.toLocaleString()}.`);
+          return;
+        }
+        state.recoverPreview = `${sub.id}@${since.toISOString()}`;
+        const n = p.would_replay;
+        preview.textContent = `${n} dead ${n === 1 ? "delivery" : "deliveries"} since then`;
+        button.textContent = `Replay ${n}`;
+        button.setAttribute("aria-label", `Replay ${n} dead ${n === 1 ? "delivery" : "deliveries"} of ${sub.url} since the time given`);
+        stopPolling(); // the row stays as it is until the choice is made
+        button.focus();
+      } catch (e) {
+        showError(e);
+      }
+      return;
+    }
+    state.recoverPreview = null;
     try {
       const r = await api("POST", `v1/subscriptions/${encodeURIComponent(sub.id)}/recover`, { body: { since: since.toISOString() } });
       const n = r.replayed.length;
@@ -542,6 +597,7 @@
       return false;
     }
     sessionStorage.setItem(KEY_STORAGE, key);
+    loadAccount().catch(() => {});
     $("login").hidden = true;
     $("portal-gone").hidden = true;
     $("app").hidden = false;

@@ -236,7 +236,17 @@ async fn given_one_operator_key_then_it_acts_for_each_tenant_and_a_batch_names_e
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
 
-    // A tenant's key may name only itself in a batch.
+    // A tenant's key may name only itself in a batch: in the header, the whole batch is refused.
+    let (status, body) = app
+        .call(
+            "POST",
+            "/v1/events/batch",
+            &key_1,
+            Some("acct_2"),
+            Some(json!({"events": [{"type": "a.b", "payload": {}}]})),
+        )
+        .await;
+    assert_eq!((status, code(&body)), (StatusCode::FORBIDDEN, "tenant_mismatch"));
     let batch = json!({"events": [
         {"type": "order.paid", "payload": {}, "tenant": "acct_2"},
         {"type": "order.paid", "payload": {}},

@@ -246,6 +246,24 @@ async fn given_portal_links_then_a_read_only_one_changes_nothing_and_expired_or_
         "a new one works"
     );
 
+    // Disabling the tenant ends its links; re-enabled, they stay dead.
+    for status in ["disabled", "active"] {
+        let (code, _) = app
+            .call(
+                "PATCH",
+                &format!("/v1/tenants/{a_id}"),
+                &app.operator,
+                &[],
+                Some(json!({"status": status})),
+            )
+            .await;
+        assert_eq!(code, StatusCode::OK);
+    }
+    assert_eq!(
+        app.call("GET", "/v1/deliveries", &after, &[], None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+
     let (status, body) = app
         .call(
             "POST",

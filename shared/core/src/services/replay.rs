@@ -37,9 +37,21 @@ impl Services {
         self.replay_all(dead).await
     }
 
-    /// The subscription's deliveries that died at or after `since`.
+    /// Replay the subscription's deliveries that died at or after `since`.
     #[tracing::instrument(name = "recover", skip_all, fields(tenant_id = %tenant.id, subscription_id = %id, %since))]
     pub async fn recover_subscription(
+        &self,
+        tenant: &Tenant,
+        id: &SubscriptionId,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<Delivery>> {
+        let dead = self.dead_since(tenant, id, since).await?;
+        self.replay_all(dead).await
+    }
+
+    /// The subscription's deliveries that died at or after `since`: what a recover from then
+    /// would replay (its preview).
+    pub async fn dead_since(
         &self,
         tenant: &Tenant,
         id: &SubscriptionId,
@@ -61,7 +73,7 @@ impl Services {
                 None => break,
             }
         }
-        self.replay_all(dead).await
+        Ok(dead)
     }
 
     /// Replays those still dead; a delivery that moved meanwhile is left out.

@@ -131,14 +131,24 @@ impl Services {
     pub async fn identify(&self, key: &str) -> Result<Caller> {
         match key_kind(key) {
             Some(KeyKind::Tenant) => {
-                let tenant = self.tenant_by_api_key(key).await?.ok_or(Error::Unauthorized)?;
+                let by_key = self.tenant_by_api_key(key).await?.ok_or(Error::Unauthorized)?;
+                // The tenant's own item, not the copy its key's entry holds: a key an older
+                // build stored is not rewritten when the tenant changes (a disabling among
+                // them).
+                let tenant = self.kept_tenant(&by_key.id).await?.unwrap_or(by_key);
                 active(&tenant)?;
                 Ok(Caller::Tenant(tenant))
             }
             Some(KeyKind::Operator) => {
                 let hash = hash_api_key(key);
-                let deployment = self.kept_deployment().await?;
-                match deployment.operator_keys.iter().any(|k| k.hash == hash) {
+                let known = |d: &Deployment| d.operator_keys.iter().any(|k| k.hash == hash);
+                // Only a key found is taken from what this process keeps: a new one works
+                // at once (as a tenant's key does); a revoked one within the time to live.
+                if known(&self.kept_deployment().await?) {
+                    return Ok(Caller::Operator);
+                }
+                self.forget_deployment();
+                match known(&self.kept_deployment().await?) {
                     true => Ok(Caller::Operator),
                     false => Err(Error::Unauthorized),
                 }
@@ -283,6 +293,7 @@ impl Services {
         if let Some(name) = &patch.name {
             check_name(name)?;
         }
+        let now = self.now();
         self.change_tenant(id, |t| {
             if let Some(name) = &patch.name {
                 t.name = name.trim().to_owned();
@@ -294,6 +305,10 @@ impl Services {
                 t.retries = retries;
             }
             if let Some(status) = patch.status {
+                // Disabling also ends its portal links: re-enabled, the old ones stay dead.
+                if status == TenantStatus::Disabled && t.status != TenantStatus::Disabled {
+                    t.portal_sessions_since = Some(now);
+                }
                 t.status = status;
             }
             Ok(())

@@ -322,6 +322,20 @@ pub fn path_id<T>(raw: &str, parse: fn(&str) -> Result<T, hookwise_core::Validat
     parse(raw).map_err(|e| ApiError::not_found(e.message))
 }
 
+/// A route's two segments (`{id}` and `{key_id}`), still unparsed.
+pub struct PathPair(pub String, pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for PathPair {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Path::<(String, String)>::from_request_parts(parts, state)
+            .await
+            .map(|p| Self(p.0 .0, p.0 .1))
+            .map_err(|r| ApiError::not_found(r.body_text()))
+    }
+}
+
 /// The one `{id}` segment of a route, still unparsed (see [`path_id`]).
 pub struct PathId(pub String);
 

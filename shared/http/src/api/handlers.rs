@@ -150,19 +150,33 @@ pub async fn recover_subscription(
     ApiJson(body): ApiJson<Recover>,
 ) -> ApiResult<(StatusCode, Json<Replayed>)> {
     let id = path_id(&id, SubscriptionId::parse)?;
-    let since = DateTime::parse_from_rfc3339(&body.since)
+    let since = parse_since(&body.since)?;
+    let replayed = s.services.recover_subscription(&tenant, &id, since).await?;
+    Ok(replayed_response(replayed))
+}
+
+/// `GET /v1/subscriptions/{id}/recover?since=`: how many a recover from then would replay.
+pub async fn preview_recover(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+    ApiQuery(query): ApiQuery<Recover>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let id = path_id(&id, SubscriptionId::parse)?;
+    let since = parse_since(&query.since)?;
+    let dead = s.services.dead_since(&tenant, &id, since).await?;
+    Ok(Json(serde_json::json!({"would_replay": dead.len()})))
+}
+
+fn parse_since(since: &str) -> ApiResult<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(since)
         .map(|t| t.with_timezone(&Utc))
         .map_err(|e| {
             ApiError::unprocessable(
                 "invalid_since",
-                format!(
-                    "since `{}` is not an RFC 3339 time such as 2026-01-31T00:00:00Z ({e})",
-                    body.since
-                ),
+                format!("since `{since}` is not an RFC 3339 time such as 2026-01-31T00:00:00Z ({e})"),
             )
-        })?;
-    let replayed = s.services.recover_subscription(&tenant, &id, since).await?;
-    Ok(replayed_response(replayed))
+        })
 }
 
 // Events
@@ -225,8 +239,13 @@ pub async fn ingest_batch(
             format!("`events` holds 1 to {MAX_BATCH} events (got {})", batch.events.len()),
         ));
     }
-    // Each event parsed, and its tenant found (once per tenant named).
+    // Each event parsed, and its tenant found (once per tenant named). The header's tenant is
+    // the request's: one the caller may not act for refuses the whole request.
     let mut tenants: HashMap<Option<TenantId>, Result<Tenant, ApiError>> = HashMap::new();
+    if let Some(header) = &named {
+        let found = extract::acting_for(&s, caller.clone(), Some(header)).await?;
+        tenants.insert(Some(header.clone()), Ok(found));
+    }
     let mut parsed = Vec::with_capacity(batch.events.len());
     for (i, value) in batch.events.into_iter().enumerate() {
         let e = match extract::parse_value::<BatchEvent>(value, "an event") {
@@ -262,6 +281,7 @@ pub async fn ingest_batch(
             Err((tenant, err)) => results.push(Some(BatchResult::failed(err, tenant))),
         }
     }
+    let one_tenant = groups.len() == 1;
     for (tenant_id, group) in groups {
         let tenant = tenants
             .values()
@@ -291,6 +311,8 @@ pub async fn ingest_batch(
                     });
                 }
             }
+            // One tenant's batch fails as a whole, as before tenants could share one.
+            Err(e) if one_tenant => return Err(e.into()),
             // This tenant's events fail together (each worth sending again, with its key).
             Err(e) => {
                 let err = ApiError::from(e);

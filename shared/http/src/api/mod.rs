@@ -100,6 +100,7 @@ route_table! {
     DELETE "/v1/subscriptions/{id}"                => handlers::delete_subscription;
     POST   "/v1/subscriptions/{id}/rotate-secret"  => handlers::rotate_secret;
     POST   "/v1/subscriptions/{id}/recover"        => handlers::recover_subscription;
+    GET    "/v1/subscriptions/{id}/recover"        => handlers::preview_recover;
     POST   "/v1/events"                            => handlers::ingest_event;
     POST   "/v1/events/batch"                      => handlers::ingest_batch, DefaultBodyLimit::max(MAX_BATCH_BODY_BYTES);
     GET    "/v1/events/{id}"                       => handlers::get_event;
@@ -107,6 +108,7 @@ route_table! {
     GET    "/v1/deliveries"                        => handlers::list_deliveries;
     GET    "/v1/deliveries/{id}"                   => handlers::get_delivery;
     POST   "/v1/deliveries/{id}/replay"            => handlers::replay_delivery;
+    GET    "/v1/tenant"                            => operator::current_tenant;
     POST   "/v1/tenants"                           => operator::create_tenant;
     GET    "/v1/tenants"                           => operator::list_tenants;
     GET    "/v1/tenants/{id}"                      => operator::get_tenant;

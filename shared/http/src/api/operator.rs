@@ -1,8 +1,9 @@
 //! The operator routes: tenants (create with an id of the caller's choosing, list, read,
 //! change, disable; their API keys) and seed 002's rollout. An operator key only
-//! (`extract::Operator`); a tenant's key gets 403.
+//! (`extract::Operator`); a tenant's key gets 403. And `GET /v1/tenant`, any caller's view of
+//! the tenant it acts for.
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use hookwise_core::model::{Email, RetriesSetting, TenantId, TenantStatus};
@@ -10,7 +11,7 @@ use hookwise_core::services::{KeyRef, NewTenant, TenantPatch};
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{path_id, ApiJson, ApiQuery, Operator, PathId};
+use super::extract::{path_id, ApiJson, ApiQuery, Authenticated, Operator, PathId, PathPair};
 use super::handlers::{nonempty, parse_limit, PageParams};
 use super::views::{NewApiKeyView, Page, RolloutView, TenantView};
 use super::ApiState;
@@ -44,6 +45,15 @@ pub async fn create_tenant(
         StatusCode::CREATED,
         Json(NewApiKeyView::new(TenantView::of(&tenant, &deployment), key)),
     ))
+}
+
+/// `GET /v1/tenant`: the tenant the caller acts for (its own, a portal's, or the one an
+/// operator key names), with its retries as set and as they are, and why.
+pub async fn current_tenant(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+) -> ApiResult<Json<TenantView>> {
+    Ok(Json(TenantView::of(&tenant, &s.services.deployment().await?)))
 }
 
 pub async fn list_tenants(
@@ -132,7 +142,7 @@ pub async fn create_tenant_key(
 pub async fn revoke_tenant_key(
     State(s): State<ApiState>,
     _: Operator,
-    Path((id, key_id)): Path<(String, String)>,
+    PathPair(id, key_id): PathPair,
 ) -> ApiResult<Json<TenantView>> {
     let id = path_id(&id, TenantId::parse)?;
     let tenant = s.services.revoke_api_key(&id, &KeyRef::Id(key_id)).await?;

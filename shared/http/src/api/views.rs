@@ -87,6 +87,26 @@ pub struct SubscriptionSummary {
     /// `false` when it has older deliveries than those `counts` covers.
     pub counts_complete: bool,
     pub circuit: CircuitView,
+    /// What its policy does while the endpoint is down, jitter off.
+    pub schedule: ScheduleView,
+}
+
+/// A retry policy's timeline with jitter off: each retry's time after the first attempt,
+/// and when a delivery that never succeeds is dead (its last attempt's).
+#[derive(Debug, Serialize)]
+pub struct ScheduleView {
+    pub retries_after_seconds: Vec<f64>,
+    pub dead_after_seconds: f64,
+}
+
+impl ScheduleView {
+    pub fn of(policy: &RetryPolicy) -> Self {
+        let rows = policy.nominal_schedule();
+        Self {
+            retries_after_seconds: rows.iter().skip(1).map(|(_, _, at)| *at).collect(),
+            dead_after_seconds: rows.last().map_or(0.0, |(_, _, at)| *at),
+        }
+    }
 }
 
 /// An endpoint's circuit breaker as the API shows it.
@@ -104,7 +124,9 @@ impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary
     fn from(o: hookwise_core::services::SubscriptionOverview) -> Self {
         // In `DeliveryStatus::ALL`'s order.
         let [pending, retrying, delivered, dead] = o.counts;
+        let schedule = ScheduleView::of(&o.subscription.retry_policy);
         Self {
+            schedule,
             subscription: SubscriptionView::public(o.subscription),
             // A score is a finite fraction; anything else would not be valid JSON.
             health: o.health.filter(|h| h.is_finite()).map(|h| h.clamp(0.0, 1.0)),

@@ -218,6 +218,13 @@ test("the first customer adds an endpoint, sees a delivery go dead, fixes the en
     throw new Error(`${e.message}; the page says: ${await page.locator("#notice").innerText()}; input ${await urlInput.inputValue()} want ${up.url}; row ${await row.innerText()}`);
   });
   await deliveryRow.getByRole("button", { name: /View delivery/ }).click();
+  // Each attempt with the headers it sent (its signature's value left out).
+  const firstAttempt = page.locator('#attempts tr[data-attempt="0.1"]');
+  await firstAttempt.locator("summary").click();
+  const sentHeaders = await firstAttempt.locator("pre").innerText();
+  assert.match(sentHeaders, new RegExp(`webhook-id: ${sent.body.id}`));
+  assert.match(sentHeaders, /webhook-timestamp: \d+/);
+  assert.ok(!/whsec_/.test(sentHeaders), "no secret");
   await page.locator("#replay").click();
   await waitFor("the replay delivered", async () => (await page.locator("#detail-status").innerText()) === "delivered");
   assert.equal(up.bodies.length, 1, "the fixed endpoint got it once");

@@ -508,6 +508,7 @@
           cell("Result", el("span", { class: ok ? "badge delivered" : "badge dead" }, result)),
           cell("Response excerpt", el("code", { class: "excerpt" }, a.response_excerpt || "—")),
           cell("Next attempt", a.next_attempt_at ? time(a.next_attempt_at) : "—"),
+          cell("Request headers", sentHeaders(a)),
         ),
       );
     }
@@ -526,6 +527,13 @@
       }
     }
     return d.status;
+  }
+
+  // What an attempt sent, folded away: the headers its endpoint received.
+  function sentHeaders(a) {
+    if (!a.request_headers) return "—";
+    const lines = Object.entries(a.request_headers).map(([k, v]) => `${k}: ${v}`).join("\n");
+    return el("details", {}, el("summary", {}, "Headers sent"), el("pre", { class: "payload" }, lines));
   }
 
   async function replayOpen() {

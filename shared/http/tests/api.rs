@@ -730,6 +730,13 @@ async fn given_a_dead_delivery_then_it_shows_its_attempts_and_can_be_replayed_on
     for field in ["started_at", "duration_ms", "error", "response_excerpt"] {
         assert!(attempts[0].get(field).is_some(), "{field}");
     }
+    // The headers each attempt sent: its timestamp is its start; no signature shown.
+    let sent = &attempts[1]["request_headers"];
+    assert_eq!(sent["webhook-id"], got.body["event_id"]);
+    let started: chrono::DateTime<chrono::Utc> = attempts[1]["started_at"].as_str().unwrap().parse().unwrap();
+    assert_eq!(sent["webhook-timestamp"], started.timestamp().to_string());
+    assert!(sent["webhook-signature"].as_str().unwrap().starts_with("v1,…"));
+    assert_eq!(sent["content-type"], "application/json");
 
     let replayed = app
         .call("POST", &format!("/v1/deliveries/{delivery}/replay"), &app.a, None)

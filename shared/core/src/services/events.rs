@@ -276,6 +276,40 @@ impl Services {
         Ok((delivery, attempts))
     }
 
+    /// The headers each attempt sent, as its subscriber received them (`webhook_request` at
+    /// the attempt's start), the signature's value left out: what a customer reads to see
+    /// why an attempt failed. `None` once the event or the subscription is gone.
+    pub async fn attempt_headers(
+        &self,
+        delivery: &Delivery,
+        attempts: &[Attempt],
+    ) -> Result<Option<Vec<Vec<(String, String)>>>> {
+        let (event, sub) = futures::try_join!(
+            async {
+                Ok(self
+                    .ports
+                    .store
+                    .get_event(&delivery.tenant_id, &delivery.event_id)
+                    .await?)
+            },
+            self.kept_subscription(&delivery.tenant_id, &delivery.subscription_id),
+        )?;
+        let (Some(event), Some(sub)) = (event, sub) else {
+            return Ok(None);
+        };
+        let sent = attempts.iter().map(|a| {
+            super::deliver::webhook_request(&sub, &[], &event, a.started_at)
+                .headers
+                .into_iter()
+                .map(|(name, value)| match name.as_str() {
+                    "webhook-signature" => (name, "v1,… (the signature, made with the endpoint's secret)".to_owned()),
+                    _ => (name, value),
+                })
+                .collect()
+        });
+        Ok(Some(sent.collect()))
+    }
+
     pub const MAX_PAGE: u32 = 100;
     pub const DEFAULT_PAGE: u32 = 50;
 

@@ -421,9 +421,20 @@ pub async fn get_delivery(
 ) -> ApiResult<Json<DeliveryDetail>> {
     let id = path_id(&id, DeliveryId::parse)?;
     let (delivery, attempts) = s.services.get_delivery(&tenant, &id).await?;
+    let headers = s.services.attempt_headers(&delivery, &attempts).await?;
+    let mut headers = headers.map(Vec::into_iter);
     Ok(Json(DeliveryDetail {
         delivery: delivery.into(),
-        attempts: attempts.into_iter().map(AttemptView::from).collect(),
+        attempts: attempts
+            .into_iter()
+            .map(|a| AttemptView {
+                request_headers: headers
+                    .as_mut()
+                    .and_then(Iterator::next)
+                    .map(|h| h.into_iter().collect()),
+                ..AttemptView::from(a)
+            })
+            .collect(),
     }))
 }
 

@@ -197,6 +197,9 @@ pub struct AttemptView {
     pub error: Option<String>,
     pub response_excerpt: Option<String>,
     pub next_attempt_at: Option<DateTime<Utc>>,
+    /// The headers it sent (its signature's value left out); `null` once its event or
+    /// subscription is gone.
+    pub request_headers: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl From<Attempt> for AttemptView {
@@ -210,6 +213,7 @@ impl From<Attempt> for AttemptView {
             error: a.error,
             response_excerpt: a.response_excerpt,
             next_attempt_at: a.next_attempt_at,
+            request_headers: None,
         }
     }
 }

@@ -187,11 +187,13 @@ test("the first customer adds an endpoint, sees a delivery go dead, fixes the en
   await page.locator("#new-url").fill(down.url);
   await page.locator("#new-types").fill("invoice.*");
   await page.locator("#new-schedule").fill("1, 1");
+  await page.locator("#new-rate").fill("50");
   await page.getByRole("button", { name: "Add endpoint" }).click();
   await page.locator("#secret-box").waitFor({ state: "visible" });
   assert.match(await page.locator("#secret-value").innerText(), /^whsec_/);
   const row = page.locator("#subs tbody tr").first();
   await waitFor("the endpoint listed", async () => (await row.innerText()).includes(down.url));
+  assert.equal(await row.locator('td[data-label="Rate limit"]').innerText(), "50/s");
   // Its schedule as a timeline, by the policy code; whose account this is, and its retries.
   assert.match(await row.locator('td[data-label="Policy"]').innerText(), /if your endpoint is down: retries at \+1 s, \+2 s; dead after 2 s/);
   assert.match(await page.locator("#account").innerText(), /\(acct_first\): retries on, in the rollout/);

@@ -108,6 +108,10 @@ async fn given_a_failing_endpoint_then_the_breaker_holds_its_attempts_probes_onc
     assert_eq!(overview.circuit.state, CircuitState::Open);
     let opened = overview.circuit.since;
     assert_eq!(overview.circuit.next_probe_at, Some(opened + Duration::seconds(30)));
+    // The overview counts what it holds (the dashboard's "34 deliveries held").
+    let parked = h.scheduler.held(&sub.id, 100).await.unwrap().len() as u32;
+    assert!(parked >= 30, "{parked}");
+    assert_eq!(overview.held, parked);
     let all = deliveries(&h, &tenant).await;
     assert_eq!(
         all.iter().map(|d| d.attempts).sum::<u32>(),
@@ -130,7 +134,7 @@ async fn given_a_failing_endpoint_then_the_breaker_holds_its_attempts_probes_onc
         all.iter().map(|d| d.status).collect::<Vec<_>>()
     );
     let overview = h.services.subscription_overview(&tenant, &sub.id).await.unwrap();
-    assert_eq!(overview.circuit.state, CircuitState::Closed);
+    assert_eq!((overview.circuit.state, overview.held), (CircuitState::Closed, 0));
     assert!(
         h.scheduler.held(&sub.id, 100).await.unwrap().is_empty(),
         "nothing left parked"

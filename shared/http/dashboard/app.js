@@ -197,7 +197,8 @@
     if (sub.circuit_breaker && sub.circuit_breaker.enabled === false) return "off";
     if (!c || c.state === "closed") return "closed";
     const state = c.state === "half_open" ? "half open" : "open";
-    const since = el("div", { class: "hint" }, `since ${new Date(c.since).toLocaleTimeString()}`);
+    const held = c.held >= 100 ? "100+ deliveries held" : `${c.held} ${c.held === 1 ? "delivery" : "deliveries"} held`;
+    const since = el("div", { class: "hint" }, `since ${new Date(c.since).toLocaleTimeString()}, ${held}`);
     const probe = c.next_probe_at ? el("div", { class: "hint" }, `next probe ${relative(c.next_probe_at)}`) : null;
     return [el("span", { class: "badge dead" }, state), since, probe];
   }
@@ -347,12 +348,15 @@
     }
     const body = { url, event_types: types.length ? types : ["*"] };
     if (schedule.length) body.retry_policy = { schedule_seconds: schedule };
+    const rate = $("new-rate").value.trim();
+    if (rate) body.rate_limit_per_second = Number(rate);
     try {
       const s = await api("POST", "v1/subscriptions", { body });
       showSecret(s.url, s.secret);
       notice(`Added ${s.url}.`);
       $("new-url").value = "";
       $("new-schedule").value = "";
+      $("new-rate").value = "";
       await refreshAll();
     } catch (e) {
       showError(e);

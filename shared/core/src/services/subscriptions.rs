@@ -183,6 +183,9 @@ pub struct SubscriptionOverview {
     pub counts_complete: bool,
     /// Its endpoint's circuit breaker (closed since its creation if it never opened).
     pub circuit: Circuit,
+    /// The attempts its open breaker holds, up to [`Services::COUNTED_HELD`] (so that many
+    /// means at least that many).
+    pub held: u32,
 }
 
 /// A page of a tenant's subscriptions, oldest first.
@@ -197,6 +200,8 @@ impl Services {
     /// How many of a subscription's latest deliveries its overview counts: one page, so an
     /// overview reads a page of deliveries on every backend, however long its history.
     pub const COUNTED_DELIVERIES: u32 = Self::MAX_PAGE;
+    /// The most held attempts an overview counts.
+    pub const COUNTED_HELD: u32 = Self::MAX_PAGE;
 
     pub async fn subscription_overview(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<SubscriptionOverview> {
         let subscription = self.get_subscription(tenant, id).await?;
@@ -217,12 +222,19 @@ impl Services {
         for (slot, status) in counts.iter_mut().zip(DeliveryStatus::ALL) {
             *slot = page.items.iter().filter(|d| d.status == status).count() as u64;
         }
+        // What an open breaker holds, counted to a page (a closed one holds nothing to count,
+        // and costs no read).
+        let held = match circuit.state {
+            crate::circuit::CircuitState::Closed => 0,
+            _ => self.ports.scheduler.held(id, Self::COUNTED_HELD).await?.len() as u32,
+        };
         Ok(SubscriptionOverview {
             subscription,
             health,
             counts,
             counts_complete: page.next_cursor.is_none(),
             circuit,
+            held,
         })
     }
 

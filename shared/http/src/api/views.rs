@@ -118,6 +118,8 @@ pub struct CircuitView {
     pub since: DateTime<Utc>,
     /// Open or half open: when the next probe may go.
     pub next_probe_at: Option<DateTime<Utc>>,
+    /// The attempts it holds, counted to 100 (100: at least that many).
+    pub held: u32,
 }
 
 impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary {
@@ -145,6 +147,7 @@ impl From<hookwise_core::services::SubscriptionOverview> for SubscriptionSummary
                     .circuit
                     .next_probe_at
                     .filter(|_| o.circuit.state != CircuitState::Closed),
+                held: o.held,
             },
         }
     }

@@ -15,14 +15,13 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
+import { CHROMIUM_ARGS, client, sleep, waitFor, WAIT_MS } from "./support.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const BIN = process.env.HOOKWISE_BIN || resolve(here, "../../target/debug/hookwise");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 const ARTIFACTS = process.env.ARTIFACTS_DIR || resolve(here, "../artifacts");
-const WAIT_MS = 45_000;
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /** An endpoint that answers 500 until `recover()`, then 200; it records every request. */
 async function startReceiver() {
@@ -71,27 +70,6 @@ async function startDev(dataDir) {
   return { child, ...found };
 }
 
-function client(base, key) {
-  return async (method, path, body) => {
-    const resp = await fetch(`${base}${path}`, {
-      method,
-      headers: { Authorization: `Bearer ${key}`, "Content-Type": "application/json" },
-      body: body === undefined ? undefined : JSON.stringify(body),
-    });
-    const text = await resp.text();
-    return { status: resp.status, body: text ? JSON.parse(text) : null };
-  };
-}
-
-async function waitFor(what, check, within = WAIT_MS) {
-  const start = Date.now();
-  for (;;) {
-    const value = await check();
-    if (value) return value;
-    if (Date.now() - start > within) throw new Error(`timed out after ${within} ms waiting for ${what}`);
-    await sleep(200);
-  }
-}
 
 let receiver, dev, api, browserContext, dataDir, profileDir;
 const ctx = {};
@@ -127,7 +105,7 @@ before(async () => {
   browserContext = await chromium.launchPersistentContext(profileDir, {
     executablePath: CHROMIUM,
     headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
+    args: CHROMIUM_ARGS,
     viewport: { width: 1280, height: 900 },
     deviceScaleFactor: 1,
   });

@@ -22,15 +22,14 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
+import { CHROMIUM_ARGS, client, sleep, waitFor, WAIT_MS } from "./support.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const BIN = process.env.HOOKWISE_BIN || resolve(here, "../../target/debug/hookwise");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 const ARTIFACTS = process.env.ARTIFACTS_DIR || resolve(here, "../artifacts");
-const WAIT_MS = 45_000;
 const EXPIRING_TTL_S = 60;
 
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 async function listen(handler) {
   const server = createServer(handler);
@@ -84,25 +83,6 @@ async function startDev(dataDir, env) {
   return { child, base };
 }
 
-function client(base, key) {
-  return async (method, path, body, tenant) => {
-    const headers = { Authorization: `Bearer ${key}`, "Content-Type": "application/json" };
-    if (tenant) headers["Hookwise-Tenant"] = tenant;
-    const resp = await fetch(`${base}${path}`, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
-    const text = await resp.text();
-    return { status: resp.status, body: text ? JSON.parse(text) : null };
-  };
-}
-
-async function waitFor(what, check, within = WAIT_MS) {
-  const start = Date.now();
-  for (;;) {
-    const value = await check();
-    if (value) return value;
-    if (Date.now() - start > within) throw new Error(`timed out after ${within} ms waiting for ${what}`);
-    await sleep(250);
-  }
-}
 
 let dev, op, down, up, allowed, other, browser, dataDir, profileDir;
 const links = {};
@@ -143,7 +123,7 @@ before(async () => {
   browser = await chromium.launchPersistentContext(profileDir, {
     executablePath: CHROMIUM,
     headless: true,
-    args: ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update", "--disable-sync", "--no-first-run"],
+    args: CHROMIUM_ARGS,
     viewport: { width: 1280, height: 900 },
     deviceScaleFactor: 1,
   });

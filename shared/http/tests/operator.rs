@@ -2,17 +2,17 @@
 //! manages tenants, acts for any of them with `Hookwise-Tenant`, sends one batch for several,
 //! and moves seed 002's rollout; a tenant's key can do none of that.
 
+mod support;
+
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+use axum::http::StatusCode;
 use axum::Router;
 use hookwise_core::services::{Config, Services};
 use hookwise_core::testing::memory::{Harness, ScriptedSender};
 use hookwise_http::{router, ApiState};
 use rand::SeedableRng;
 use serde_json::{json, Value};
-use tower::ServiceExt;
 
 struct App {
     router: Router,
@@ -43,24 +43,8 @@ impl App {
         tenant: Option<&str>,
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut b = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::AUTHORIZATION, format!("Bearer {key}"));
-        if let Some(tenant) = tenant {
-            b = b.header("Hookwise-Tenant", tenant);
-        }
-        let req = match body {
-            Some(v) => b
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(v.to_string())),
-            None => b.body(Body::empty()),
-        };
-        let resp = self.router.clone().oneshot(req.unwrap()).await.unwrap();
-        let status = resp.status();
-        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
-        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        (status, body)
+        let headers: Vec<(&str, &str)> = tenant.map(|t| ("Hookwise-Tenant", t)).into_iter().collect();
+        support::call(&self.router, method, uri, key, &headers, body).await
     }
 
     /// A tenant of the operator's making, with the id given: its API key.

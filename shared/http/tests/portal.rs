@@ -3,10 +3,12 @@
 //! use the operator routes or, read-only, change anything; the portal page framed only by
 //! the origins allowed.
 
+mod support;
+
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{header, Request, StatusCode};
+use axum::http::{Request, StatusCode};
 use axum::Router;
 use chrono::Duration;
 use hookwise_core::services::{Config, Services};
@@ -53,24 +55,7 @@ impl App {
         headers: &[(&str, &str)],
         body: Option<Value>,
     ) -> (StatusCode, Value) {
-        let mut b = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(header::AUTHORIZATION, format!("Bearer {key}"))
-            .header(header::HOST, "127.0.0.1:8080");
-        for (k, v) in headers {
-            b = b.header(*k, *v);
-        }
-        let req = match body {
-            Some(v) => b
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(v.to_string())),
-            None => b.body(Body::empty()),
-        };
-        let resp = self.router.clone().oneshot(req.unwrap()).await.unwrap();
-        let status = resp.status();
-        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX).await.unwrap();
-        (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+        support::call(&self.router, method, uri, key, headers, body).await
     }
 
     /// A portal session minted with `key`: its JSON and its token.

@@ -192,10 +192,10 @@ test("the first customer adds an endpoint, sees a delivery go dead, fixes the en
   // Fixes the endpoint (a new URL), then replays: delivered, without a reload.
   const urlInput = row.locator('input[type="url"]');
   await urlInput.fill(up.url);
-  await row.getByRole("button", { name: "Save URL" }).click();
+  await row.getByRole("button", { name: "Save", exact: true }).click();
   await waitFor(
     "the new URL listed",
-    async () => (await page.locator("#notice").innerText()) === "The URL is changed." && (await urlInput.inputValue()) === up.url,
+    async () => (await page.locator("#notice").innerText()) === "The endpoint is changed." && (await urlInput.inputValue()) === up.url,
   ).catch(async (e) => {
     throw new Error(`${e.message}; the page says: ${await page.locator("#notice").innerText()}; input ${await urlInput.inputValue()} want ${up.url}; row ${await row.innerText()}`);
   });

@@ -285,6 +285,7 @@
   // Pause or resume, a new URL, a new secret, or delete.
   function changeControls(s) {
     const urlId = `url-${s.id}`;
+    const typesId = `types-${s.id}`;
     const paused = s.status === "disabled";
     const act = (label, what, run) =>
       el("button", { type: "button", class: "small secondary", "aria-label": `${label} ${s.url}`, onclick: () => change(what, run) }, label);
@@ -293,10 +294,19 @@
       { class: "change" },
       el(
         "form",
-        { class: "change", onsubmit: (e) => { e.preventDefault(); change("The URL is changed.", () => patchSub(s, { url: $(urlId).value.trim() })); } },
+        {
+          class: "change",
+          onsubmit: (e) => {
+            e.preventDefault();
+            const types = $(typesId).value.split(",").map((t) => t.trim()).filter(Boolean);
+            change("The endpoint is changed.", () => patchSub(s, { url: $(urlId).value.trim(), event_types: types.length ? types : ["*"] }));
+          },
+        },
         el("label", { for: urlId, class: "visually-hidden" }, `New URL for ${s.url}`),
         el("input", { id: urlId, type: "url", value: s.url, spellcheck: "false" }),
-        el("button", { type: "submit", class: "small" }, "Save URL"),
+        el("label", { for: typesId, class: "visually-hidden" }, `Event types for ${s.url}`),
+        el("input", { id: typesId, type: "text", value: s.event_types.join(", "), spellcheck: "false" }),
+        el("button", { type: "submit", class: "small" }, "Save"),
       ),
       act(paused ? "Resume" : "Pause", paused ? "Resumed." : "Paused: nothing is sent to it until it is resumed.", () =>
         patchSub(s, { status: paused ? "active" : "disabled" }),
@@ -347,6 +357,7 @@
       return;
     }
     const body = { url, event_types: types.length ? types : ["*"] };
+    if ($("new-policy").value) body.retry_policy = $("new-policy").value;
     if (schedule.length) body.retry_policy = { schedule_seconds: schedule };
     const rate = $("new-rate").value.trim();
     if (rate) body.rate_limit_per_second = Number(rate);

@@ -5,8 +5,8 @@
 //! deployment's name, accent colour and logo ([`PortalConfig`]), all served from here.
 
 use axum::extract::State;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
-use axum::http::{HeaderName, StatusCode};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, HOST};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -29,16 +29,20 @@ pub struct PortalConfig {
     pub accent: Option<String>,
     /// A `data:image/...` URL (nothing is fetched from elsewhere).
     pub logo: Option<String>,
+    /// Where links point (`HOOKWISE_PUBLIC_API_URL`, as in the owners' emails); unset, the
+    /// host each request came to.
+    pub public_url: Option<String>,
 }
 
 pub const FRAME_ANCESTORS_VAR: &str = "HOOKWISE_PORTAL_FRAME_ANCESTORS";
 pub const NAME_VAR: &str = "HOOKWISE_PORTAL_NAME";
 pub const ACCENT_VAR: &str = "HOOKWISE_PORTAL_ACCENT";
 pub const LOGO_VAR: &str = "HOOKWISE_PORTAL_LOGO";
+pub const PUBLIC_URL_VAR: &str = "HOOKWISE_PUBLIC_API_URL";
 
 impl PortalConfig {
-    /// From `HOOKWISE_PORTAL_FRAME_ANCESTORS` (origins, space-separated), `_NAME`, `_ACCENT`
-    /// and `_LOGO`; each checked, so a bad value stops the start-up.
+    /// From `HOOKWISE_PORTAL_FRAME_ANCESTORS` (origins, space-separated), `_NAME`, `_ACCENT`,
+    /// `_LOGO` and `HOOKWISE_PUBLIC_API_URL`; each checked, so a bad value stops the start-up.
     pub fn from_env() -> Result<Self, String> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let config = Self {
@@ -48,6 +52,7 @@ impl PortalConfig {
             name: var(NAME_VAR),
             accent: var(ACCENT_VAR),
             logo: var(LOGO_VAR),
+            public_url: var(PUBLIC_URL_VAR).map(|u| u.trim_end_matches('/').to_owned()),
         };
         config.check()?;
         Ok(config)
@@ -58,6 +63,13 @@ impl PortalConfig {
             if !is_origin(origin) {
                 return Err(format!(
                     "{FRAME_ANCESTORS_VAR}: `{origin}` is not an origin (`https://app.example.com`, `http://127.0.0.1:3000`)"
+                ));
+            }
+        }
+        if let Some(url) = &self.public_url {
+            if !is_origin(url) {
+                return Err(format!(
+                    "{PUBLIC_URL_VAR}: `{url}` is not an origin (`https://hooks.example.com`)"
                 ));
             }
         }
@@ -123,6 +135,7 @@ pub struct PortalSessionView {
 /// operator key for the tenant `Hookwise-Tenant` names. Not by a portal session.
 pub async fn create_session(
     State(s): State<ApiState>,
+    headers: HeaderMap,
     Identified { caller, named }: Identified,
     ApiJson(body): ApiJson<NewPortalSession>,
 ) -> ApiResult<(StatusCode, Json<PortalSessionView>)> {
@@ -130,8 +143,10 @@ pub async fn create_session(
     let tenant = acting_for(&s, caller, named.as_ref()).await?;
     let ttl = body.ttl_seconds.map(|t| chrono::Duration::seconds(t.into()));
     let (session, token) = s.services.create_portal_session(&tenant, ttl, body.read_only).await?;
-    // The API's public URL, as in the owners' emails (`HOOKWISE_PUBLIC_API_URL`).
-    let origin = s.services.config().public_api_url.trim_end_matches('/').to_owned();
+    let origin = match &s.portal.public_url {
+        Some(url) => url.clone(),
+        None => request_origin(&headers)?,
+    };
     Ok((
         StatusCode::CREATED,
         Json(PortalSessionView {
@@ -183,6 +198,28 @@ fn not_from_portal(caller: &Caller) -> Result<(), ApiError> {
     }
 }
 
+/// The origin the request came to: `X-Forwarded-Proto` (else http on a loopback host, https
+/// elsewhere) and `Host`.
+fn request_origin(headers: &HeaderMap) -> Result<String, ApiError> {
+    let host = headers
+        .get(HOST)
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| is_origin(&format!("http://{h}")))
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "no_host",
+                "the request has no usable Host header to build the link from (set HOOKWISE_PUBLIC_API_URL)",
+            )
+        })?;
+    let loopback = host.starts_with("127.") || host.starts_with("localhost") || host.starts_with("[::1]");
+    let scheme = match headers.get("x-forwarded-proto").and_then(|p| p.to_str().ok()) {
+        Some(p @ ("http" | "https")) => p,
+        _ if loopback => "http",
+        _ => "https",
+    };
+    Ok(format!("{scheme}://{host}"))
+}
+
 /// The portal page: the dashboard's, in portal mode, framed only by the allowed origins.
 pub async fn page(State(s): State<ApiState>) -> impl IntoResponse {
     let csp = super::dashboard::csp(&s.portal.frame_ancestors());
@@ -209,6 +246,31 @@ pub async fn branding(State(s): State<ApiState>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn given_no_public_url_then_a_link_starts_with_the_host_the_request_came_to() {
+        let headers = |host: &str, proto: Option<&str>| {
+            let mut h = HeaderMap::new();
+            h.insert(HOST, host.parse().unwrap());
+            if let Some(p) = proto {
+                h.insert("x-forwarded-proto", p.parse().unwrap());
+            }
+            h
+        };
+        assert_eq!(
+            request_origin(&headers("127.0.0.1:8080", None)).unwrap(),
+            "http://127.0.0.1:8080"
+        );
+        assert_eq!(
+            request_origin(&headers("abc.execute-api.eu-west-1.amazonaws.com", None)).unwrap(),
+            "https://abc.execute-api.eu-west-1.amazonaws.com"
+        );
+        assert_eq!(
+            request_origin(&headers("hooks.example.com", Some("http"))).unwrap(),
+            "http://hooks.example.com"
+        );
+        assert!(request_origin(&headers("evil.example.com/x#", None)).is_err());
+    }
 
     #[test]
     fn given_settings_then_only_origins_colours_and_data_logos_are_taken() {

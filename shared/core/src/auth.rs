@@ -33,9 +33,14 @@ impl KeyKind {
 
 /// A new key of this kind: its prefix and 24 random bytes, base64url.
 pub fn generate_key(kind: KeyKind, rng: &mut impl Rng) -> String {
+    format!("{}{}", kind.prefix(), random_secret(rng))
+}
+
+/// 24 random bytes, base64url: a key's secret part (32 characters).
+pub fn random_secret(rng: &mut impl Rng) -> String {
     let mut bytes = [0u8; 24];
     rng.fill(&mut bytes);
-    format!("{}{}", kind.prefix(), B64URL.encode(bytes))
+    B64URL.encode(bytes)
 }
 
 /// A new tenant API key.

@@ -180,6 +180,12 @@ impl EffectiveRetries {
 }
 
 impl Deployment {
+    /// Whether a delivery's attempts are retried: its tenant's retries (see `retries_for`);
+    /// a tenant that is gone keeps the default, on.
+    pub fn retries_on(&self, tenant: Option<&Tenant>) -> bool {
+        tenant.is_none_or(|t| self.retries_for(t).enabled)
+    }
+
     /// Whether `tenant`'s retries are on: its own setting, or the rollout's word for it.
     pub fn retries_for(&self, tenant: &Tenant) -> EffectiveRetries {
         let bucket = rollout_bucket(&tenant.id);

@@ -132,8 +132,7 @@ impl Services {
             return Ok(self.schedule_attempt(next_task(delivery), self.now()).await?);
         };
         let (tenant, deployment) = futures::try_join!(self.kept_tenant(&delivery.tenant_id), self.kept_deployment())?;
-        // A tenant that is gone keeps the default: on.
-        let retries = tenant.is_none_or(|t| deployment.retries_for(&t).enabled);
+        let retries = deployment.retries_on(tenant.as_ref());
         let now = self.now();
         let outcome = SendOutcome {
             status_code: None,

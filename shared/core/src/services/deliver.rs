@@ -171,8 +171,7 @@ impl Services {
             // No attempt can be signed: dead at once, its owner told, replayable once fixed.
             Opened::Never(why) => return self.abandon(&delivery, task, &why).await,
         };
-        // A tenant that is gone keeps the default: on.
-        let retries_enabled = tenant.as_ref().is_none_or(|t| deployment.retries_for(t).enabled);
+        let retries_enabled = deployment.retries_on(tenant.as_ref());
         let gives_up_at = self.gives_up_at(&sub, &delivery, task, retries_enabled);
         let mut failures = health.consecutive_failures();
         let mut waited = false;

@@ -10,10 +10,9 @@
 //! `hookwise_http`'s `Authenticated`).
 
 use chrono::Duration;
-use rand::Rng;
 
 use super::{Caller, Services};
-use crate::auth::{hash_api_key, KeyKind};
+use crate::auth::{hash_api_key, random_secret, KeyKind};
 use crate::error::{Error, Result, ValidationError};
 use crate::model::{PortalSession, PortalSessionId, Tenant, TenantId};
 
@@ -42,10 +41,7 @@ impl Services {
         let now = self.now();
         let (id, secret) = {
             let mut rng = self.rng();
-            let id = PortalSessionId::generate(now, &mut *rng);
-            let mut bytes = [0u8; 24];
-            rng.fill(&mut bytes);
-            (id, base64_url(&bytes))
+            (PortalSessionId::generate(now, &mut *rng), random_secret(&mut *rng))
         };
         let session = PortalSession {
             id: id.clone(),
@@ -104,10 +100,4 @@ impl Services {
             read_only: session.read_only,
         })
     }
-}
-
-fn base64_url(bytes: &[u8]) -> String {
-    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-    use base64::Engine;
-    URL_SAFE_NO_PAD.encode(bytes)
 }

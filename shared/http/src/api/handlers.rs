@@ -262,18 +262,18 @@ pub async fn ingest_batch(
             tenants.insert(wanted.clone(), found);
         }
         match &tenants[&wanted] {
-            Ok(tenant) => parsed.push(Ok((tenant.id.clone(), e))),
+            Ok(tenant) => parsed.push(Ok((tenant.clone(), e))),
             Err(err) => parsed.push(Err((wanted, err.clone()))),
         }
     }
     // One call of the service per tenant, its events in order; each result back in place.
     let mut results: Vec<Option<BatchResult>> = Vec::with_capacity(parsed.len());
-    let mut groups: Vec<(TenantId, Vec<(usize, BatchEvent)>)> = Vec::new();
+    let mut groups: Vec<(Tenant, Vec<(usize, BatchEvent)>)> = Vec::new();
     for (i, item) in parsed.into_iter().enumerate() {
         match item {
             Ok((tenant, e)) => {
                 results.push(None);
-                match groups.iter_mut().find(|(t, _)| *t == tenant) {
+                match groups.iter_mut().find(|(t, _)| t.id == tenant.id) {
                     Some((_, group)) => group.push((i, e)),
                     None => groups.push((tenant, vec![(i, e)])),
                 }
@@ -282,12 +282,8 @@ pub async fn ingest_batch(
         }
     }
     let one_tenant = groups.len() == 1;
-    for (tenant_id, group) in groups {
-        let tenant = tenants
-            .values()
-            .filter_map(|t| t.as_ref().ok())
-            .find(|t| t.id == tenant_id)
-            .expect("a group's tenant was found");
+    for (tenant, group) in groups {
+        let tenant = &tenant;
         let (places, events): (Vec<usize>, Vec<_>) = group
             .into_iter()
             .map(|(i, e)| {

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use hookwise_core::model::{Email, RetriesSetting, TenantId, TenantStatus};
-use hookwise_core::services::{KeyRef, NewTenant, TenantPatch};
+use hookwise_core::services::{KeyRef, NewTenant, Services, TenantPatch};
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
@@ -62,7 +62,7 @@ pub async fn list_tenants(
     ApiQuery(params): ApiQuery<PageParams>,
 ) -> ApiResult<Json<Page<TenantView>>> {
     let limit = match parse_limit(params.limit)? {
-        0 => 50,
+        0 => Services::DEFAULT_PAGE,
         n => n,
     };
     let after = nonempty(params.cursor)

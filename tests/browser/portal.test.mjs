@@ -3,8 +3,9 @@
 // embed the portal (one from an allowed origin, one from another).
 //
 // An operator creates two accounts and mints a portal link for each. The first customer adds
-// an endpoint, sees a delivery fail and go dead, fixes the endpoint, replays and sees it
-// delivered; the second customer's link shows none of it. An expired link gets 401, a
+// an endpoint, reads its signing secret again (this deployment reveals secrets), sees a
+// delivery fail and go dead, fixes the endpoint, replays and sees it delivered, signed with
+// that secret; the second customer's link shows none of it. An expired link gets 401, a
 // read-only one cannot replay, a portal token gets 403 on the operator routes and 404 on the
 // other account's ids, and the portal loads in an iframe only from the allowed origin.
 //
@@ -15,6 +16,7 @@
 import { test, before, after } from "node:test";
 import assert from "node:assert/strict";
 import { spawn, execFileSync } from "node:child_process";
+import { createHmac } from "node:crypto";
 import { createServer } from "node:http";
 import { mkdtempSync, mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -30,6 +32,14 @@ const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 const ARTIFACTS = process.env.ARTIFACTS_DIR || resolve(here, "../artifacts");
 const EXPIRING_TTL_S = 60;
 
+/** Whether `secret` signed this webhook, as Standard Webhooks verifies it. */
+function signedWith(secret, headers, body) {
+  const key = Buffer.from(secret.replace(/^whsec_/, ""), "base64");
+  const content = `${headers["webhook-id"]}.${headers["webhook-timestamp"]}.${body}`;
+  const expected = createHmac("sha256", key).update(content).digest("base64");
+  return headers["webhook-signature"].split(" ").includes(`v1,${expected}`);
+}
+
 
 async function listen(handler) {
   const server = createServer(handler);
@@ -37,18 +47,20 @@ async function listen(handler) {
   return { server, origin: `http://127.0.0.1:${server.address().port}` };
 }
 
-/** An endpoint answering `status` to every POST; it records their bodies. */
+/** An endpoint answering `status` to every POST; it records their bodies and headers. */
 async function startEndpoint(status) {
   const bodies = [];
+  const headers = [];
   const { server, origin } = await listen((req, res) => {
     let body = "";
     req.on("data", (c) => (body += c));
     req.on("end", () => {
       bodies.push(body);
+      headers.push(req.headers);
       res.writeHead(status, { "content-type": "text/plain" }).end(status < 300 ? "ok" : "down");
     });
   });
-  return { server, url: `${origin}/hooks`, bodies };
+  return { server, url: `${origin}/hooks`, bodies, headers };
 }
 
 /** A page that embeds `link` in an iframe (set per test through `embed.link`). */
@@ -102,6 +114,7 @@ before(async () => {
     HOOKWISE_PORTAL_FRAME_ANCESTORS: allowed.origin,
     HOOKWISE_PORTAL_NAME: "Northwind Webhooks",
     HOOKWISE_PORTAL_ACCENT: "#0b7285",
+    HOOKWISE_REVEAL_SECRETS: "true",
   });
   op = client(dev.base, made.api_key);
 
@@ -170,9 +183,15 @@ test("the first customer adds an endpoint, sees a delivery go dead, fixes the en
   await page.locator("#new-rate").fill("50");
   await page.getByRole("button", { name: "Add endpoint" }).click();
   await page.locator("#secret-box").waitFor({ state: "visible" });
-  assert.match(await page.locator("#secret-value").innerText(), /^whsec_/);
+  const secret = await page.locator("#secret-value").innerText();
+  assert.match(secret, /^whsec_/);
   const row = page.locator("#subs tbody tr").first();
   await waitFor("the endpoint listed", async () => (await row.innerText()).includes(down.url));
+  // The deployment reveals secrets: the customer can read it again later.
+  await page.evaluate(() => (document.getElementById("secret-value").textContent = ""));
+  await row.getByRole("button", { name: /^Reveal secret/ }).click();
+  await waitFor("the secret shown again", async () => (await page.locator("#secret-value").innerText()) === secret);
+  assert.equal(await page.locator("#secret-made").isVisible(), false, "not \"shown this once\"");
   assert.equal(await row.locator('td[data-label="Rate limit"]').innerText(), "50/s");
   // Its schedule as a timeline, by the policy code; whose account this is, and its retries.
   assert.match(await row.locator('td[data-label="Policy"]').innerText(), /if your endpoint is down: retries at \+1 s, \+2 s; dead after 2 s/);
@@ -211,6 +230,7 @@ test("the first customer adds an endpoint, sees a delivery go dead, fixes the en
   await waitFor("the replay delivered", async () => (await page.locator("#detail-status").innerText()) === "delivered");
   assert.equal(up.bodies.length, 1, "the fixed endpoint got it once");
   assert.match(up.bodies[0], /in_42/);
+  assert.ok(signedWith(secret, up.headers[0], up.bodies[0]), "signed with the secret the portal showed");
   await page.screenshot({ path: join(ARTIFACTS, "portal.png"), fullPage: true });
   assert.deepEqual(errors, []);
   await page.close();
@@ -230,6 +250,8 @@ test("the second customer's link shows none of it, and a portal token reaches ne
   const theirs = firsts.body.data[0].id;
   assert.equal((await portal("GET", `/v1/deliveries/${theirs}`)).status, 404);
   assert.equal((await portal("POST", `/v1/deliveries/${theirs}/replay`)).status, 404);
+  const theirSub = (await op("GET", "/v1/subscriptions", undefined, "acct_first")).body.data[0].id;
+  assert.equal((await portal("POST", `/v1/subscriptions/${theirSub}/reveal-secret`, {})).status, 404);
   assert.equal((await portal("POST", "/v1/events", { type: "a.b", payload: {} })).status, 403, "a portal sends no events");
 });
 
@@ -240,6 +262,7 @@ test("a read-only link shows the deliveries but cannot replay", async () => {
   const row = page.locator(`#deliveries tr[data-delivery="${id}"]`);
   await row.waitFor();
   assert.equal(await page.locator("#add-sub").isVisible(), false, "no endpoint form");
+  assert.equal(await page.getByRole("button", { name: /^Reveal secret/ }).count(), 0, "no secret to reveal");
   await row.getByRole("button", { name: /View delivery/ }).click();
   await page.locator("#detail").waitFor({ state: "visible" });
   assert.equal(await page.locator("#replay").isVisible(), false, "no Replay button");
@@ -247,6 +270,9 @@ test("a read-only link shows the deliveries but cannot replay", async () => {
   const portal = client(dev.base, tokenOf(links.readOnly));
   const replay = await portal("POST", `/v1/deliveries/${id}/replay`);
   assert.deepEqual([replay.status, replay.body.error.code], [403, "read_only"]);
+  const sub = (await op("GET", "/v1/subscriptions", undefined, "acct_first")).body.data[0].id;
+  const reveal = await portal("POST", `/v1/subscriptions/${sub}/reveal-secret`, {});
+  assert.deepEqual([reveal.status, reveal.body.error.code], [403, "read_only"]);
 });
 
 test("the portal loads in an iframe from the allowed origin only", async () => {

@@ -23,7 +23,8 @@ out="$data/stdout"
 # suite uses).
 operator=$("$BIN" operator create-key --data-dir "$data" | sed -n 's/.*"api_key":"\([^"]*\)".*/\1/p')
 [ -n "$operator" ] || { echo "hookwise operator create-key printed no key" >&2; exit 1; }
-HOOKWISE_LOG=warn "$BIN" dev --listen 127.0.0.1:0 --data-dir "$data" --scheduler-interval 1 >"$out" 2>"$data/stderr" &
+# --reveal-secrets: reveal-secret's 200 is checked against its schema too, not only its 403.
+HOOKWISE_LOG=warn "$BIN" dev --listen 127.0.0.1:0 --data-dir "$data" --scheduler-interval 1 --reveal-secrets >"$out" 2>"$data/stderr" &
 dev=$!
 trap 'kill "$dev" 2>/dev/null; wait "$dev" 2>/dev/null; rm -rf "$data"' EXIT
 

@@ -186,11 +186,43 @@ impl Stack {
                         let list = self.resolve(template, &l[1]).list();
                         Resolved::One(list.join(l[0].as_str().unwrap()))
                     }
+                    "If" => {
+                        let l = inner.as_sequence().expect("!If [condition, then, else]");
+                        let name = l[0].as_str().expect("!If [condition name, ...]");
+                        let chosen = if self.condition(template, name) { &l[1] } else { &l[2] };
+                        self.resolve(template, chosen)
+                    }
                     other => panic!("the intrinsic !{other} is not resolved here: add it to iam_policy.rs"),
                 }
             }
             Yaml::Mapping(_) => panic!("long-form intrinsics are not resolved here: {value:?}"),
             other => Resolved::One(scalar(other).unwrap_or_else(|| panic!("not a value: {other:?}"))),
+        }
+    }
+
+    /// Whether the template's condition `name` holds for this stack's parameters.
+    fn condition(&self, template: &Yaml, name: &str) -> bool {
+        let definition = &template["Conditions"][name];
+        assert!(!definition.is_null(), "no condition {name}");
+        self.holds(template, definition)
+    }
+
+    /// A condition function: `!Equals`, `!Not`, `!And`, `!Or`, `!Condition`.
+    fn holds(&self, template: &Yaml, value: &Yaml) -> bool {
+        let Yaml::Tagged(tagged) = value else {
+            panic!("a condition is a condition function: {value:?}")
+        };
+        let args = || tagged.value.as_sequence().expect("a condition function's list");
+        match tagged.tag.to_string().trim_start_matches('!') {
+            "Equals" => {
+                let l = args();
+                self.resolve(template, &l[0]).one() == self.resolve(template, &l[1]).one()
+            }
+            "Not" => !self.holds(template, &args()[0]),
+            "And" => args().iter().all(|c| self.holds(template, c)),
+            "Or" => args().iter().any(|c| self.holds(template, c)),
+            "Condition" => self.condition(template, tagged.value.as_str().expect("!Condition <name>")),
+            other => panic!("the condition function !{other} is not evaluated here: add it to iam_policy.rs"),
         }
     }
 
@@ -670,6 +702,26 @@ Resources:
         );
         // Not provisioned by the test: resolves to nothing a call names.
         assert_eq!(p.statements[5].resources, ["unprovisioned:Logs.Arn"]);
+    }
+
+    #[test]
+    fn given_the_stack_reveals_secrets_then_and_only_then_the_ingest_function_may_decrypt() {
+        let template = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../template.yaml")).unwrap();
+        let key = "arn:aws:kms:us-east-1:123456789012:key/k-1";
+        let decrypts = |reveal: Option<&str>| {
+            let mut stack = Stack::new("us-east-1", "123456789012", "s")
+                .parameter("SenderEmail", "hooks@example.com")
+                .key("SecretsKey", key);
+            if let Some(value) = reveal {
+                stack = stack.parameter("RevealSecrets", value);
+            }
+            let policies = function_policies(&template, &stack);
+            let may = |f: &str| policies[f].allows("kms:Decrypt", key);
+            (may("hookwise-ingest"), may("hookwise-deliver"))
+        };
+        assert_eq!(decrypts(None), (false, true), "by default only Deliver opens a secret");
+        assert_eq!(decrypts(Some("false")), (false, true));
+        assert_eq!(decrypts(Some("true")), (true, true));
     }
 
     #[test]

@@ -210,6 +210,12 @@ const PATHS: &[(&str, &str, &str, &str)] = &[
     ),
     (
         "hookwise-ingest",
+        "kms:Decrypt",
+        "SecretsKey",
+        "a secret revealed (the stack's RevealSecrets)",
+    ),
+    (
+        "hookwise-ingest",
         "dynamodb:Query",
         "MainTable/index/by-subscription",
         "the API's listings",
@@ -295,6 +301,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
     let p = &env.provisioned;
     let stack = Stack::new("us-east-1", "123456789012", "iam")
         .parameter("SenderEmail", SENDER)
+        .parameter("RevealSecrets", "true")
         .table("MainTable", &p.table)
         .table("SchedulerTable", &p.scheduler_table)
         .queue("DeliveryQueue", &p.delivery_queue_url)
@@ -354,6 +361,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         fn_env.push((var.into(), proxy.url()));
     }
     fn_env.push((env::DIGEST_WINDOW_SECONDS.into(), DIGEST_WINDOW_SECONDS.to_string()));
+    fn_env.push((env::REVEAL_SECRETS.into(), "true".into()));
     let host = Arc::new(
         LambdaHost::start_with(&fn_env, |function| {
             let (id, secret) = keys[function].clone();
@@ -426,7 +434,7 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         .await,
         "PATCH",
     );
-    ok(
+    let rotated = ok(
         api.call(
             "POST",
             &format!("/v1/subscriptions/{flaky_id}/rotate-secret"),
@@ -435,6 +443,17 @@ async fn given_each_function_holding_only_its_template_policy_then_every_path_of
         .await,
         "rotate the secret",
     );
+    // The stack reveals secrets (RevealSecrets): Ingest opens the one it just sealed.
+    let revealed = ok(
+        api.call(
+            "POST",
+            &format!("/v1/subscriptions/{flaky_id}/reveal-secret"),
+            Some(json!({})),
+        )
+        .await,
+        "reveal the secret",
+    );
+    assert_eq!(revealed["secret"], rotated["secret"]);
 
     // The failing subscription has been active for two hours (the operator moves its start
     // back): its next failed attempt disables it.

@@ -97,6 +97,7 @@ pub async fn run(args: CommonArgs, local: LocalArgs) -> anyhow::Result<ExitCode>
         public_api_url: format!("http://{addr}"),
         digest_window: args.digest_window.map_or(defaults.digest_window, Duration::from_secs),
         scheduler_holder: Some(dev_scheduler_holder()),
+        reveal_secrets: args.reveal_secrets,
         ..defaults
     };
     let services = Arc::new(Services::new(ports, config, rand::rngs::StdRng::from_os_rng()));

@@ -101,6 +101,7 @@ pub async fn run(args: CommonArgs, aws: AwsArgs) -> anyhow::Result<ExitCode> {
         digest_window: args
             .digest_window
             .map_or(service_config.digest_window, Duration::from_secs),
+        reveal_secrets: args.reveal_secrets || service_config.reveal_secrets,
         ..service_config
     };
     let services = Arc::new(Services::new(ports, core, rand::rngs::StdRng::from_os_rng()));

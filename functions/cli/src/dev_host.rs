@@ -54,6 +54,10 @@ pub struct CommonArgs {
     /// `--provision`, HOOKWISE_DIGEST_WINDOW_SECONDS).
     #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=86_400))]
     pub digest_window: Option<u64>,
+    /// Let the API and the dashboard show an endpoint's signing secret again after it is
+    /// made (`POST /v1/subscriptions/{id}/reveal-secret`); else only rotating gives one.
+    #[arg(long, env = "HOOKWISE_REVEAL_SECRETS")]
+    pub reveal_secrets: bool,
 }
 
 impl CommonArgs {

@@ -37,6 +37,7 @@ pub mod env {
     pub const PUBLIC_API_URL: &str = "HOOKWISE_PUBLIC_API_URL";
     pub const DIGEST_WINDOW_SECONDS: &str = "HOOKWISE_DIGEST_WINDOW_SECONDS";
     pub const SERVICE: &str = "HOOKWISE_SERVICE";
+    pub const REVEAL_SECRETS: &str = "HOOKWISE_REVEAL_SECRETS";
 }
 
 pub const ENV_PREFIX: &str = "HOOKWISE_";
@@ -93,6 +94,10 @@ pub struct FunctionConfig {
     /// dimension, so two stacks in one account keep their metrics and alarms apart.
     #[serde(default = "hookwise")]
     pub service: String,
+    /// Whether the API shows a signing secret again after it is made (the Ingest function's;
+    /// its key-policy grant to decrypt comes with it, template.yaml's `RevealSecrets`).
+    #[serde(default)]
+    pub reveal_secrets: bool,
 }
 
 fn sqs_max_delay() -> u32 {
@@ -202,6 +207,7 @@ impl FunctionConfig {
             default_retry_policy: self.retry_policy().expect("validated when read"),
             retention: Some(retention_days(self.retention_days)),
             digest_window: Duration::from_secs(self.digest_window_seconds),
+            reveal_secrets: self.reveal_secrets,
             ..Config::default()
         };
         if let Some(url) = self.public_api_url.as_ref().filter(|u| !u.trim().is_empty()) {

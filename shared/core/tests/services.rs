@@ -600,6 +600,58 @@ async fn given_a_webhook_then_it_carries_standard_webhooks_headers_that_verify()
 }
 
 #[tokio::test]
+async fn given_a_deployment_that_reveals_secrets_then_the_current_secret_is_shown_again_else_refused() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let made = h
+        .services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    let err = h
+        .services
+        .reveal_secret(&tenant, &made.subscription.id)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Forbidden { code: "secrets_not_revealed", message } if message.contains("rotate")),
+        "{err:?}"
+    );
+
+    let config = Config {
+        reveal_secrets: true,
+        ..Config::default()
+    };
+    let h = Harness::with_config(ScriptedSender::always(200), config, 900);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let (other, _) = h.tenant("other@example.com").await;
+    let made = h
+        .services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    let id = made.subscription.id.clone();
+    let opens = h.secrets.opens.load(std::sync::atomic::Ordering::SeqCst);
+    let shown = h.services.reveal_secret(&tenant, &id).await.unwrap();
+    assert_eq!(shown.secret, made.secret);
+    assert_eq!(
+        h.secrets.opens.load(std::sync::atomic::Ordering::SeqCst),
+        opens + 1,
+        "opened by the keeper"
+    );
+    let rotated = h.services.rotate_secret(&tenant, &id).await.unwrap();
+    assert_eq!(
+        h.services.reveal_secret(&tenant, &id).await.unwrap().secret,
+        rotated.secret,
+        "the current one"
+    );
+    assert!(matches!(
+        h.services.reveal_secret(&other, &id).await,
+        Err(Error::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
 async fn given_bad_input_then_validation_errors_name_the_problem() {
     let h = Harness::new(ScriptedSender::always(200));
     let (tenant, _) = h.tenant("owner@example.com").await;

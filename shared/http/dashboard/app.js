@@ -25,6 +25,7 @@
     openerId: null, // the button that opened it, to return focus on close
     poll: null,
     recoverPreview: null, // "<subscription>@<since>" previewed: the next submit replays
+    revealsSecrets: false, // the deployment shows a signing secret again (branding.json)
   };
 
   // ---- API ----
@@ -311,9 +312,15 @@
       act(paused ? "Resume" : "Pause", paused ? "Resumed." : "Paused: nothing is sent to it until it is resumed.", () =>
         patchSub(s, { status: paused ? "active" : "disabled" }),
       ),
+      state.revealsSecrets
+        ? act("Reveal secret", "", async () => {
+            const r = await api("POST", `v1/subscriptions/${encodeURIComponent(s.id)}/reveal-secret`, { body: {} });
+            showSecret(s.url, r.secret, false);
+          })
+        : null,
       act("Rotate secret", "", async () => {
         const r = await api("POST", `v1/subscriptions/${encodeURIComponent(s.id)}/rotate-secret`, { body: {} });
-        showSecret(s.url, r.secret);
+        showSecret(s.url, r.secret, true);
       }),
       act("Delete", "Deleted.", async () => {
         if (!window.confirm(`Delete the endpoint ${s.url}? Its deliveries stop.`)) throw new Error("not deleted");
@@ -335,9 +342,10 @@
     }
   }
 
-  function showSecret(url, secret) {
+  function showSecret(url, secret, made) {
     $("secret-for").textContent = url;
     $("secret-value").textContent = secret;
+    $("secret-made").hidden = !made;
     $("secret-box").hidden = false;
   }
 
@@ -363,7 +371,7 @@
     if (rate) body.rate_limit_per_second = Number(rate);
     try {
       const s = await api("POST", "v1/subscriptions", { body });
-      showSecret(s.url, s.secret);
+      showSecret(s.url, s.secret, true);
       notice(`Added ${s.url}.`);
       $("new-url").value = "";
       $("new-schedule").value = "";
@@ -612,6 +620,7 @@
   async function signIn(key) {
     state.key = key;
     clearError();
+    state.revealsSecrets = (await deployment).reveals_secrets === true;
     try {
       await loadSubscriptions();
     } catch (e) {
@@ -671,9 +680,15 @@
     return sessionStorage.getItem(KEY_STORAGE);
   }
 
+  // The deployment's branding, and whether it shows a signing secret again after it is made.
+  const deployment = fetch(new URL("dashboard/branding.json", document.baseURI), { cache: "no-store" })
+    .then((r) => r.json())
+    .catch(() => ({}));
+
   async function applyBranding() {
     try {
-      const b = await (await fetch(new URL("dashboard/branding.json", document.baseURI), { cache: "no-store" })).json();
+      const b = await deployment;
+      if (!b.name) return;
       $("brand-name").textContent = b.name;
       document.title = `${b.name}: webhook deliveries`;
       if (b.accent) document.documentElement.style.setProperty("--accent", b.accent);

@@ -1,7 +1,7 @@
 //! The customer portal's sessions through the API: minted by a tenant's key or an operator
 //! key, scoped to one tenant, refused once expired or revoked, never able to send events,
-//! use the operator routes or, read-only, change anything; the portal page framed only by
-//! the origins allowed.
+//! use the operator routes or, read-only, change anything or see a secret; the portal page
+//! framed only by the origins allowed.
 
 mod support;
 
@@ -28,10 +28,14 @@ struct App {
 }
 
 async fn app(portal: PortalConfig) -> App {
+    app_with(portal, Config::default()).await
+}
+
+async fn app_with(portal: PortalConfig, config: Config) -> App {
     let harness = Harness::new(ScriptedSender::always(500));
     let services = Services::new(
         harness.services.ports().clone(),
-        Config::default(),
+        config,
         rand::rngs::StdRng::seed_from_u64(1),
     );
     let (_, operator) = services.create_operator_key().await.unwrap();
@@ -296,6 +300,66 @@ async fn given_allowed_origins_then_only_the_portal_page_may_be_framed_by_them_a
     let branding: Value = serde_json::from_str(&branding).unwrap();
     assert_eq!(
         branding,
-        json!({"name": "Northwind Webhooks", "accent": "#0b7285", "logo": null})
+        json!({"name": "Northwind Webhooks", "accent": "#0b7285", "logo": null, "reveals_secrets": false})
+    );
+}
+
+#[tokio::test]
+async fn given_a_deployment_that_reveals_secrets_then_a_portal_link_shows_its_endpoints_secret_and_a_read_only_one_does_not(
+) {
+    let reveals = Config {
+        reveal_secrets: true,
+        ..Config::default()
+    };
+    let revealing = app_with(PortalConfig::default(), reveals).await;
+    let (status, made) = revealing
+        .call(
+            "POST",
+            "/v1/subscriptions",
+            &revealing.a,
+            &[],
+            Some(json!({"url": "https://example.com/h"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    let reveal = format!("/v1/subscriptions/{}/reveal-secret", made["id"].as_str().unwrap());
+    let (_, token) = revealing.session(&revealing.a, &[], json!({})).await;
+    let (status, shown) = revealing.call("POST", &reveal, &token, &[], Some(json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{shown}");
+    assert_eq!(shown["secret"], made["secret"]);
+    assert!(shown["secret"].as_str().unwrap().starts_with("whsec_"));
+
+    let (_, read_only) = revealing.session(&revealing.a, &[], json!({"read_only": true})).await;
+    let (status, refused) = revealing.call("POST", &reveal, &read_only, &[], Some(json!({}))).await;
+    assert_eq!((status, code(&refused)), (StatusCode::FORBIDDEN, "read_only"));
+    let (status, refused) = revealing
+        .call("POST", &reveal, &revealing.b, &[], Some(json!({})))
+        .await;
+    assert_eq!(
+        (status, code(&refused)),
+        (StatusCode::NOT_FOUND, "not_found"),
+        "another tenant's"
+    );
+
+    // A deployment that does not reveal them says how to get a new one.
+    let plain = app(PortalConfig::default()).await;
+    let (_, made) = plain
+        .call(
+            "POST",
+            "/v1/subscriptions",
+            &plain.a,
+            &[],
+            Some(json!({"url": "https://example.com/h"})),
+        )
+        .await;
+    let reveal = format!("/v1/subscriptions/{}/reveal-secret", made["id"].as_str().unwrap());
+    let (status, refused) = plain.call("POST", &reveal, &plain.a, &[], Some(json!({}))).await;
+    assert_eq!(
+        (status, code(&refused)),
+        (StatusCode::FORBIDDEN, "secrets_not_revealed")
+    );
+    assert!(
+        refused["error"]["message"].as_str().unwrap().contains("rotate"),
+        "{refused}"
     );
 }

@@ -107,6 +107,11 @@ pub struct Config {
     /// keeps them. A policy that can retry for longer is refused: retention must never
     /// delete a delivery, or its event, while it is still retrying.
     pub retention: Option<Duration>,
+    /// Whether a tenant may read an endpoint's signing secret again after it was made
+    /// ([`Services::reveal_secret`]). Off, a secret is shown only when it is made (create,
+    /// rotate). On AWS the stack's `RevealSecrets` parameter turns it on together with the
+    /// key policy that lets the Ingest function decrypt.
+    pub reveal_secrets: bool,
 }
 
 impl Default for Config {
@@ -127,6 +132,7 @@ impl Default for Config {
             public_api_url: "http://127.0.0.1:8080".into(),
             default_retry_policy: RetryPolicy::standard(),
             retention: None,
+            reveal_secrets: false,
         }
     }
 }
@@ -156,6 +162,11 @@ impl Services {
             metrics: Arc::new(NoMetrics),
             rng: Mutex::new(rng),
         }
+    }
+
+    /// Whether [`Services::reveal_secret`] shows a secret again (the deployment's choice).
+    pub fn reveals_secrets(&self) -> bool {
+        self.config.reveal_secrets
     }
 
     /// Record the services' metrics ([`crate::metrics`]) into `recorder`.

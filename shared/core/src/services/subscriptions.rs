@@ -1,4 +1,4 @@
-//! Subscriptions: create, read, change, delete, rotate the signing secret.
+//! Subscriptions: create, read, change, delete, rotate and reveal the signing secret.
 
 use chrono::{DateTime, Duration, Utc};
 use serde::Deserialize;
@@ -428,5 +428,33 @@ impl Services {
             subscription: self.replace_as_read(sub, read_at).await?,
             secret,
         })
+    }
+
+    /// The current signing secret of the subscription `id`, opened again, where the
+    /// deployment reveals secrets ([`Config::reveal_secrets`]); else 403
+    /// `secrets_not_revealed`. Each reveal is logged (on AWS also in CloudTrail, as the KMS
+    /// Decrypt with the tenant and subscription as its context).
+    ///
+    /// [`Config::reveal_secrets`]: super::Config::reveal_secrets
+    pub async fn reveal_secret(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<SubscriptionWithSecret> {
+        if !self.config.reveal_secrets {
+            return Err(Error::forbidden(
+                "secrets_not_revealed",
+                format!(
+                    "this deployment shows a signing secret only when it is made: rotate the secret to get a new \
+                     one (the old one keeps signing for {SECRET_ROTATION_GRACE_HOURS} hours)"
+                ),
+            ));
+        }
+        let subscription = self.get_subscription(tenant, id).await?;
+        let secret = match subscription.secret.plain() {
+            Some(plain) => plain,
+            None => {
+                let context = crate::ports::SecretContext::of(&subscription);
+                self.ports.secrets.open(&subscription.secret, &context).await?
+            }
+        };
+        tracing::info!(tenant = %tenant.id, subscription = %id, "signing secret revealed");
+        Ok(SubscriptionWithSecret { subscription, secret })
     }
 }

@@ -136,6 +136,19 @@ pub async fn rotate_secret(
     )))
 }
 
+/// A POST, though it changes nothing: a reveal is an act (logged; on AWS a KMS Decrypt in
+/// CloudTrail), never cached, and a read-only portal session may not make it.
+pub async fn reveal_secret(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+) -> ApiResult<Json<SubscriptionView>> {
+    let id = path_id(&id, SubscriptionId::parse)?;
+    Ok(Json(SubscriptionView::with_secret(
+        s.services.reveal_secret(&tenant, &id).await?,
+    )))
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Recover {

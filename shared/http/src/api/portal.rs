@@ -226,12 +226,14 @@ pub async fn page(State(s): State<ApiState>) -> impl IntoResponse {
     super::dashboard::page_with(csp)
 }
 
-/// The deployment's name, accent colour and logo, for the portal page.
+/// The deployment's name, accent colour and logo, for the portal page; and whether it shows
+/// a signing secret again after it is made, for the dashboard's Reveal button.
 pub async fn branding(State(s): State<ApiState>) -> impl IntoResponse {
     let body = serde_json::json!({
         "name": s.portal.name.as_deref().unwrap_or("Hookwise"),
         "accent": s.portal.accent,
         "logo": s.portal.logo,
+        "reveals_secrets": s.services.reveals_secrets(),
     });
     (
         [

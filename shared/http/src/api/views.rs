@@ -27,7 +27,7 @@ pub struct SubscriptionView {
     pub previous_secret_expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
-    /// Only in the responses to create and rotate-secret.
+    /// Only in the responses to create, rotate-secret and reveal-secret.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub secret: Option<String>,
 }
@@ -38,7 +38,7 @@ impl SubscriptionView {
         Self::build(s, None)
     }
 
-    /// With its current secret, just made: creation and rotation only.
+    /// With its current secret: creation, rotation and a reveal only.
     pub fn with_secret(made: SubscriptionWithSecret) -> Self {
         Self::build(made.subscription, Some(made.secret))
     }

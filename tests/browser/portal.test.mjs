@@ -231,6 +231,17 @@ test("the first customer adds an endpoint, sees a delivery go dead, fixes the en
   assert.equal(up.bodies.length, 1, "the fixed endpoint got it once");
   assert.match(up.bodies[0], /in_42/);
   assert.ok(signedWith(secret, up.headers[0], up.bodies[0]), "signed with the secret the portal showed");
+  // A test send: the endpoint gets a ping flagged as a test, and the listing says so.
+  await page.locator("#close-detail").click();
+  await row.getByRole("button", { name: /^Send test/ }).click();
+  await waitFor("the test received", async () => up.bodies.length === 2);
+  const ping = JSON.parse(up.bodies[1]);
+  assert.deepEqual([ping.type, ping.test], ["hookwise.ping", true]);
+  assert.ok(signedWith(secret, up.headers[1], up.bodies[1]));
+  await waitFor("the test listed", async () => {
+    await refresh(page);
+    return (await page.locator(`#deliveries tr[data-delivery] .badge.test`).count()) === 1;
+  });
   await page.screenshot({ path: join(ARTIFACTS, "portal.png"), fullPage: true });
   assert.deepEqual(errors, []);
   await page.close();

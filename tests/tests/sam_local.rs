@@ -248,10 +248,7 @@ async fn seed_subscription(services: &Services, tenant: &Tenant, id: &str, new: 
         .await
         .expect("delete");
     let id = SubscriptionId::parse(id).unwrap();
-    let context = SecretContext {
-        tenant: tenant.id.clone(),
-        subscription: id.clone(),
-    };
+    let context = SecretContext::new(&tenant.id, &id);
     let sub = Subscription {
         id,
         secret: services

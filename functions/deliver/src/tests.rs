@@ -43,6 +43,8 @@ async fn one_queued_delivery(h: &Harness) -> DeliveryTask {
         auto_disable_after_hours: None,
         circuit_breaker: None,
         description: None,
+        filter: None,
+        headers: None,
     };
     h.services.create_subscription(&tenant, sub).await.unwrap();
     let event = NewEvent {

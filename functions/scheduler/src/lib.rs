@@ -55,6 +55,8 @@ mod tests {
             auto_disable_after_hours: None,
             circuit_breaker: None,
             description: None,
+            filter: None,
+            headers: None,
         };
         h.services.create_subscription(&tenant, sub).await.unwrap();
         let event = NewEvent {

@@ -664,12 +664,12 @@ mod tests {
     /// names KMS (a key policy naming a role and that role's policy naming the key would be
     /// a dependency cycle).
     #[test]
-    fn the_templates_secrets_key_lets_deliver_alone_decrypt() {
+    fn the_templates_secrets_key_lets_deliver_alone_decrypt_and_ingest_only_where_secrets_are_revealed() {
         let doc = the_template();
         let key = &doc["Resources"]["SecretsKey"];
         assert_eq!(key["Type"].as_str(), Some("AWS::KMS::Key"));
         assert_eq!(key["Properties"]["EnableKeyRotation"].as_bool(), Some(true));
-        let mut decrypters = Vec::new();
+        let (mut decrypters, mut revealers) = (Vec::new(), Vec::new());
         for statement in key["Properties"]["KeyPolicy"]["Statement"].as_sequence().unwrap() {
             assert_eq!(statement["Effect"].as_str(), Some("Allow"), "{statement:?}");
             let principal = untag(&statement["Principal"]["AWS"]).as_str().unwrap().to_owned();
@@ -692,11 +692,27 @@ mod tests {
                 let action = action.to_ascii_lowercase();
                 action.contains('*') || ["kms:decrypt", "kms:creategrant"].contains(&action.as_str())
             };
-            if names(&statement["Action"]).iter().any(opens) {
+            // Only `RevealSecrets` may add decrypting, as `!If [RevealsSecrets, with, without]`.
+            let action = &statement["Action"];
+            if let Value::Tagged(t) = action {
+                let branches = t.value.as_sequence().unwrap();
+                assert_eq!(t.tag.to_string(), "!If", "{action:?}");
+                assert_eq!(branches[0].as_str(), Some("RevealsSecrets"), "{action:?}");
+                assert!(
+                    !names(&branches[2]).iter().any(opens),
+                    "without it, {principal} does not decrypt"
+                );
+                if names(&branches[1]).iter().any(opens) {
+                    revealers.push(principal);
+                }
+                continue;
+            }
+            if names(action).iter().any(opens) {
                 decrypters.push(principal);
             }
         }
         assert_eq!(decrypters, ["DeliverRole.Arn"]);
+        assert_eq!(revealers, ["IngestRole.Arn"], "Ingest decrypts only to reveal a secret");
         for (id, resource) in doc["Resources"].as_mapping().unwrap() {
             if resource["Type"].as_str() == Some("AWS::IAM::Role") {
                 let text = serde_yaml_ng::to_string(&resource["Properties"]["Policies"]).unwrap();

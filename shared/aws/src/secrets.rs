@@ -1,12 +1,13 @@
-//! Signing secrets sealed with the stack's KMS key (`SecretsKey` in template.yaml): KMS
-//! `Encrypt` and `Decrypt` with the subscription's tenant and id as the encryption context, so
-//! a table reader, an export or a restore sees no secret, and an envelope copied onto another
-//! subscription does not open. Ingest may only seal; Deliver seals and opens, and no other
-//! principal may open (the key's policy).
+//! Signing secrets, and header values marked sensitive, sealed with the stack's KMS key
+//! (`SecretsKey` in template.yaml): KMS `Encrypt` and `Decrypt` with the subscription's tenant
+//! and id (and a header value's header name) as the encryption context, so a table reader, an
+//! export or a restore sees no secret, and an envelope copied onto another subscription (or
+//! header, or from a header to the signing secret) does not open. Ingest may only seal;
+//! Deliver seals and opens, and no other principal may open (the key's policy).
 //!
 //! An envelope is `kms1:` and the base64 of KMS's ciphertext blob (which names the key).
 //! A warm Deliver keeps what it opened for [`KEEP_FOR`]: one `Decrypt` per subscription and
-//! secret every 15 minutes, not one per delivery.
+//! secret (or header value) every 15 minutes, not one per delivery.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -16,7 +17,7 @@ use async_trait::async_trait;
 use aws_sdk_kms::primitives::Blob;
 use aws_sdk_kms::Client;
 use aws_smithy_types::base64;
-use hookwise_core::model::{SealedSecret, Secret};
+use hookwise_core::model::SealedSecret;
 use hookwise_core::ports::{PortResult, SecretContext, SecretKeeper};
 use hookwise_core::PortError;
 
@@ -24,19 +25,24 @@ use crate::error::classify;
 use crate::lazy_client::LazyClient;
 
 const SCHEME: &str = "kms1:";
-/// How long an opened secret is used without asking KMS again: a key disabled or a grant
-/// revoked stops signing within this. (At $0.03 per 10,000 requests, 100 subscriptions
+/// How long an opened secret (or header value) is used without asking KMS again: a key
+/// disabled or a grant revoked stops signing within this. (At $0.03 per 10,000 requests, 100 subscriptions
 /// on 5 warm containers make 1.5 million a month: $4.40.)
 const KEEP_FOR: Duration = Duration::from_secs(15 * 60);
-/// The most opened secrets kept (two per subscription at most).
+/// The most opened secrets and header values kept (two secrets per subscription at most, and
+/// its sensitive headers' values).
 const MAX_KEPT: usize = 10_000;
+
+/// What an opened text is kept under: the whole context and the envelope, so that an
+/// envelope opens from what is kept under its own context only.
+type KeptId = (SecretContext, String);
 
 #[derive(Clone, Debug)]
 pub struct KmsSecrets {
     client: LazyClient<Client>,
     /// The key's ARN (or id, or alias): what seals, and the only key an envelope opens with.
     key: String,
-    opened: Arc<Mutex<HashMap<String, (Instant, Secret)>>>,
+    opened: Arc<Mutex<HashMap<KeptId, (Instant, String)>>>,
 }
 
 impl KmsSecrets {
@@ -48,15 +54,15 @@ impl KmsSecrets {
         }
     }
 
-    fn kept(&self, id: &str) -> Option<Secret> {
+    fn kept(&self, id: &KeptId) -> Option<String> {
         let opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
         opened
             .get(id)
             .filter(|(at, _)| at.elapsed() < KEEP_FOR)
-            .map(|(_, secret)| secret.clone())
+            .map(|(_, text)| text.clone())
     }
 
-    fn keep(&self, id: String, secret: &Secret) {
+    fn keep(&self, id: KeptId, text: &str) {
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
         if opened.len() >= MAX_KEPT {
             opened.retain(|_, (at, _)| at.elapsed() < KEEP_FOR);
@@ -64,7 +70,7 @@ impl KmsSecrets {
                 opened.clear();
             }
         }
-        opened.insert(id, (Instant::now(), secret.clone()));
+        opened.insert(id, (Instant::now(), text.to_owned()));
     }
 }
 
@@ -78,12 +84,12 @@ fn context_map(context: &SecretContext) -> HashMap<String, String> {
 
 #[async_trait]
 impl SecretKeeper for KmsSecrets {
-    async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret> {
+    async fn seal_text(&self, text: &str, context: &SecretContext) -> PortResult<SealedSecret> {
         let out = self
             .client
             .encrypt()
             .key_id(&self.key)
-            .plaintext(Blob::new(secret.as_str().as_bytes()))
+            .plaintext(Blob::new(text.as_bytes()))
             .set_encryption_context(Some(context_map(context)))
             .send()
             .await
@@ -97,12 +103,11 @@ impl SecretKeeper for KmsSecrets {
         )))
     }
 
-    async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret> {
+    async fn open_text(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<String> {
         // The context is part of what is kept: an envelope opens under its own only.
-        let [(_, tenant), (_, subscription)] = context.pairs();
-        let id = format!("{tenant}/{subscription}/{}", sealed.as_str());
-        if let Some(secret) = self.kept(&id) {
-            return Ok(secret);
+        let id = (context.clone(), sealed.as_str().to_owned());
+        if let Some(text) = self.kept(&id) {
+            return Ok(text);
         }
         let refused = |why: &str| PortError::permanent("open secret (KMS Decrypt)", why.to_owned());
         let blob = sealed
@@ -120,8 +125,9 @@ impl SecretKeeper for KmsSecrets {
             .await
             .map_err(|e| {
                 // The envelope is at fault only here (damaged, or sealed for another
-                // subscription); anything else (another key configured, the key disabled or
-                // pending deletion, access denied, KMS down) an operator can fix, and then it opens.
+                // subscription or header); anything else (another key configured, the key disabled
+                // or pending deletion, access denied, KMS down) an operator can fix, and then it
+                // opens.
                 let never = e
                     .as_service_error()
                     .is_some_and(|e| e.is_invalid_ciphertext_exception());
@@ -130,12 +136,11 @@ impl SecretKeeper for KmsSecrets {
                     other => other,
                 }
             })?;
-        let secret = out
+        let text = out
             .plaintext()
-            .and_then(|p| std::str::from_utf8(p.as_ref()).ok())
-            .and_then(|s| Secret::parse(s).ok())
-            .ok_or_else(|| refused("it holds no signing secret"))?;
-        self.keep(id, &secret);
-        Ok(secret)
+            .and_then(|p| String::from_utf8(p.as_ref().to_vec()).ok())
+            .ok_or_else(|| refused("it holds no text"))?;
+        self.keep(id, &text);
+        Ok(text)
     }
 }

@@ -458,6 +458,7 @@ fn order_event(
         payload: serde_json::json!({ "n": n }),
         created_at: at,
         idempotency_key: key.map(str::to_owned),
+        test: false,
     }
 }
 
@@ -703,6 +704,7 @@ async fn given_5000_stranded_deliveries_on_dynamodb_local_then_the_sweep_requeue
             payload: serde_json::json!({"n": 1}),
             created_at: then,
             idempotency_key: None,
+            test: false,
         };
         let ds: Vec<Delivery> = subs
             .iter()
@@ -778,6 +780,7 @@ async fn given_a_replay_late_in_an_events_life_then_the_event_is_kept_for_the_ne
         payload: serde_json::json!({}),
         created_at: created,
         idempotency_key: None,
+        test: false,
     };
     let d = Delivery::new(
         DeliveryId::generate(created, rng),
@@ -905,6 +908,7 @@ async fn attempts_are_logged_on_the_delivery_spilled_past_8_kb_and_read_with_an_
         payload: serde_json::json!({"n": 1}),
         created_at: now,
         idempotency_key: None,
+        test: false,
     };
     let mut delivery = Delivery::new(
         DeliveryId::generate(now, rng),

@@ -11,6 +11,7 @@
 pub mod auth;
 pub mod circuit;
 pub mod error;
+pub mod filter;
 pub mod health;
 pub mod metrics;
 pub mod model;

@@ -440,42 +440,88 @@ pub trait Mailer: Send + Sync {
     async fn send(&self, email: &OutgoingEmail) -> PortResult<()>;
 }
 
-/// Whose a sealed signing secret is. The keeper binds the envelope to it (KMS's encryption
-/// context, AES-GCM's associated data): sealed for one subscription, it opens for no other.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Whose a sealed value is: a subscription's signing secret, or (with `header`) the value of
+/// one of its custom headers marked sensitive. The keeper binds the envelope to it (KMS's
+/// encryption context, AES-GCM's associated data): sealed for one subscription, or one header
+/// of it, it opens for no other, nor as the signing secret.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SecretContext {
     pub tenant: TenantId,
     pub subscription: SubscriptionId,
+    /// The lowercase name of the header whose value is sealed; `None` for the signing secret.
+    pub header: Option<String>,
 }
 
 impl SecretContext {
-    pub fn of(sub: &Subscription) -> Self {
+    /// The context of the signing secret of `tenant`'s subscription `subscription` (one not
+    /// made yet, say).
+    pub fn new(tenant: &TenantId, subscription: &SubscriptionId) -> Self {
         Self {
-            tenant: sub.tenant_id.clone(),
-            subscription: sub.id.clone(),
+            tenant: tenant.clone(),
+            subscription: subscription.clone(),
+            header: None,
         }
     }
 
-    /// The context as names and values, in this order.
-    pub fn pairs(&self) -> [(&'static str, &str); 2] {
-        [
+    /// The context of `sub`'s signing secret.
+    pub fn of(sub: &Subscription) -> Self {
+        Self::new(&sub.tenant_id, &sub.id)
+    }
+
+    /// The context of the value of `sub`'s header `name` (any case: header names are not
+    /// case-sensitive, and the context holds it lowercase).
+    pub fn for_header(sub: &Subscription, name: &str) -> Self {
+        Self::of(sub).with_header(name)
+    }
+
+    /// This subscription's context for the value of its header `name` (any case, held
+    /// lowercase).
+    pub fn with_header(self, name: &str) -> Self {
+        Self {
+            header: Some(name.to_ascii_lowercase()),
+            ..self
+        }
+    }
+
+    /// The context as names and values, in this order: `tenant`, `subscription`, then
+    /// `header` if it is a header's. (A signing secret's are what they were before headers
+    /// had values sealed: envelopes sealed then still open.)
+    pub fn pairs(&self) -> Vec<(&'static str, &str)> {
+        let mut pairs = vec![
             ("tenant", self.tenant.as_str()),
             ("subscription", self.subscription.as_str()),
-        ]
+        ];
+        if let Some(header) = &self.header {
+            pairs.push(("header", header.as_str()));
+        }
+        pairs
     }
 }
 
-/// Keeps signing secrets sealed at rest: KMS on AWS, a key file in the data dir locally.
-/// Only signing opens a secret; the API shows one only when it makes it.
+/// Keeps signing secrets, and header values marked sensitive, sealed at rest: KMS on AWS, a
+/// key file in the data dir locally. Only sending opens one; the API shows a secret only
+/// when it makes it.
 #[async_trait]
 pub trait SecretKeeper: Send + Sync {
-    /// `secret` sealed under `context`, as an envelope that names its scheme.
-    async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret>;
-    /// The secret in an envelope this keeper sealed under `context`. `Permanent` only if this
+    /// `text` sealed under `context`, as an envelope that names its scheme. `text` is not
+    /// empty and at most 4096 bytes (KMS seals no more).
+    async fn seal_text(&self, text: &str, context: &SecretContext) -> PortResult<SealedSecret>;
+    /// The text in an envelope this keeper sealed under `context`. `Permanent` only if this
     /// envelope will never open (sealed under another context or key, or damaged): deliveries
     /// then die rather than retry. A key it cannot use now (disabled, access denied, its
     /// service down) is `Retryable`, however long that lasts: an operator fixes that.
-    async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret>;
+    async fn open_text(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<String>;
+
+    /// `secret` sealed under `context` (see [`seal_text`](Self::seal_text)).
+    async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret> {
+        self.seal_text(secret.as_str(), context).await
+    }
+    /// The secret in an envelope this keeper sealed under `context`: as
+    /// [`open_text`](Self::open_text), and `Permanent` if what it holds is no signing secret.
+    async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret> {
+        let text = self.open_text(sealed, context).await?;
+        Secret::parse(&text).map_err(|_| PortError::permanent("open secret", "it holds no signing secret"))
+    }
 }
 
 /// One signed POST, ready to go.

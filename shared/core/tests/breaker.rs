@@ -39,6 +39,8 @@ fn subscription(schedule: Vec<u64>, rate_limit: Option<u32>, breaker: CircuitBre
         auto_disable_after_hours: None,
         circuit_breaker: Some(breaker),
         description: None,
+        filter: None,
+        headers: None,
     }
 }
 

@@ -264,6 +264,8 @@ impl World {
                 probe_interval_seconds: 3,
             }),
             description: None,
+            filter: None,
+            headers: None,
         };
         let sub = h
             .services

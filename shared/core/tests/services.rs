@@ -24,6 +24,8 @@ fn new_sub(url: &str, types: &[&str], schedule: Option<Vec<u64>>) -> NewSubscrip
         auto_disable_after_hours: None,
         circuit_breaker: None,
         description: None,
+        filter: None,
+        headers: None,
     }
 }
 
@@ -649,6 +651,214 @@ async fn given_a_deployment_that_reveals_secrets_then_the_current_secret_is_show
         h.services.reveal_secret(&other, &id).await,
         Err(Error::NotFound { .. })
     ));
+}
+
+#[tokio::test]
+async fn given_a_test_send_then_only_that_subscription_gets_it_flagged_as_a_test_through_the_pipeline() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let orders = h
+        .services
+        .create_subscription(&tenant, new_sub("https://orders.example.com/", &["order.*"], None))
+        .await
+        .unwrap()
+        .subscription;
+    h.services
+        .create_subscription(&tenant, new_sub("https://all.example.com/", &["*"], None))
+        .await
+        .unwrap();
+
+    // A ping, though the subscription wants only order.* and another wants everything.
+    let sent = h.services.send_test(&tenant, &orders.id, None).await.unwrap();
+    assert!(sent.event.test);
+    assert_eq!(sent.event.event_type.as_str(), hookwise_core::services::PING);
+    assert_eq!(sent.deliveries.len(), 1);
+    assert_eq!(sent.deliveries[0].subscription_id, orders.id);
+    assert!(sent.deliveries[0].test);
+    h.drain_now().await;
+    let requests = h.sender.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 1, "to that subscription alone");
+    assert_eq!(requests[0].url.as_str(), "https://orders.example.com/");
+    let body: serde_json::Value = serde_json::from_slice(&requests[0].body).unwrap();
+    assert_eq!(body["test"], true);
+    assert_eq!(body["type"], "hookwise.ping");
+    assert_eq!(body["data"]["subscription_id"], orders.id.as_str());
+    let delivered = h.services.get_delivery(&tenant, &sent.deliveries[0].id).await.unwrap();
+    assert_eq!(delivered.0.status, DeliveryStatus::Delivered);
+
+    // An event of the caller's choosing; an ordinary event's envelope carries no flag.
+    let chosen = h
+        .services
+        .send_test(&tenant, &orders.id, Some(event("invoice.paid")))
+        .await
+        .unwrap();
+    assert_eq!(chosen.event.event_type.as_str(), "invoice.paid");
+    h.services.ingest(&tenant, event("order.created"), None).await.unwrap();
+    h.drain_now().await;
+    let bodies: Vec<serde_json::Value> = h.sender.requests.lock().unwrap()[1..]
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect();
+    assert_eq!(bodies.len(), 3, "the chosen test, and the event to both subscriptions");
+    assert_eq!(bodies.iter().filter(|b| b.get("test").is_some()).count(), 1);
+
+    // A paused subscription is not sent a test; another tenant's is not found.
+    let patch = hookwise_core::services::SubscriptionPatch {
+        status: Some(SubscriptionStatus::Disabled),
+        ..Default::default()
+    };
+    h.services
+        .update_subscription(&tenant, &orders.id, patch)
+        .await
+        .unwrap();
+    assert!(matches!(
+        h.services.send_test(&tenant, &orders.id, None).await,
+        Err(Error::Conflict(_))
+    ));
+    let (other, _) = h.tenant("other@example.com").await;
+    assert!(matches!(
+        h.services.send_test(&other, &orders.id, None).await,
+        Err(Error::NotFound { .. })
+    ));
+}
+
+#[tokio::test]
+async fn given_a_content_filter_then_an_event_it_does_not_match_creates_no_delivery_for_it() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let mut euro = new_sub("https://euro.example.com/", &["invoice.*"], None);
+    euro.filter = Some(
+        hookwise_core::filter::ContentFilter::parse(serde_json::json!({
+            "data": {"currency": ["EUR"], "amount": [{"numeric": [">=", 100]}]}
+        }))
+        .unwrap(),
+    );
+    let euro = h
+        .services
+        .create_subscription(&tenant, euro)
+        .await
+        .unwrap()
+        .subscription;
+    h.services
+        .create_subscription(&tenant, new_sub("https://all.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    let invoice = |currency: &str, amount: u32| NewEvent {
+        event_type: EventType::parse("invoice.paid").unwrap(),
+        payload: serde_json::json!({"currency": currency, "amount": amount}),
+    };
+    let to_euro = |ingested: &hookwise_core::services::Ingested| {
+        ingested
+            .deliveries
+            .iter()
+            .filter(|d| d.subscription_id == euro.id)
+            .count()
+    };
+    let big = h.services.ingest(&tenant, invoice("EUR", 150), None).await.unwrap();
+    assert_eq!((to_euro(&big), big.deliveries.len()), (1, 2));
+    let small = h.services.ingest(&tenant, invoice("EUR", 99), None).await.unwrap();
+    assert_eq!(
+        (to_euro(&small), small.deliveries.len()),
+        (0, 1),
+        "no delivery is made for it"
+    );
+    let dollars = h.services.ingest(&tenant, invoice("USD", 500), None).await.unwrap();
+    assert_eq!(to_euro(&dollars), 0);
+
+    // Removed with `null`: every invoice again.
+    let patch: hookwise_core::services::SubscriptionPatch =
+        serde_json::from_value(serde_json::json!({"filter": null})).unwrap();
+    h.services.update_subscription(&tenant, &euro.id, patch).await.unwrap();
+    let after = h.services.ingest(&tenant, invoice("USD", 5), None).await.unwrap();
+    assert_eq!(to_euro(&after), 1);
+}
+
+#[tokio::test]
+async fn given_custom_headers_then_every_post_carries_them_and_a_sensitive_one_is_stored_sealed() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let mut new = new_sub("https://a.example.com/", &["*"], None);
+    new.headers = Some(
+        serde_json::from_value(serde_json::json!({
+            "X-Env": "prod",
+            "Authorization": {"value": "Bearer s3cr3t-token", "sensitive": true}
+        }))
+        .unwrap(),
+    );
+    let sub = h.services.create_subscription(&tenant, new).await.unwrap().subscription;
+    let stored = h.services.get_subscription(&tenant, &sub.id).await.unwrap();
+    assert!(
+        !serde_json::to_string(&stored).unwrap().contains("s3cr3t"),
+        "sealed at rest"
+    );
+    assert_eq!(stored.headers.iter().filter(|h| h.is_sensitive()).count(), 1);
+
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    let sent = h.sender.requests.lock().unwrap()[0].clone();
+    let header = |name: &str| sent.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    assert_eq!(header("x-env").as_deref(), Some("prod"));
+    assert_eq!(
+        header("authorization").as_deref(),
+        Some("Bearer s3cr3t-token"),
+        "opened to send"
+    );
+    assert_eq!(
+        header("content-type").as_deref(),
+        Some("application/json"),
+        "Hookwise's own stay"
+    );
+
+    // The headers a customer reads back for that attempt: the sensitive value masked.
+    let (delivery, attempts) = h
+        .services
+        .get_delivery(&tenant, &ingested.deliveries[0].id)
+        .await
+        .unwrap();
+    let shown = h.services.attempt_headers(&delivery, &attempts).await.unwrap().unwrap();
+    let shown: Vec<_> = shown[0].iter().filter(|(n, _)| n == "authorization").collect();
+    assert_eq!(
+        shown,
+        [&("authorization".to_owned(), hookwise_core::model::MASKED.to_owned())]
+    );
+
+    // A PATCH that names the sensitive header without a value keeps it; a header left out goes.
+    let patch: hookwise_core::services::SubscriptionPatch = serde_json::from_value(
+        serde_json::json!({"headers": {"authorization": {"sensitive": true}, "x-region": "eu"}}),
+    )
+    .unwrap();
+    let changed = h.services.update_subscription(&tenant, &sub.id, patch).await.unwrap();
+    let names: Vec<&str> = changed.headers.iter().map(|h| h.name.as_str()).collect();
+    assert_eq!(names, ["authorization", "x-region"]);
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    h.drain_now().await;
+    let sent = h.sender.requests.lock().unwrap()[1].clone();
+    assert!(sent
+        .headers
+        .contains(&("authorization".into(), "Bearer s3cr3t-token".into())));
+    assert!(!sent.headers.iter().any(|(n, _)| n == "x-env"));
+
+    // Refused: Hookwise's own names, a value without one to keep, too many, a line break.
+    for bad in [
+        serde_json::json!({"Content-Type": "text/plain"}),
+        serde_json::json!({"webhook-id": "x"}),
+        serde_json::json!({"x-new": {"sensitive": true}}),
+        serde_json::json!({"x-a": "1\r\nx-injected: 1"}),
+        serde_json::json!({"X-A": "1", "x-a": "2"}),
+        serde_json::Value::Object((0..21).map(|i| (format!("x-{i}"), serde_json::json!("v"))).collect()),
+    ] {
+        let patch: hookwise_core::services::SubscriptionPatch =
+            serde_json::from_value(serde_json::json!({ "headers": bad })).unwrap();
+        let err = h
+            .services
+            .update_subscription(&tenant, &sub.id, patch)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Validation(v) if v.code == "invalid_header"),
+            "{bad}: {err:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ fn delivery(now: DateTime<Utc>) -> Delivery {
         payload: serde_json::json!({}),
         created_at: now,
         idempotency_key: None,
+        test: false,
     };
     Delivery::new(
         DeliveryId::generate(now, &mut rng),

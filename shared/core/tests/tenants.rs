@@ -218,6 +218,8 @@ async fn given_a_tenant_out_of_the_rollout_then_its_first_failure_is_final_and_i
                 auto_disable_after_hours: None,
                 circuit_breaker: None,
                 description: None,
+                filter: None,
+                headers: None,
             },
         )
         .await

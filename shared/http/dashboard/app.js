@@ -256,7 +256,7 @@
           "tr",
           { "data-sub": s.id },
           cell("Endpoint", el("span", { class: "mono" }, s.url), "url"),
-          cell("Event types", s.event_types.join(", ")),
+          cell("Event types", [s.event_types.join(", "), s.filter ? el("div", { class: "hint mono" }, `filter ${JSON.stringify(s.filter)}`) : null]),
           cell("Policy", [policyLabel(s.retry_policy), scheduleLabel(s)]),
           cell("Rate limit", s.rate_limit_per_second ? `${s.rate_limit_per_second}/s` : "none", "num"),
           cell("Status", [badge(s.status), s.disabled_reason ? el("div", { class: "hint" }, s.disabled_reason) : null]),
@@ -318,6 +318,9 @@
             showSecret(s.url, r.secret, false);
           })
         : null,
+      act("Send test", "A test is on its way: it shows among the deliveries.", () =>
+        api("POST", `v1/subscriptions/${encodeURIComponent(s.id)}/test`, { body: {} }),
+      ),
       act("Rotate secret", "", async () => {
         const r = await api("POST", `v1/subscriptions/${encodeURIComponent(s.id)}/rotate-secret`, { body: {} });
         showSecret(s.url, r.secret, true);
@@ -365,6 +368,16 @@
       return;
     }
     const body = { url, event_types: types.length ? types : ["*"] };
+    const filter = $("new-filter").value.trim();
+    if (filter) {
+      try {
+        body.filter = JSON.parse(filter);
+      } catch (e) {
+        showError(new Error("a content filter is a JSON object, such as {\"data\": {\"currency\": [\"EUR\"]}}"));
+        $("new-filter").focus();
+        return;
+      }
+    }
     if ($("new-policy").value) body.retry_policy = $("new-policy").value;
     if (schedule.length) body.retry_policy = { schedule_seconds: schedule };
     const rate = $("new-rate").value.trim();
@@ -376,6 +389,7 @@
       $("new-url").value = "";
       $("new-schedule").value = "";
       $("new-rate").value = "";
+      $("new-filter").value = "";
       await refreshAll();
     } catch (e) {
       showError(e);
@@ -452,7 +466,7 @@
         el(
           "tr",
           { "data-delivery": d.id, "data-status": d.status, class: d.id === state.openId ? "selected" : null },
-          cell("Event type", el("span", { class: "mono" }, d.event_type)),
+          cell("Event type", [el("span", { class: "mono" }, d.event_type), d.test ? " " : null, d.test ? badge("test") : null]),
           cell("Created", time(d.created_at)),
           cell("Status", badge(d.status)),
           cell("Attempts", String(d.attempt_count), "num"),

@@ -455,6 +455,142 @@ async fn given_a_non_url_then_422_explains_why() {
 }
 
 #[tokio::test]
+async fn given_a_content_filter_then_it_is_shown_as_written_and_a_bad_one_is_422_naming_where() {
+    let app = app().await;
+    let filter = json!({"data": {"currency": ["EUR"], "amount": [{"numeric": [">=", 100]}]}});
+    let created = app
+        .subscribe(&app.a, json!({"url": "https://example.com/h", "filter": filter}))
+        .await;
+    assert_eq!(created["filter"], filter);
+    let uri = format!("/v1/subscriptions/{}", id(&created));
+    assert_eq!(app.call("GET", &uri, &app.a, None).await.body["filter"], filter);
+    let removed = app.call("PATCH", &uri, &app.a, Some(json!({"filter": null}))).await;
+    assert_eq!(
+        (removed.status, &removed.body["filter"]),
+        (StatusCode::OK, &Value::Null)
+    );
+
+    for (bad, place) in [
+        (
+            json!({"data": {"amount": [{"numeric": [">=", "a hundred"]}]}}),
+            "data.amount",
+        ),
+        (json!({"type": [{"wildcard": "invoice.*"}]}), "type"),
+        (json!({"type": "invoice.paid"}), "type"),
+        (json!({}), ""),
+    ] {
+        let r = app
+            .call(
+                "POST",
+                "/v1/subscriptions",
+                &app.a,
+                Some(json!({"url": "https://example.com/h", "filter": bad})),
+            )
+            .await;
+        assert_eq!(
+            (r.status, r.code()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_filter"),
+            "{bad}"
+        );
+        assert!(r.message().contains(place), "{bad}: {}", r.message());
+        let r = app.call("PATCH", &uri, &app.a, Some(json!({"filter": bad}))).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_filter"),
+            "PATCH {bad}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn given_custom_headers_then_a_sensitive_value_is_never_shown_again_and_hookwises_own_names_are_422() {
+    let app = app().await;
+    let created = app
+        .subscribe(
+            &app.a,
+            json!({"url": "https://example.com/h", "headers": {
+                "X-Env": "prod", "Authorization": {"value": "Bearer s3cr3t", "sensitive": true}}}),
+        )
+        .await;
+    let shown = json!({"x-env": "prod", "authorization": {"sensitive": true}});
+    assert_eq!(created["headers"], shown);
+    let uri = format!("/v1/subscriptions/{}", id(&created));
+    let read = app.call("GET", &uri, &app.a, None).await;
+    assert_eq!(read.body["headers"], shown);
+    let listed = app.call("GET", "/v1/subscriptions", &app.a, None).await;
+    assert!(!listed.body.to_string().contains("s3cr3t"));
+    // What was read back, sent back: the sensitive value is kept.
+    let same = app.call("PATCH", &uri, &app.a, Some(json!({"headers": shown}))).await;
+    assert_eq!((same.status, same.body["headers"].clone()), (StatusCode::OK, shown));
+
+    for bad in [
+        json!({"Content-Type": "text/plain"}),
+        json!({"webhook-signature": "v1,x"}),
+        json!({"x a": "1"}),
+    ] {
+        let r = app.call("PATCH", &uri, &app.a, Some(json!({"headers": bad}))).await;
+        assert_eq!(
+            (r.status, r.code()),
+            (StatusCode::UNPROCESSABLE_ENTITY, "invalid_header"),
+            "{bad}"
+        );
+    }
+    let removed = app.call("PATCH", &uri, &app.a, Some(json!({"headers": null}))).await;
+    assert_eq!(removed.body["headers"], json!({}));
+}
+
+#[tokio::test]
+async fn given_a_test_send_then_202_names_its_one_delivery_and_the_listing_flags_it() {
+    let app = app().await;
+    let created = app
+        .subscribe(
+            &app.a,
+            json!({"url": "https://example.com/h", "event_types": ["order.*"]}),
+        )
+        .await;
+    let uri = format!("/v1/subscriptions/{}/test", id(&created));
+    for body in [
+        None,
+        Some(json!({})),
+        Some(json!({"type": "order.created", "payload": {"order": 7}})),
+    ] {
+        let sent = app.call("POST", &uri, &app.a, body.clone()).await;
+        assert_eq!(sent.status, StatusCode::ACCEPTED, "{body:?}: {}", sent.body);
+        let deliveries = sent.body["deliveries"].as_array().unwrap();
+        assert_eq!(deliveries.len(), 1);
+        assert_eq!(deliveries[0]["subscription_id"], created["id"]);
+        let event = app
+            .call(
+                "GET",
+                &format!("/v1/events/{}", sent.body["id"].as_str().unwrap()),
+                &app.a,
+                None,
+            )
+            .await;
+        assert_eq!(
+            (event.body["test"].clone(), event.body["deliveries"][0]["test"].clone()),
+            (json!(true), json!(true))
+        );
+    }
+    let listed = app.call("GET", "/v1/deliveries", &app.a, None).await;
+    assert!(listed.body["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|d| d["test"] == true));
+
+    let half = app
+        .call("POST", &uri, &app.a, Some(json!({"type": "order.created"})))
+        .await;
+    assert_eq!(
+        (half.status, half.code()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_test")
+    );
+    let theirs = app.call("POST", &uri, &app.b, None).await;
+    assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
 async fn given_an_unknown_policy_name_then_422_lists_the_known_ones() {
     let app = app().await;
     let r = app

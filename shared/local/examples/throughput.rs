@@ -63,6 +63,8 @@ async fn main() {
         disabled_reason: None,
         owner_email: None,
         description: None,
+        filter: None,
+        headers: Vec::new(),
         created_at: now,
         updated_at: now,
     };
@@ -162,6 +164,7 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                     payload: serde_json::json!({"n": 1}),
                     created_at: now,
                     idempotency_key: None,
+                    test: false,
                 };
                 let d = Delivery {
                     id: DeliveryId::generate(now, &mut rng),
@@ -178,6 +181,7 @@ async fn ingest(backend: &LocalBackend, tenant: &Tenant, sub: &Subscription, n: 
                     held_until: None,
                     last_status_code: None,
                     last_error: None,
+                    test: false,
                     created_at: now,
                     updated_at: now,
                 };

@@ -233,10 +233,10 @@ pub(crate) fn sealed_secrets_sample(conn: &Connection) -> PortResult<Vec<(Secret
     let mut sample = Vec::new();
     for row in rows {
         let (tenant, subscription, sealed) = row.map_err(|e| db_err(what, e))?;
-        let context = SecretContext {
-            tenant: TenantId::parse(&tenant).map_err(corrupt)?,
-            subscription: SubscriptionId::parse(&subscription).map_err(corrupt)?,
-        };
+        let context = SecretContext::new(
+            &TenantId::parse(&tenant).map_err(corrupt)?,
+            &SubscriptionId::parse(&subscription).map_err(corrupt)?,
+        );
         sample.push((context, SealedSecret::envelope(sealed)));
     }
     Ok(sample)

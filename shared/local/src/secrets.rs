@@ -1,7 +1,8 @@
-//! Signing secrets sealed at rest: AES-256-GCM under a key kept in `<data-dir>/secrets.key`
-//! (mode 0600), beside the database and never in it, so the database file alone (a copy, a
-//! backup) reveals no secret. The subscription's tenant and id are the associated data: an
-//! envelope copied onto another subscription does not open.
+//! Signing secrets, and header values marked sensitive, sealed at rest: AES-256-GCM under a
+//! key kept in `<data-dir>/secrets.key` (mode 0600), beside the database and never in it, so
+//! the database file alone (a copy, a backup) reveals no secret. The subscription's tenant and
+//! id (and a header value's header name) are the associated data: an envelope copied onto
+//! another subscription (or header, or from a header to the signing secret) does not open.
 //!
 //! An envelope is `local1:` and the base64 of the 12-byte nonce followed by the ciphertext.
 
@@ -14,7 +15,7 @@ use aes_gcm::{Aes256Gcm, Key, Nonce};
 use async_trait::async_trait;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
-use hookwise_core::model::{SealedSecret, Secret};
+use hookwise_core::model::SealedSecret;
 use hookwise_core::ports::{PortResult, SecretContext, SecretKeeper};
 use hookwise_core::PortError;
 use rand::rngs::StdRng;
@@ -69,7 +70,11 @@ impl SecretsKey {
             }
             Err(_) => Self::create(data_dir, &path).map_err(|e| failed("write the secrets key", e))?,
         };
-        if !sample.is_empty() && !sample.iter().any(|(context, sealed)| key.open(sealed, context).is_ok()) {
+        if !sample.is_empty()
+            && !sample
+                .iter()
+                .any(|(context, sealed)| key.open_text(sealed, context).is_ok())
+        {
             return Err(PortError::permanent(
                 "open the data dir",
                 format!(
@@ -115,7 +120,7 @@ impl SecretsKey {
         Ok(Self::new(key))
     }
 
-    fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret> {
+    fn seal_text(&self, text: &str, context: &SecretContext) -> PortResult<SealedSecret> {
         let nonce: [u8; NONCE_LEN] = self.rng.lock().unwrap_or_else(|p| p.into_inner()).random();
         let aad = associated_data(context);
         let sealed = self
@@ -123,7 +128,7 @@ impl SecretsKey {
             .encrypt(
                 &Nonce::from(nonce),
                 Payload {
-                    msg: secret.as_str().as_bytes(),
+                    msg: text.as_bytes(),
                     aad: aad.as_bytes(),
                 },
             )
@@ -133,7 +138,7 @@ impl SecretsKey {
         Ok(SealedSecret::envelope(format!("{SCHEME}{}", B64.encode(envelope))))
     }
 
-    fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret> {
+    fn open_text(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<String> {
         let refused = |why: &str| PortError::permanent("open secret", why.to_owned());
         let bytes = sealed
             .as_str()
@@ -153,15 +158,13 @@ impl SecretsKey {
                     aad: aad.as_bytes(),
                 },
             )
-            .map_err(|_| refused("it does not open with this data dir's key for this subscription"))?;
-        String::from_utf8(plain)
-            .ok()
-            .and_then(|s| Secret::parse(&s).ok())
-            .ok_or_else(|| refused("it holds no signing secret"))
+            .map_err(|_| refused("it does not open with this data dir's key for this subscription or header"))?;
+        String::from_utf8(plain).map_err(|_| refused("it holds no text"))
     }
 }
 
-/// The context as `name=value` lines (ids hold neither `=` nor a line break).
+/// The context as `name=value` lines (ids hold neither `=` nor a line break, nor does a header
+/// name). A signing secret's (no header) is `tenant=…\nsubscription=…\n`, as it always was.
 fn associated_data(context: &SecretContext) -> String {
     context
         .pairs()
@@ -183,18 +186,26 @@ fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
 
 #[async_trait]
 impl SecretKeeper for LocalBackend {
-    async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret> {
-        self.inner.secrets.seal(secret, context)
+    async fn seal_text(&self, text: &str, context: &SecretContext) -> PortResult<SealedSecret> {
+        self.inner.secrets.seal_text(text, context)
     }
 
-    async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret> {
-        self.inner.secrets.open(sealed, context)
+    async fn open_text(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<String> {
+        self.inner.secrets.open_text(sealed, context)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hookwise_core::model::{Secret, SubscriptionId, TenantId};
+
+    fn context() -> SecretContext {
+        SecretContext::new(
+            &TenantId::parse("ten_01J0000000000000000000000A").unwrap(),
+            &SubscriptionId::parse("sub_01J0000000000000000000000A").unwrap(),
+        )
+    }
 
     fn dir() -> std::path::PathBuf {
         let n: u64 = StdRng::from_os_rng().random();
@@ -213,14 +224,15 @@ mod tests {
             let mode = std::fs::metadata(dir.join(KEY_FILE)).unwrap().permissions().mode();
             assert_eq!(mode & 0o777, 0o600);
         }
-        let context = SecretContext {
-            tenant: hookwise_core::model::TenantId::parse("ten_01J0000000000000000000000A").unwrap(),
-            subscription: hookwise_core::model::SubscriptionId::parse("sub_01J0000000000000000000000A").unwrap(),
-        };
+        let context = context();
         let secret = Secret::generate(&mut StdRng::from_os_rng());
-        let sealed = first.seal(&secret, &context).unwrap();
+        let sealed = first.seal_text(secret.as_str(), &context).unwrap();
         let again = SecretsKey::for_data_dir(&dir, &[(context.clone(), sealed.clone())]).unwrap();
-        assert_eq!(again.open(&sealed, &context).unwrap(), secret, "the same key read back");
+        assert_eq!(
+            again.open_text(&sealed, &context).unwrap(),
+            secret.as_str(),
+            "the same key read back"
+        );
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
         std::fs::remove_dir_all(&dir).unwrap();
     }
@@ -228,13 +240,10 @@ mod tests {
     #[test]
     fn a_missing_damaged_or_foreign_key_is_refused_once_secrets_are_sealed_with_it() {
         let (mine, dir) = (SecretsKey::random(), dir());
-        let context = SecretContext {
-            tenant: hookwise_core::model::TenantId::parse("ten_01J0000000000000000000000A").unwrap(),
-            subscription: hookwise_core::model::SubscriptionId::parse("sub_01J0000000000000000000000A").unwrap(),
-        };
+        let context = context();
         let sample = (
             context.clone(),
-            mine.seal(&Secret::generate(&mut StdRng::from_os_rng()), &context)
+            mine.seal_text(Secret::generate(&mut StdRng::from_os_rng()).as_str(), &context)
                 .unwrap(),
         );
         let err = SecretsKey::for_data_dir(&dir, std::slice::from_ref(&sample))
@@ -252,5 +261,90 @@ mod tests {
         let err = SecretsKey::for_data_dir(&dir, &[]).err().expect("refused");
         assert!(err.to_string().contains("32-byte key"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A key file's text, and a secret sealed with it (by Python's `cryptography`, not by this
+    /// code) under [`context`] with the associated data as it was before header values were
+    /// sealed: `tenant=…\nsubscription=…\n`.
+    const OLD_KEY: &str = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=\n";
+    const OLD_SECRET: &str = "whsec_yMnKy8zNzs/Q0dLT1NXW19jZ2tvc3d7f4OHi4+Tl5uc=";
+    const OLD_ENVELOPE: &str = concat!(
+        "local1:ZGVmZ2hpamtsbW5vP3OtAxq2L9NQKSbQoCsQjm2TNm7HOMI8/4adcZH5lzziinOk",
+        "e3SvS7WaTBSpLv+6eGZ/+wzbMpA8uv46gmqfKbw+"
+    );
+
+    #[tokio::test]
+    async fn a_secret_sealed_before_header_values_were_still_opens_and_for_its_own_subscription_only() {
+        assert_eq!(
+            associated_data(&context()),
+            "tenant=ten_01J0000000000000000000000A\nsubscription=sub_01J0000000000000000000000A\n"
+        );
+        let key = SecretsKey::from_text(OLD_KEY).unwrap();
+        let sealed = SealedSecret::envelope(OLD_ENVELOPE.to_owned());
+        assert_eq!(key.open_text(&sealed, &context()).unwrap(), OLD_SECRET);
+        for other in [context().with_header("authorization"), {
+            let mut c = context();
+            c.subscription = SubscriptionId::parse("sub_01J0000000000000000000000B").unwrap();
+            c
+        }] {
+            assert!(
+                matches!(key.open_text(&sealed, &other), Err(PortError::Permanent { .. })),
+                "opened under {other:?}"
+            );
+        }
+        // Through the trait too: `open` still gives the secret.
+        struct Keeper(SecretsKey);
+        #[async_trait]
+        impl SecretKeeper for Keeper {
+            async fn seal_text(&self, text: &str, context: &SecretContext) -> PortResult<SealedSecret> {
+                self.0.seal_text(text, context)
+            }
+            async fn open_text(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<String> {
+                self.0.open_text(sealed, context)
+            }
+        }
+        let keeper = Keeper(key);
+        assert_eq!(
+            keeper.open(&sealed, &context()).await.unwrap(),
+            Secret::parse(OLD_SECRET).unwrap()
+        );
+        // And the data dir's key check takes it as sealed with its key.
+        let dir = dir();
+        std::fs::write(dir.join(KEY_FILE), OLD_KEY).unwrap();
+        assert!(SecretsKey::for_data_dir(&dir, &[(context(), sealed)]).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_header_value_opens_only_under_its_own_header_of_its_own_subscription() {
+        let key = SecretsKey::random();
+        let header = context().with_header("X-Api-Key");
+        assert_eq!(header.header.as_deref(), Some("x-api-key"), "held lowercase");
+        assert_eq!(
+            associated_data(&header),
+            "tenant=ten_01J0000000000000000000000A\nsubscription=sub_01J0000000000000000000000A\nheader=x-api-key\n"
+        );
+        let value = "Bearer tok_3b1f0c9e2a7d4c58";
+        let sealed = key.seal_text(value, &header).unwrap();
+        assert!(sealed.as_str().starts_with(SCHEME) && !sealed.as_str().contains("tok_"));
+        assert_ne!(sealed, key.seal_text(value, &header).unwrap(), "two seals alike");
+        assert_eq!(key.open_text(&sealed, &header).unwrap(), value);
+        assert_eq!(
+            key.open_text(&sealed, &context().with_header("x-api-key")).unwrap(),
+            value
+        );
+        let secret = key
+            .seal_text(Secret::generate(&mut StdRng::from_os_rng()).as_str(), &context())
+            .unwrap();
+        for (sealed, context) in [
+            (&sealed, context()),
+            (&sealed, context().with_header("authorization")),
+            (&secret, header.clone()),
+        ] {
+            assert!(
+                matches!(key.open_text(sealed, &context), Err(PortError::Permanent { .. })),
+                "opened under {context:?}"
+            );
+        }
     }
 }

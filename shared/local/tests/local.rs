@@ -83,6 +83,8 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         disabled_reason: None,
         owner_email: None,
         description: None,
+        filter: None,
+        headers: Vec::new(),
         created_at: now,
         updated_at: now,
     };
@@ -94,6 +96,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         payload: serde_json::json!({"order": 1}),
         created_at: now,
         idempotency_key: Some("k-1".into()),
+        test: false,
     };
     let delivery = Delivery {
         id: DeliveryId::generate(now, rng),
@@ -110,6 +113,7 @@ async fn seed(store: &dyn Store, rng: &mut StdRng) -> (Tenant, Subscription, Eve
         held_until: None,
         last_status_code: None,
         last_error: None,
+        test: false,
         created_at: now,
         updated_at: now,
     };
@@ -786,6 +790,7 @@ async fn seed_delivery(store: &LocalBackend, rng: &mut StdRng) -> Delivery {
         payload: serde_json::json!({}),
         created_at: now,
         idempotency_key: None,
+        test: false,
     };
     let delivery = Delivery {
         id: DeliveryId::generate(now, rng),
@@ -802,6 +807,7 @@ async fn seed_delivery(store: &LocalBackend, rng: &mut StdRng) -> Delivery {
         held_until: None,
         last_status_code: None,
         last_error: None,
+        test: false,
         created_at: now,
         updated_at: now,
     };

@@ -1,14 +1,18 @@
 //! The domain: tenants, subscriptions, events, deliveries and their attempts.
 
 mod ids;
+#[macro_use]
 mod parse;
+mod headers;
 
+pub use headers::{check_value as check_header_value, CustomHeader, HeaderName, HeaderValue, MASKED, MAX_HEADERS};
 pub use ids::{DeliveryId, EventId, PortalSessionId, SubscriptionId, TenantId};
 pub use parse::{Email, EndpointUrl, EventType, EventTypeFilter, SealedSecret, Secret};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::filter::ContentFilter;
 use crate::policy::{RetryPolicy, Seconds};
 
 /// One customer account.
@@ -310,8 +314,36 @@ pub struct Subscription {
     pub disable_notice_claimed_at: Option<DateTime<Utc>>,
     pub owner_email: Option<Email>,
     pub description: Option<String>,
+    /// Which events of its types it gets, by their content. Stored as its JSON text, so it
+    /// reads back exactly as written on every store.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "filter_as_text")]
+    pub filter: Option<ContentFilter>,
+    /// Sent with every POST, after Hookwise's own; sensitive values sealed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub headers: Vec<CustomHeader>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+}
+
+/// A subscription's filter as a JSON string in the stored document.
+mod filter_as_text {
+    use super::ContentFilter;
+    use serde::{de::Error, Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(filter: &Option<ContentFilter>, s: S) -> Result<S::Ok, S::Error> {
+        match filter {
+            Some(f) => s.serialize_str(&f.as_json().to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<ContentFilter>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        let json = serde_json::from_str(&text).map_err(D::Error::custom)?;
+        ContentFilter::parse(json).map(Some).map_err(D::Error::custom)
+    }
 }
 
 impl Subscription {
@@ -329,8 +361,16 @@ impl Subscription {
         last_success.map_or(active, |s| s.max(active))
     }
 
-    pub fn wants(&self, event_type: &EventType) -> bool {
-        self.status == SubscriptionStatus::Active && self.event_types.iter().any(|f| f.matches(event_type))
+    /// Whether `event` is delivered to it: active, one of its event types matches, and so
+    /// does its filter, if it has one, on `envelope` (the event's, made once for every
+    /// subscription that needs it).
+    pub fn wants(&self, event: &Event, envelope: &std::cell::OnceCell<serde_json::Value>) -> bool {
+        self.status == SubscriptionStatus::Active
+            && self.event_types.iter().any(|f| f.matches(&event.event_type))
+            && self
+                .filter
+                .as_ref()
+                .is_none_or(|f| f.matches(envelope.get_or_init(|| event.envelope())))
     }
 
     /// The secrets that sign a message sent at `now`, sealed: the current one, and the
@@ -356,17 +396,28 @@ pub struct Event {
     pub payload: serde_json::Value,
     pub created_at: DateTime<Utc>,
     pub idempotency_key: Option<String>,
+    /// A test send to one subscription (`Services::send_test`), not an event of the service's.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub test: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 impl Event {
-    /// The body a subscriber receives.
+    /// The body a subscriber receives; a test send's says so (`"test": true`).
     pub fn envelope(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut body = serde_json::json!({
             "id": self.id,
             "type": self.event_type,
             "timestamp": self.created_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             "data": self.payload,
-        })
+        });
+        if self.test {
+            body["test"] = serde_json::Value::Bool(true);
+        }
+        body
     }
 }
 
@@ -439,6 +490,9 @@ pub struct Delivery {
     /// never held again, whichever message (a retry, the sweep's, a redrive) carries it.
     #[serde(default)]
     pub held_until: Option<DateTime<Utc>>,
+    /// Of a test send (copied from the event, as its type is).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub test: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -480,6 +534,7 @@ impl Delivery {
             last_status_code: None,
             last_error: None,
             held_until: None,
+            test: event.test,
             created_at: event.created_at,
             updated_at: event.created_at,
         }

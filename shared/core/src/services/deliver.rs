@@ -62,8 +62,15 @@ pub const DISABLE_NOTICE_CLAIM: chrono::Duration = chrono::Duration::seconds(90)
 pub const INGEST_WINDOW: chrono::Duration = chrono::Duration::seconds(30);
 
 /// The headers and body a subscriber receives (Standard Webhooks, plus `Idempotency-Key`),
-/// signed with `secrets` (the subscription's, opened: [`Subscription::signing_secrets`]).
-pub fn webhook_request(sub: &Subscription, secrets: &[Secret], event: &Event, now: DateTime<Utc>) -> WebhookRequest {
+/// signed with `secrets` (the subscription's, opened: [`Subscription::signing_secrets`]),
+/// then its `custom` headers (opened).
+pub fn webhook_request(
+    sub: &Subscription,
+    secrets: &[Secret],
+    custom: &[(String, String)],
+    event: &Event,
+    now: DateTime<Utc>,
+) -> WebhookRequest {
     let body = serde_json::to_vec(&event.envelope()).expect("an envelope of JSON values serialises");
     let timestamp = now.timestamp();
     let id = event.id.as_str();
@@ -82,7 +89,10 @@ pub fn webhook_request(sub: &Subscription, secrets: &[Secret], event: &Event, no
                 "user-agent".into(),
                 concat!("Hookwise/", env!("CARGO_PKG_VERSION")).into(),
             ),
-        ],
+        ]
+        .into_iter()
+        .chain(custom.iter().cloned())
+        .collect(),
         body,
         timeout: std::time::Duration::from_millis(sub.timeout_ms.into()),
     }
@@ -171,6 +181,10 @@ impl Services {
             // No attempt can be signed: dead at once, its owner told, replayable once fixed.
             Opened::Never(why) => return self.abandon(&delivery, task, &why).await,
         };
+        let custom = match self.open_custom_headers(&sub).await? {
+            Ok(headers) => headers,
+            Err(why) => return self.abandon(&delivery, task, &why).await,
+        };
         let retries_enabled = deployment.retries_on(tenant.as_ref());
         let gives_up_at = self.gives_up_at(&sub, &delivery, task, retries_enabled);
         let mut failures = health.consecutive_failures();
@@ -199,7 +213,7 @@ impl Services {
         };
 
         let started_at = self.now();
-        let mut request = webhook_request(&sub, &secrets, &event, started_at);
+        let mut request = webhook_request(&sub, &secrets, &custom, &event, started_at);
         if let Some(deadline) = deadline {
             let left = (deadline - started_at)
                 .to_std()

@@ -27,6 +27,18 @@ pub struct NewEvent {
     pub payload: serde_json::Value,
 }
 
+/// The type of a test send that names none.
+pub const PING: &str = "hookwise.ping";
+
+/// An event and one delivery to each subscription given. Ids derived from the event's and
+/// the subscription's: a re-run of the same ingest names, and queues, the same deliveries.
+fn plan<'a>(event: Event, subscriptions: impl Iterator<Item = &'a Subscription>) -> (Event, Vec<Delivery>) {
+    let deliveries = subscriptions
+        .map(|s| Delivery::new(DeliveryId::for_event(&event.id, &s.id), &event, s.id.clone()))
+        .collect();
+    (event, deliveries)
+}
+
 #[derive(Debug, Clone)]
 pub struct Ingested {
     pub event: Event,
@@ -80,22 +92,52 @@ impl Services {
         } else {
             Default::default()
         };
-        let planned: Vec<Result<(Event, Vec<Delivery>)>> = events
+        let planned = events
             .into_iter()
             .map(|event| {
                 event.map(|event| {
-                    // Ids derived from the event's and the subscription's: a re-run of this
-                    // ingest names, and queues, the same deliveries.
-                    let deliveries = subscriptions
-                        .iter()
-                        .filter(|s| s.wants(&event.event_type))
-                        .map(|s| Delivery::new(DeliveryId::for_event(&event.id, &s.id), &event, s.id.clone()))
-                        .collect();
-                    (event, deliveries)
+                    let envelope = std::cell::OnceCell::new();
+                    let wanted: Vec<&Subscription> =
+                        subscriptions.iter().filter(|s| s.wants(&event, &envelope)).collect();
+                    plan(event, wanted.into_iter())
                 })
             })
             .collect();
+        self.store_and_queue(tenant, planned, now).await
+    }
 
+    /// `POST /v1/subscriptions/{id}/test`: `new` (else a `hookwise.ping`) to this one
+    /// subscription, whatever its event types and filter, through the same pipeline as any
+    /// event (signed, retried, counted); the event and its delivery are flagged `test`.
+    pub async fn send_test(&self, tenant: &Tenant, id: &SubscriptionId, new: Option<NewEvent>) -> Result<Ingested> {
+        let subscription = self.get_subscription(tenant, id).await?;
+        if subscription.status != SubscriptionStatus::Active {
+            return Err(Error::conflict(format!(
+                "subscription {id} is disabled: resume it to send it a test"
+            )));
+        }
+        let new = new.unwrap_or_else(|| NewEvent {
+            event_type: EventType::parse(PING).expect("a valid type"),
+            payload: serde_json::json!({
+                "message": "A test from Hookwise: your endpoint is reachable and can verify the signature.",
+                "subscription_id": id,
+            }),
+        });
+        let now = self.now();
+        let mut event = self.new_event(tenant, new, None, now)?;
+        event.test = true;
+        let planned = vec![Ok(plan(event, std::iter::once(&subscription)))];
+        let mut results = self.store_and_queue(tenant, planned, now).await?;
+        results.pop().expect("one result per event")
+    }
+
+    /// The rest of an ingest, once each event's deliveries are planned.
+    async fn store_and_queue(
+        &self,
+        tenant: &Tenant,
+        planned: Vec<Result<(Event, Vec<Delivery>)>>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Result<Vec<Result<Ingested>>> {
         // A keyed event stored before (the client's retry) is answered from the store, with
         // nothing sent and nothing written: a retry of a large fan-out does not queue its
         // messages again. One strongly consistent read per keyed event.
@@ -224,6 +266,7 @@ impl Services {
             payload: new.payload,
             created_at: now,
             idempotency_key,
+            test: false,
         })
     }
 
@@ -277,8 +320,9 @@ impl Services {
     }
 
     /// The headers each attempt sent, as its subscriber received them (`webhook_request` at
-    /// the attempt's start), the signature's value left out: what a customer reads to see
-    /// why an attempt failed. `None` once the event or the subscription is gone.
+    /// the attempt's start), the signature's value and sensitive custom headers' values left
+    /// out: what a customer reads to see why an attempt failed. The custom headers are the
+    /// subscription's as they are now. `None` once the event or the subscription is gone.
     pub async fn attempt_headers(
         &self,
         delivery: &Delivery,
@@ -297,8 +341,14 @@ impl Services {
         let (Some(event), Some(sub)) = (event, sub) else {
             return Ok(None);
         };
+        // As the subscription's headers are now: a sensitive value masked.
+        let custom: Vec<(String, String)> = sub
+            .headers
+            .iter()
+            .map(|h| (h.name.to_string(), h.shown().to_owned()))
+            .collect();
         let sent = attempts.iter().map(|a| {
-            super::deliver::webhook_request(&sub, &[], &event, a.started_at)
+            super::deliver::webhook_request(&sub, &[], &custom, &event, a.started_at)
                 .headers
                 .into_iter()
                 .map(|(name, value)| match name.as_str() {

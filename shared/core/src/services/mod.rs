@@ -29,7 +29,7 @@ pub use breaker::CIRCUIT_TTL;
 pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
 pub use deliver::{DeliverOutcome, DISABLE_NOTICE_CLAIM, INGEST_WINDOW};
-pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD_BYTES};
+pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD_BYTES, PING};
 pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;
 pub use portal::{PORTAL_SESSION_DEFAULT, PORTAL_SESSION_MAX};

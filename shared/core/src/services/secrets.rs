@@ -5,17 +5,14 @@ use chrono::{DateTime, Utc};
 
 use super::Services;
 use crate::error::{PortError, Result};
-use crate::model::{SealedSecret, Secret, Subscription, SubscriptionId, TenantId};
+use crate::model::{HeaderValue, SealedSecret, Secret, Subscription, SubscriptionId, TenantId};
 use crate::ports::{PortResult, SecretContext};
 
 impl Services {
     /// A fresh secret for the subscription `id` of `tenant`, and the same sealed for storing.
     pub(super) async fn new_secret(&self, tenant: &TenantId, id: &SubscriptionId) -> Result<(Secret, SealedSecret)> {
         let secret = Secret::generate(&mut *self.rng());
-        let context = SecretContext {
-            tenant: tenant.clone(),
-            subscription: id.clone(),
-        };
+        let context = SecretContext::new(tenant, id);
         let sealed = self.ports.secrets.seal(&secret, &context).await?;
         Ok((secret, sealed))
     }
@@ -116,6 +113,35 @@ impl Services {
             }
         }
         Ok(Opened::Secrets(opened))
+    }
+}
+
+impl Services {
+    /// Its custom headers as sent, sensitive values opened (the keeper keeps them as it
+    /// keeps secrets). `Err(why)` when one will never open (sealed under another key or
+    /// subscription, or damaged): no attempt can carry it.
+    pub(super) async fn open_custom_headers(
+        &self,
+        sub: &Subscription,
+    ) -> Result<std::result::Result<Vec<(String, String)>, String>> {
+        let mut opened = Vec::with_capacity(sub.headers.len());
+        for header in &sub.headers {
+            let value = match &header.value {
+                HeaderValue::Plain(v) => v.clone(),
+                HeaderValue::Sealed(sealed) => {
+                    let context = SecretContext::for_header(sub, header.name.as_str());
+                    match self.ports.secrets.open_text(sealed, &context).await {
+                        Ok(v) => v,
+                        Err(PortError::Permanent { source, .. }) => {
+                            return Ok(Err(format!("its header `{}` cannot be opened: {source}", header.name)))
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            };
+            opened.push((header.name.to_string(), value));
+        }
+        Ok(Ok(opened))
     }
 }
 

@@ -1,14 +1,17 @@
 //! Subscriptions: create, read, change, delete, rotate and reveal the signing secret.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Duration, Utc};
 use serde::Deserialize;
 
 use super::Services;
 use crate::circuit::{Circuit, CircuitBreaker};
 use crate::error::{Error, PortError, Result, ValidationError};
+use crate::filter::ContentFilter;
 use crate::model::*;
 use crate::policy::RetryPolicy;
-use crate::ports::DeliveryQuery;
+use crate::ports::{DeliveryQuery, SecretContext};
 
 pub const MAX_EVENT_TYPE_FILTERS: usize = 50;
 pub const MAX_DESCRIPTION_LEN: usize = 500;
@@ -37,6 +40,31 @@ pub struct NewSubscription {
     pub circuit_breaker: Option<CircuitBreaker>,
     #[serde(default)]
     pub description: Option<String>,
+    /// Which of the events its types match it gets, by their content ([`crate::filter`]).
+    #[serde(default)]
+    pub filter: Option<ContentFilter>,
+    /// Custom headers sent with every POST, by name.
+    #[serde(default)]
+    pub headers: Option<BTreeMap<String, HeaderInput>>,
+}
+
+/// A custom header's value as a request gives it: the value, or `{"value", "sensitive"}`.
+/// A sensitive one is stored sealed and reads back masked; in a PATCH, a sensitive one
+/// without a value keeps the one stored.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum HeaderInput {
+    Value(String),
+    Detailed(DetailedHeader),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetailedHeader {
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub sensitive: bool,
 }
 
 fn all_event_types() -> Vec<EventTypeFilter> {
@@ -67,6 +95,13 @@ pub struct SubscriptionPatch {
     /// Absent: unchanged; `null`: removed; else replaced.
     #[serde(default, deserialize_with = "present")]
     pub description: Option<Option<String>>,
+    /// Absent: unchanged; `null`: removed (every event its types match); else replaced.
+    #[serde(default, deserialize_with = "present")]
+    pub filter: Option<Option<ContentFilter>>,
+    /// Absent: unchanged; `null`: none; else the whole set replaced (a sensitive header
+    /// given without a value keeps the value stored).
+    #[serde(default, deserialize_with = "present")]
+    pub headers: Option<Option<BTreeMap<String, HeaderInput>>>,
     pub status: Option<SubscriptionStatus>,
 }
 
@@ -256,6 +291,10 @@ impl Services {
         let now = self.now();
         let id = SubscriptionId::generate(now, &mut *self.rng());
         let (secret, sealed) = self.new_secret(&tenant.id, &id).await?;
+        let headers = match new.headers {
+            Some(given) => self.stored_headers(&tenant.id, &id, given, &[]).await?,
+            None => Vec::new(),
+        };
         let sub = Subscription {
             id,
             tenant_id: tenant.id.clone(),
@@ -276,6 +315,8 @@ impl Services {
             disable_notice_claimed_at: None,
             owner_email: new.owner_email,
             description: new.description,
+            filter: new.filter,
+            headers,
             created_at: now,
             updated_at: now,
         };
@@ -365,6 +406,15 @@ impl Services {
             }
             sub.description = d;
         }
+        if let Some(filter) = patch.filter {
+            sub.filter = filter;
+        }
+        if let Some(headers) = patch.headers {
+            sub.headers = match headers {
+                Some(given) => self.stored_headers(&tenant.id, &sub.id, given, &sub.headers).await?,
+                None => Vec::new(),
+            };
+        }
         let lets_go = patch.circuit_breaker.is_some_and(|b| !b.enabled)
             || patch.status.is_some_and(|s| s != SubscriptionStatus::Active);
         if let Some(status) = patch.status {
@@ -450,11 +500,68 @@ impl Services {
         let secret = match subscription.secret.plain() {
             Some(plain) => plain,
             None => {
-                let context = crate::ports::SecretContext::of(&subscription);
+                let context = SecretContext::of(&subscription);
                 self.ports.secrets.open(&subscription.secret, &context).await?
             }
         };
         tracing::info!(tenant = %tenant.id, subscription = %id, "signing secret revealed");
         Ok(SubscriptionWithSecret { subscription, secret })
+    }
+
+    /// The custom headers `given` as stored: names and values checked, sensitive values
+    /// sealed under the subscription and the header's name, and a sensitive one given
+    /// without a value kept from `stored`.
+    async fn stored_headers(
+        &self,
+        tenant: &TenantId,
+        id: &SubscriptionId,
+        given: BTreeMap<String, HeaderInput>,
+        stored: &[CustomHeader],
+    ) -> Result<Vec<CustomHeader>> {
+        if given.len() > MAX_HEADERS {
+            return Err(ValidationError::new(
+                "invalid_header",
+                format!("at most {MAX_HEADERS} custom headers, not {}", given.len()),
+            )
+            .into());
+        }
+        let mut headers: Vec<CustomHeader> = Vec::with_capacity(given.len());
+        for (name, input) in given {
+            let name = HeaderName::parse(&name)?;
+            if headers.iter().any(|h| h.name == name) {
+                return Err(ValidationError::new(
+                    "invalid_header",
+                    format!("`{name}` is given twice (header names ignore case)"),
+                )
+                .into());
+            }
+            let (value, sensitive) = match input {
+                HeaderInput::Value(v) => (Some(v), false),
+                HeaderInput::Detailed(d) => (d.value, d.sensitive),
+            };
+            let value = match (value, sensitive) {
+                (Some(v), false) => {
+                    check_header_value(&name, &v)?;
+                    HeaderValue::Plain(v)
+                }
+                (Some(v), true) => {
+                    check_header_value(&name, &v)?;
+                    let context = SecretContext::new(tenant, id).with_header(name.as_str());
+                    HeaderValue::Sealed(self.ports.secrets.seal_text(&v, &context).await?)
+                }
+                (None, _) => match stored.iter().find(|h| h.name == name && h.is_sensitive()) {
+                    Some(kept) => kept.value.clone(),
+                    None => {
+                        return Err(ValidationError::new(
+                            "invalid_header",
+                            format!("`{name}` has no value (only a sensitive header already stored keeps its own)"),
+                        )
+                        .into())
+                    }
+                },
+            };
+            headers.push(CustomHeader { name, value });
+        }
+        Ok(headers)
     }
 }

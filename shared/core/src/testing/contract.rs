@@ -76,6 +76,7 @@ macro_rules! store_contract_tests {
             create_subscription_refuses_an_existing_id,
             delete_subscription_reports_whether_it_deleted_and_respects_tenants,
             create_event_writes_the_event_and_all_its_deliveries,
+            a_test_sends_flag_is_kept_on_its_event_and_its_delivery,
             a_reused_idempotency_key_returns_the_first_event_and_stores_nothing_seen,
             a_large_fan_out_is_written_whole_and_returned_whole_to_a_repeat,
             another_tenants_ids_are_not_found,
@@ -110,6 +111,7 @@ macro_rules! store_contract_tests {
             the_deployments_settings_are_written_only_over_the_copy_read,
             a_portal_session_is_created_once_read_by_id_and_revoked,
             a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscription,
+            a_sealed_header_value_shows_nothing_and_opens_only_for_its_own_header,
         }
     };
 }
@@ -205,6 +207,8 @@ impl Fixture {
             disabled_reason: None,
             owner_email: None,
             description: Some("orders".into()),
+            filter: None,
+            headers: Vec::new(),
             created_at,
             updated_at: created_at,
         }
@@ -221,6 +225,7 @@ impl Fixture {
             payload: serde_json::json!({"invoice": 42, "lines": [{"sku": "a", "qty": 2}], "note": "café"}),
             created_at,
             idempotency_key: key.map(str::to_owned),
+            test: false,
         }
     }
 
@@ -616,6 +621,8 @@ pub async fn subscriptions_are_listed_a_page_at_a_time_after_the_one_named(b: &d
     assert_eq!(page(Some(subs[2].id.clone()), 10).await, subs[3..]);
 }
 
+/// Also: a changed subscription reads back exactly as written, its content filter and
+/// custom headers too.
 pub async fn replace_subscription_writes_a_copy_still_as_read_and_refuses_a_stale_or_deleted_one(
     b: &dyn ContractBackend,
 ) {
@@ -632,6 +639,24 @@ pub async fn replace_subscription_writes_a_copy_still_as_read_and_refuses_a_stal
         previous_secret_expires_at: Some(t0() + chrono::Duration::hours(24)),
         secret: SealedSecret::envelope("contract:an envelope".into()),
         retry_policy: RetryPolicy::ledger(),
+        // Read back exactly: 100.0 stays 100.0, a null stays, a `$or` keeps its order.
+        filter: Some(
+            crate::filter::ContentFilter::parse(serde_json::json!({
+                "data": {"currency": ["EUR", null], "amount": [{"numeric": [">=", 100.0]}]},
+                "$or": [{"type": [{"prefix": "invoice."}]}, {"data": {"note": [{"exists": true}]}}]
+            }))
+            .expect("a valid filter"),
+        ),
+        headers: vec![
+            CustomHeader {
+                name: HeaderName::parse("X-Env").expect("a valid name"),
+                value: HeaderValue::Plain("prod eu-1".into()),
+            },
+            CustomHeader {
+                name: HeaderName::parse("authorization").expect("a valid name"),
+                value: HeaderValue::Sealed(SealedSecret::envelope("contract:a sealed value".into())),
+            },
+        ],
         updated_at: t0() + minutes(5),
         ..original.clone()
     };
@@ -754,6 +779,42 @@ pub async fn create_event_writes_the_event_and_all_its_deliveries(b: &dyn Contra
         );
         assert!(b.store().attempts(&d.id).await.expect("attempts").is_empty());
     }
+}
+
+pub async fn a_test_sends_flag_is_kept_on_its_event_and_its_delivery(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let sub = fx.sub_ids(1).remove(0);
+    let mut event = fx.event(&a.id, t0(), None);
+    event.test = true;
+    let delivery = Delivery::new(DeliveryId::for_event(&event.id, &sub), &event, sub.clone());
+    assert!(delivery.test);
+    b.store()
+        .create_event(&event, std::slice::from_ref(&delivery))
+        .await
+        .expect("create event");
+    let stored = b.store().get_event(&a.id, &event.id).await.expect("get event");
+    assert!(stored.expect("stored").test, "the event's flag");
+    let read = b.store().get_delivery(&delivery.id).await.expect("get delivery");
+    assert!(read.expect("stored").test, "the delivery's flag");
+    let listed = all_pages(
+        b,
+        &a.id,
+        DeliveryQuery {
+            limit: 10,
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(
+        listed.iter().map(|d| d.test).collect::<Vec<_>>(),
+        [true],
+        "listed as a test"
+    );
+    // And an ordinary event's stays off.
+    let (plain, _) = fx.stored_event(b, &a.id, t0(), &[sub]).await;
+    let stored = b.store().get_event(&a.id, &plain.id).await.expect("get event");
+    assert!(!stored.expect("stored").test);
 }
 
 pub async fn a_reused_idempotency_key_returns_the_first_event_and_stores_nothing_seen(b: &dyn ContractBackend) {
@@ -2118,10 +2179,7 @@ pub async fn a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscripti
     let (tenant, other_tenant) = (fx.tenant().id, fx.tenant().id);
     let sub = SubscriptionId::generate(t0(), &mut fx.rng);
     let other_sub = SubscriptionId::generate(t0(), &mut fx.rng);
-    let context = |tenant: &TenantId, subscription: &SubscriptionId| SecretContext {
-        tenant: tenant.clone(),
-        subscription: subscription.clone(),
-    };
+    let context = SecretContext::new;
     let secret = Secret::generate(&mut fx.rng);
     let sealed = keeper.seal(&secret, &context(&tenant, &sub)).await.expect("seal");
     let again = keeper.seal(&secret, &context(&tenant, &sub)).await.expect("seal");
@@ -2157,5 +2215,79 @@ pub async fn a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscripti
     assert!(
         keeper.open(&damaged, &context(&tenant, &sub)).await.is_err(),
         "a damaged envelope opened"
+    );
+}
+
+pub async fn a_sealed_header_value_shows_nothing_and_opens_only_for_its_own_header(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let keeper = b.secrets();
+    let tenant = fx.tenant().id;
+    let sub = SubscriptionId::generate(t0(), &mut fx.rng);
+    let secret_context = SecretContext::new(&tenant, &sub);
+    let header = secret_context.clone().with_header("X-Api-Key");
+    assert_eq!(
+        header.header.as_deref(),
+        Some("x-api-key"),
+        "a header's name is held lowercase"
+    );
+    let value = format!(
+        "Bearer {}",
+        Secret::generate(&mut fx.rng)
+            .as_str()
+            .trim_start_matches(Secret::PREFIX)
+    );
+    let sealed = keeper.seal_text(&value, &header).await.expect("seal");
+    let again = keeper.seal_text(&value, &header).await.expect("seal");
+
+    let token = value.trim_start_matches("Bearer ");
+    assert!(
+        sealed.plain().is_none() && !sealed.as_str().contains(token),
+        "the envelope shows the header's value"
+    );
+    assert_ne!(sealed, again, "two seals of one value look alike");
+    assert_eq!(keeper.open_text(&sealed, &header).await.expect("open"), value);
+    assert_eq!(keeper.open_text(&again, &header).await.expect("open"), value);
+    assert_eq!(
+        keeper
+            .open_text(&sealed, &secret_context.clone().with_header("x-api-key"))
+            .await
+            .expect("open"),
+        value,
+        "the header's name in another case is the same header"
+    );
+    for other in [
+        secret_context.clone(),
+        secret_context.clone().with_header("authorization"),
+    ] {
+        assert!(
+            matches!(
+                keeper.open_text(&sealed, &other).await,
+                Err(PortError::Permanent { .. })
+            ),
+            "opened under {other:?}"
+        );
+    }
+    assert!(
+        matches!(keeper.open(&sealed, &header).await, Err(PortError::Permanent { .. })),
+        "a header's value opened as a signing secret"
+    );
+
+    // A signing secret's envelope does not open as a header's value, and still opens as itself.
+    let secret = Secret::generate(&mut fx.rng);
+    let sealed_secret = keeper.seal(&secret, &secret_context).await.expect("seal");
+    assert!(
+        matches!(
+            keeper.open_text(&sealed_secret, &header).await,
+            Err(PortError::Permanent { .. })
+        ),
+        "a signing secret opened as a header's value"
+    );
+    assert_eq!(
+        keeper.open_text(&sealed_secret, &secret_context).await.expect("open"),
+        secret.as_str()
+    );
+    assert_eq!(
+        keeper.open(&sealed_secret, &secret_context).await.expect("open"),
+        secret
     );
 }

@@ -869,23 +869,23 @@ impl Mailer for MemoryMailer {
     }
 }
 
-/// Seals a secret by keeping it and answering `memory:<n>`: an envelope that shows nothing
-/// and opens only under the context it was sealed with. Counts its opens.
+/// Seals a secret or a header's value by keeping it and answering `memory:<n>`: an envelope
+/// that shows nothing and opens only under the context it was sealed with. Counts its opens.
 #[derive(Default)]
 pub struct MemorySecrets {
-    sealed: Mutex<Vec<(SecretContext, Secret)>>,
+    sealed: Mutex<Vec<(SecretContext, String)>>,
     pub opens: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
 impl SecretKeeper for MemorySecrets {
-    async fn seal(&self, secret: &Secret, context: &SecretContext) -> PortResult<SealedSecret> {
+    async fn seal_text(&self, text: &str, context: &SecretContext) -> PortResult<SealedSecret> {
         let mut sealed = lock(&self.sealed);
-        sealed.push((context.clone(), secret.clone()));
+        sealed.push((context.clone(), text.to_owned()));
         Ok(SealedSecret::envelope(format!("memory:{}", sealed.len() - 1)))
     }
 
-    async fn open(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<Secret> {
+    async fn open_text(&self, sealed: &SealedSecret, context: &SecretContext) -> PortResult<String> {
         self.opens.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let kept = sealed
             .as_str()
@@ -893,7 +893,7 @@ impl SecretKeeper for MemorySecrets {
             .and_then(|n| n.parse::<usize>().ok())
             .and_then(|n| lock(&self.sealed).get(n).cloned());
         match kept {
-            Some((ctx, secret)) if ctx == *context => Ok(secret),
+            Some((ctx, text)) if ctx == *context => Ok(text),
             Some(_) => Err(PortError::permanent("open secret", "sealed under another context")),
             None => Err(PortError::permanent(
                 "open secret",

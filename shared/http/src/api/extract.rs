@@ -193,6 +193,29 @@ where
     }
 }
 
+/// A JSON body that may be left out: none (or only whitespace) is `None`; else as [`ApiJson`].
+pub struct OptionalJson<T>(pub Option<T>);
+
+impl<S, T> FromRequest<S> for OptionalJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let (parts, body) = req.into_parts();
+        let bytes = Bytes::from_request(Request::from_parts(parts.clone(), body), state)
+            .await
+            .map_err(body_rejection)?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Self(None));
+        }
+        let ApiJson(value) = ApiJson::from_request(Request::from_parts(parts, bytes.into()), state).await?;
+        Ok(Self(Some(value)))
+    }
+}
+
 fn body_rejection(r: BytesRejection) -> ApiError {
     if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
         ApiError::payload_too_large()
@@ -294,6 +317,8 @@ fn misfit(err: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
         "name" => "invalid_name",
         "retries" => "invalid_retries",
         "retries_percent" => "invalid_percent",
+        "filter" => "invalid_filter",
+        "headers" => "invalid_header",
         _ => "invalid_body",
     };
     ApiError::unprocessable(code, format!("`{path}`: {message}"))

@@ -13,7 +13,7 @@ use hookwise_core::services::{NewEvent, NewSubscription, Services, SubscriptionP
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
-use super::extract::{self, path_id, ApiJson, ApiQuery, Authenticated, Identified, PathId};
+use super::extract::{self, path_id, ApiJson, ApiQuery, Authenticated, Identified, OptionalJson, PathId};
 use super::views::*;
 use super::ApiState;
 
@@ -134,6 +134,38 @@ pub async fn rotate_secret(
     Ok(Json(SubscriptionView::with_secret(
         s.services.rotate_secret(&tenant, &id).await?,
     )))
+}
+
+/// `POST /v1/subscriptions/{id}/test`: no body, or `{}`, sends a `hookwise.ping`;
+/// `{"type", "payload"}` sends that event; to this subscription alone, either way.
+pub async fn send_test(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+    OptionalJson(test): OptionalJson<TestSend>,
+) -> ApiResult<(StatusCode, Json<AcceptedEvent>)> {
+    let id = path_id(&id, SubscriptionId::parse)?;
+    let test = test.unwrap_or_default();
+    let new = match (test.event_type, test.payload) {
+        (None, None) => None,
+        (Some(event_type), Some(payload)) => Some(NewEvent { event_type, payload }),
+        _ => {
+            return Err(ApiError::unprocessable(
+                "invalid_test",
+                "a test names both `type` and `payload`, or neither (a `hookwise.ping`)",
+            ))
+        }
+    };
+    let sent = s.services.send_test(&tenant, &id, new).await?;
+    Ok((StatusCode::ACCEPTED, Json(AcceptedEvent::from(&sent))))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TestSend {
+    #[serde(rename = "type")]
+    event_type: Option<EventType>,
+    payload: Option<serde_json::Value>,
 }
 
 /// A POST, though it changes nothing: a reveal is an act (logged; on AWS a KMS Decrypt in
@@ -359,6 +391,7 @@ pub async fn get_event(
         event_type: found.event.event_type,
         payload: found.event.payload,
         idempotency_key: found.event.idempotency_key,
+        test: found.event.test,
         created_at: found.event.created_at,
         deliveries: found.deliveries.into_iter().map(DeliveryView::from).collect(),
     }))

@@ -100,6 +100,7 @@ route_table! {
     DELETE "/v1/subscriptions/{id}"                => handlers::delete_subscription;
     POST   "/v1/subscriptions/{id}/rotate-secret"  => handlers::rotate_secret;
     POST   "/v1/subscriptions/{id}/reveal-secret"  => handlers::reveal_secret;
+    POST   "/v1/subscriptions/{id}/test"           => handlers::send_test;
     POST   "/v1/subscriptions/{id}/recover"        => handlers::recover_subscription;
     GET    "/v1/subscriptions/{id}/recover"        => handlers::preview_recover;
     POST   "/v1/events"                            => handlers::ingest_event;

@@ -23,6 +23,10 @@ pub struct SubscriptionView {
     pub disabled_reason: Option<String>,
     pub owner_email: Option<Email>,
     pub description: Option<String>,
+    /// The content filter (an EventBridge event pattern), if it has one.
+    pub filter: Option<serde_json::Value>,
+    /// Custom headers by name: the value, or `{"sensitive": true}` for one never shown again.
+    pub headers: std::collections::BTreeMap<String, serde_json::Value>,
     /// Until when the secret before the last rotation still signs.
     pub previous_secret_expires_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
@@ -58,6 +62,18 @@ impl SubscriptionView {
             disabled_reason: s.disabled_reason,
             owner_email: s.owner_email,
             description: s.description,
+            filter: s.filter.map(serde_json::Value::from),
+            headers: s
+                .headers
+                .iter()
+                .map(|h| {
+                    let shown = match &h.value {
+                        HeaderValue::Plain(v) => serde_json::Value::from(v.as_str()),
+                        HeaderValue::Sealed(_) => serde_json::json!({"sensitive": true}),
+                    };
+                    (h.name.to_string(), shown)
+                })
+                .collect(),
             previous_secret_expires_at: s.previous_secret_expires_at,
             created_at: s.created_at,
             updated_at: s.updated_at,
@@ -167,6 +183,8 @@ pub struct DeliveryView {
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub last_status_code: Option<u16>,
     pub last_error: Option<String>,
+    /// Of a test send (`POST /v1/subscriptions/{id}/test`).
+    pub test: bool,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -184,6 +202,7 @@ impl From<Delivery> for DeliveryView {
             next_attempt_at: d.next_attempt_at,
             last_status_code: d.last_status_code,
             last_error: d.last_error,
+            test: d.test,
             created_at: d.created_at,
             updated_at: d.updated_at,
         }
@@ -326,6 +345,8 @@ pub struct EventView {
     pub event_type: EventType,
     pub payload: serde_json::Value,
     pub idempotency_key: Option<String>,
+    /// A test send.
+    pub test: bool,
     pub created_at: DateTime<Utc>,
     pub deliveries: Vec<DeliveryView>,
 }

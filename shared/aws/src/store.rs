@@ -16,6 +16,7 @@
 //! | endpoint health    | `HEALTH#{subscription}`  | `#HEALTH`                     |
 //! | rate limiter       | `RATE#{subscription}`    | `#RATE` (`next_turn`, `last_slot`, `alive`, µs) |
 //! | circuit breaker    | `CIRCUIT#{subscription}` | `#CIRCUIT` (its state, `version`) |
+//! | event type         | `CATALOGUE#{tenant}`, or `CATALOGUE` for the deployment's | `TYPE#{name}` |
 //!
 //! Deliveries are read by id alone (queue messages carry only the id) and strongly
 //! consistently, so they have their own partition. A delivery's attempts are in its item,
@@ -163,6 +164,19 @@ fn portal_session_key(id: &PortalSessionId) -> Key {
 fn deployment_key() -> Key {
     ("DEPLOYMENT".into(), "#DEPLOYMENT".into())
 }
+/// The event-type catalogue: a partition per scope, a tenant's or (`CATALOGUE`, which no
+/// tenant's can be: tenant ids are never empty) the deployment's, holding nothing but its
+/// definitions, so a scope is listed by one query in name order.
+fn catalogue_partition(tenant: Option<&TenantId>) -> String {
+    match tenant {
+        Some(t) => format!("CATALOGUE#{t}"),
+        None => "CATALOGUE".into(),
+    }
+}
+const EVENT_TYPE_PREFIX: &str = "TYPE#";
+fn event_type_key(tenant: Option<&TenantId>, name: &EventType) -> Key {
+    (catalogue_partition(tenant), format!("{EVENT_TYPE_PREFIX}{name}"))
+}
 fn api_key_key(hash: &str) -> Key {
     (format!("KEY#{hash}"), "#KEY".into())
 }
@@ -218,6 +232,14 @@ fn with_key(mut item: Item, key: &Key, kind: &str) -> Item {
     item.insert(SK.into(), s(&key.1));
     item.insert("kind".into(), s(kind));
     item
+}
+
+/// A time as [`to_item`] stores it (serde's RFC 3339), for a condition to compare like for like.
+fn stored_time(at: DateTime<Utc>, what: &str) -> Result<AttributeValue, PortError> {
+    match serde_json::to_value(at) {
+        Ok(Value::String(text)) => Ok(s(text)),
+        other => Err(PortError::permanent(what, format!("a time as {other:?}"))),
+    }
 }
 
 fn build_err(what: &str, e: impl std::error::Error + Send + Sync + 'static) -> PortError {
@@ -1296,6 +1318,54 @@ impl Store for DynamoStore {
             .await
     }
 
+    async fn put_event_type(&self, def: &EventTypeDefinition, read_at: Option<DateTime<Utc>>) -> PortResult<()> {
+        const WHAT: &str = "write event type";
+        let item = with_key(
+            to_item(def),
+            &event_type_key(def.tenant_id.as_ref(), &def.name),
+            "event_type",
+        );
+        // A new one where its scope has none of its name; a change over the copy read.
+        let condition = match read_at {
+            None => Condition::new("attribute_not_exists(pk)"),
+            Some(at) => Condition::new("attribute_exists(pk) AND updated_at = :read_at")
+                .value(":read_at", stored_time(at, WHAT)?),
+        };
+        self.put_item(item, Some(condition), WHAT).await
+    }
+
+    async fn event_type(&self, tenant: Option<&TenantId>, name: &EventType) -> PortResult<Option<EventTypeDefinition>> {
+        self.get(&event_type_key(tenant, name), "read event type")
+            .await?
+            .as_ref()
+            .map(from_item)
+            .transpose()
+    }
+
+    async fn list_event_types(
+        &self,
+        tenant: Option<&TenantId>,
+        after: Option<&EventType>,
+        limit: u32,
+    ) -> PortResult<Vec<EventTypeDefinition>> {
+        // The partition holds only `TYPE#{name}` keys, sorted by their bytes as names are: those
+        // after `after`'s, or after the bare prefix (no name is empty).
+        let from = after.map_or_else(|| EVENT_TYPE_PREFIX.to_owned(), |a| event_type_key(tenant, a).1);
+        let q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .consistent_read(true)
+            .key_condition_expression("pk = :pk AND sk > :from")
+            .expression_attribute_values(":pk", s(catalogue_partition(tenant)))
+            .expression_attribute_values(":from", s(&from));
+        self.query_up_to(q, limit as usize, "list event types")
+            .await?
+            .iter()
+            .map(from_item)
+            .collect()
+    }
+
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {
         let item = with_key(to_item(sub), &subscription_key(&sub.tenant_id, &sub.id), "subscription");
         self.put_item(
@@ -1308,16 +1378,7 @@ impl Store for DynamoStore {
 
     async fn replace_subscription(&self, sub: &Subscription, read_at: DateTime<Utc>) -> PortResult<()> {
         let item = with_key(to_item(sub), &subscription_key(&sub.tenant_id, &sub.id), "subscription");
-        // `updated_at` is stored as serde writes it (RFC 3339): compare like for like.
-        let version = match serde_json::to_value(read_at) {
-            Ok(Value::String(text)) => s(text),
-            other => {
-                return Err(PortError::permanent(
-                    "replace subscription",
-                    format!("a time as {other:?}"),
-                ))
-            }
-        };
+        let version = stored_time(read_at, "replace subscription")?;
         let condition = Condition::new("attribute_exists(pk) AND updated_at = :read_at").value(":read_at", version);
         self.put_item(item, Some(condition), "replace subscription").await
     }

@@ -104,6 +104,21 @@ pub trait Store: Send + Sync {
     /// Revoke a portal session; whether there was one.
     async fn delete_portal_session(&self, id: &PortalSessionId) -> PortResult<bool>;
 
+    /// Write an event type's definition: a new one when `read_at` is `None`
+    /// (`ConditionFailed` if its scope has one of that name), else a change of the copy whose
+    /// `updated_at` was `read_at` (`ConditionFailed` if it changed since). The scope is
+    /// `def.tenant_id`: a tenant's, or the deployment's.
+    async fn put_event_type(&self, def: &EventTypeDefinition, read_at: Option<DateTime<Utc>>) -> PortResult<()>;
+    /// The definition named `name` in a scope (`None`: the deployment's).
+    async fn event_type(&self, tenant: Option<&TenantId>, name: &EventType) -> PortResult<Option<EventTypeDefinition>>;
+    /// A scope's definitions in name order, after `after`, at most `limit` (1 to 100).
+    async fn list_event_types(
+        &self,
+        tenant: Option<&TenantId>,
+        after: Option<&EventType>,
+        limit: u32,
+    ) -> PortResult<Vec<EventTypeDefinition>>;
+
     /// A new subscription; `ConditionFailed` if one with its id exists.
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()>;
     /// Replace a subscription that is still as it was read: `read_at` is the `updated_at` of

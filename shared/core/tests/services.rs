@@ -669,7 +669,7 @@ async fn given_a_test_send_then_only_that_subscription_gets_it_flagged_as_a_test
         .unwrap();
 
     // A ping, though the subscription wants only order.* and another wants everything.
-    let sent = h.services.send_test(&tenant, &orders.id, None).await.unwrap();
+    let sent = h.services.send_test(&tenant, &orders.id, None, None).await.unwrap();
     assert!(sent.event.test);
     assert_eq!(sent.event.event_type.as_str(), hookwise_core::services::PING);
     assert_eq!(sent.deliveries.len(), 1);
@@ -687,9 +687,10 @@ async fn given_a_test_send_then_only_that_subscription_gets_it_flagged_as_a_test
     assert_eq!(delivered.0.status, DeliveryStatus::Delivered);
 
     // An event of the caller's choosing; an ordinary event's envelope carries no flag.
+    let invoice = event("invoice.paid");
     let chosen = h
         .services
-        .send_test(&tenant, &orders.id, Some(event("invoice.paid")))
+        .send_test(&tenant, &orders.id, Some(invoice.event_type), Some(invoice.payload))
         .await
         .unwrap();
     assert_eq!(chosen.event.event_type.as_str(), "invoice.paid");
@@ -712,12 +713,12 @@ async fn given_a_test_send_then_only_that_subscription_gets_it_flagged_as_a_test
         .await
         .unwrap();
     assert!(matches!(
-        h.services.send_test(&tenant, &orders.id, None).await,
+        h.services.send_test(&tenant, &orders.id, None, None).await,
         Err(Error::Conflict(_))
     ));
     let (other, _) = h.tenant("other@example.com").await;
     assert!(matches!(
-        h.services.send_test(&other, &orders.id, None).await,
+        h.services.send_test(&other, &orders.id, None, None).await,
         Err(Error::NotFound { .. })
     ));
 }

@@ -584,6 +584,12 @@ async fn given_a_test_send_then_202_names_its_one_delivery_and_the_listing_flags
         .await;
     assert_eq!(
         (half.status, half.code()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "no_example"),
+        "a type the catalogue gives no example"
+    );
+    let orphan = app.call("POST", &uri, &app.a, Some(json!({"payload": {"a": 1}}))).await;
+    assert_eq!(
+        (orphan.status, orphan.code()),
         (StatusCode::UNPROCESSABLE_ENTITY, "invalid_test")
     );
     let theirs = app.call("POST", &uri, &app.b, None).await;

@@ -187,6 +187,15 @@ CREATE TABLE IF NOT EXISTS portal_sessions (
     doc   TEXT NOT NULL
 ) WITHOUT ROWID;
 
+-- The event-type catalogue (`Store::event_type`): `scope` is the tenant's id, or '' for the
+-- deployment's (no tenant id is empty); listed by name within a scope.
+CREATE TABLE IF NOT EXISTS event_types (
+    scope  TEXT NOT NULL,
+    name   TEXT NOT NULL,
+    doc    TEXT NOT NULL,
+    PRIMARY KEY (scope, name)
+) WITHOUT ROWID;
+
 CREATE TABLE IF NOT EXISTS outbox (
     id          INTEGER PRIMARY KEY,
     message_id  TEXT NOT NULL,
@@ -365,4 +374,29 @@ pub(crate) fn prepare(conn: &Connection, synchronous: Synchronous) -> PortResult
         .map_err(|e| db_err("set user_version", e))?;
     tx.commit().map_err(|e| db_err("commit the schema upgrade", e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_from_before_the_catalogue_gets_its_table_at_the_same_version() {
+        let conn = Connection::open_in_memory().unwrap();
+        prepare(&conn, Synchronous::default()).unwrap();
+        // As a data dir of the build before the event-type catalogue was.
+        conn.execute_batch("DROP TABLE event_types;").unwrap();
+        prepare(&conn, Synchronous::default()).unwrap();
+        let has_table: bool = conn
+            .query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'event_types'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert!(has_table);
+        // No new version: a build from before still opens the file (and ignores the table).
+        let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+        assert_eq!(version, VERSION);
+    }
 }

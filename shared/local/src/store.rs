@@ -186,6 +186,11 @@ fn query_doc<T: serde::de::DeserializeOwned>(
     doc.map(|d| from_json(what, &d)).transpose()
 }
 
+/// An event type's scope as `event_types` keys it: its tenant's id, or '' for the deployment's.
+fn catalogue_scope(tenant: Option<&TenantId>) -> String {
+    tenant.map_or_else(String::new, |t| t.to_string())
+}
+
 #[async_trait]
 impl Store for LocalBackend {
     async fn create_tenant(&self, tenant: &Tenant) -> PortResult<()> {
@@ -307,6 +312,74 @@ impl Store for LocalBackend {
             conn.execute("DELETE FROM portal_sessions WHERE id = ?1", [&id])
                 .map(|n| n > 0)
                 .map_err(|e| db_err("delete portal session", e))
+        })
+        .await
+    }
+
+    async fn put_event_type(&self, def: &EventTypeDefinition, read_at: Option<DateTime<Utc>>) -> PortResult<()> {
+        let scope = catalogue_scope(def.tenant_id.as_ref());
+        let name = def.name.to_string();
+        let doc = to_json("event type", def)?;
+        // `updated_at` as the document holds it (serde's RFC 3339), to compare like for like.
+        let read_at = read_at.map(|at| to_json("event type version", &at)).transpose()?;
+        self.with_conn("write event type", move |conn| {
+            let written = match &read_at {
+                None => conn
+                    .prepare_cached(
+                        "INSERT INTO event_types (scope, name, doc) VALUES (?1, ?2, ?3)
+                         ON CONFLICT (scope, name) DO NOTHING",
+                    )
+                    .and_then(|mut s| s.execute(params![scope, name, doc])),
+                Some(read_at) => conn
+                    .prepare_cached(
+                        "UPDATE event_types SET doc = ?3
+                         WHERE scope = ?1 AND name = ?2 AND json_quote(json_extract(doc, '$.updated_at')) = ?4",
+                    )
+                    .and_then(|mut s| s.execute(params![scope, name, doc, read_at])),
+            }
+            .map_err(|e| db_err("write event type", e))?;
+            if written == 0 {
+                return Err(PortError::ConditionFailed(match read_at {
+                    None => format!("event type `{name}` exists"),
+                    Some(_) => format!("event type `{name}` changed since it was read, or is gone"),
+                }));
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn event_type(&self, tenant: Option<&TenantId>, name: &EventType) -> PortResult<Option<EventTypeDefinition>> {
+        let (scope, name) = (catalogue_scope(tenant), name.to_string());
+        self.with_read("read event type", move |conn| {
+            query_doc(
+                conn,
+                "event type",
+                "SELECT doc FROM event_types WHERE scope = ?1 AND name = ?2",
+                [&scope, &name],
+            )
+        })
+        .await
+    }
+
+    async fn list_event_types(
+        &self,
+        tenant: Option<&TenantId>,
+        after: Option<&EventType>,
+        limit: u32,
+    ) -> PortResult<Vec<EventTypeDefinition>> {
+        // No name is empty: after '' is from the start. Text compares byte by byte (BINARY).
+        let (scope, after) = (
+            catalogue_scope(tenant),
+            after.map_or_else(String::new, |a| a.to_string()),
+        );
+        self.with_read("list event types", move |conn| {
+            query_docs(
+                conn,
+                "event type",
+                "SELECT doc FROM event_types WHERE scope = ?1 AND name > ?2 ORDER BY name LIMIT ?3",
+                params![scope, after, limit],
+            )
         })
         .await
     }

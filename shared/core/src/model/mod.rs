@@ -1,10 +1,12 @@
 //! The domain: tenants, subscriptions, events, deliveries and their attempts.
 
+mod catalogue;
 mod ids;
 #[macro_use]
 mod parse;
 mod headers;
 
+pub use catalogue::EventTypeDefinition;
 pub use headers::{check_value as check_header_value, CustomHeader, HeaderName, HeaderValue, MASKED, MAX_HEADERS};
 pub use ids::{DeliveryId, EventId, PortalSessionId, SubscriptionId, TenantId};
 pub use parse::{Email, EndpointUrl, EventType, EventTypeFilter, SealedSecret, Secret};

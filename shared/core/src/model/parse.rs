@@ -80,7 +80,7 @@ fn valid_hostname(host: &str) -> bool {
 }
 
 /// An event type such as `invoice.paid`: dot-separated segments of letters, digits, `_`, `-`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct EventType(String);
 string_newtype!(EventType);

@@ -83,10 +83,17 @@ impl Services {
             return Err(ValidationError::new("invalid_batch", format!("a batch holds 1 to {MAX_BATCH} events")).into());
         }
         let now = self.now();
-        let events: Vec<Result<Event>> = batch
+        let mut events: Vec<Result<Event>> = batch
             .into_iter()
             .map(|(new, key)| self.new_event(tenant, new, key, now))
             .collect();
+        for event in &mut events {
+            if let Ok(e) = event {
+                if let Err(refused) = self.check_payload(&tenant.id, &e.event_type, &e.payload).await {
+                    *event = Err(refused);
+                }
+            }
+        }
         let subscriptions = if events.iter().any(Result::is_ok) {
             self.kept_subscriptions(&tenant.id).await?
         } else {
@@ -106,23 +113,51 @@ impl Services {
         self.store_and_queue(tenant, planned, now).await
     }
 
-    /// `POST /v1/subscriptions/{id}/test`: `new` (else a `hookwise.ping`) to this one
-    /// subscription, whatever its event types and filter, through the same pipeline as any
-    /// event (signed, retried, counted); the event and its delivery are flagged `test`.
-    pub async fn send_test(&self, tenant: &Tenant, id: &SubscriptionId, new: Option<NewEvent>) -> Result<Ingested> {
+    /// `POST /v1/subscriptions/{id}/test`: an event to this one subscription, whatever its
+    /// event types and filter, through the same pipeline as any event (signed, retried,
+    /// counted); the event and its delivery are flagged `test`. The event: a `hookwise.ping`
+    /// without a type; a type's example in the catalogue without a payload; else as given.
+    pub async fn send_test(
+        &self,
+        tenant: &Tenant,
+        id: &SubscriptionId,
+        event_type: Option<EventType>,
+        payload: Option<serde_json::Value>,
+    ) -> Result<Ingested> {
         let subscription = self.get_subscription(tenant, id).await?;
         if subscription.status != SubscriptionStatus::Active {
             return Err(Error::conflict(format!(
                 "subscription {id} is disabled: resume it to send it a test"
             )));
         }
-        let new = new.unwrap_or_else(|| NewEvent {
-            event_type: EventType::parse(PING).expect("a valid type"),
-            payload: serde_json::json!({
-                "message": "A test from Hookwise: your endpoint is reachable and can verify the signature.",
-                "subscription_id": id,
-            }),
-        });
+        let new = match (event_type, payload) {
+            (None, None) => NewEvent {
+                event_type: EventType::parse(PING).expect("a valid type"),
+                payload: serde_json::json!({
+                    "message": "A test from Hookwise: your endpoint is reachable and can verify the signature.",
+                    "subscription_id": id,
+                }),
+            },
+            (Some(event_type), Some(payload)) => NewEvent { event_type, payload },
+            (Some(event_type), None) => {
+                let example = self
+                    .event_type_for(tenant, &event_type)
+                    .await
+                    .ok()
+                    .and_then(|d| d.example);
+                let payload = example.ok_or_else(|| {
+                    ValidationError::new(
+                        "no_example",
+                        format!("`{event_type}` has no example in the catalogue: give a `payload`"),
+                    )
+                })?;
+                NewEvent { event_type, payload }
+            }
+            (None, Some(_)) => {
+                return Err(ValidationError::new("invalid_test", "a test's `payload` needs its `type`").into())
+            }
+        };
+        self.check_payload(&tenant.id, &new.event_type, &new.payload).await?;
         let now = self.now();
         let mut event = self.new_event(tenant, new, None, now)?;
         event.test = true;

@@ -98,6 +98,10 @@ impl<K: Eq + Hash, V: Clone> Kept<K, V> {
     pub(super) fn forget(&self, key: &K) {
         self.lock().remove(key);
     }
+
+    pub(super) fn clear(&self) {
+        self.lock().clear();
+    }
 }
 
 pub(crate) struct Lookups {
@@ -112,6 +116,8 @@ pub(crate) struct Lookups {
     pub(super) circuits: Kept<SubscriptionId, Option<crate::circuit::Circuit>>,
     /// The deployment's settings: its operator keys and its rollout.
     deployment: Kept<(), Deployment>,
+    /// The catalogue's definition a tenant's events of a type meet, compiled (`None`: none).
+    pub(super) event_types: Kept<(TenantId, EventType), Option<Arc<super::catalogue::Resolved>>>,
 }
 
 impl Lookups {
@@ -125,6 +131,7 @@ impl Lookups {
             health: Mutex::new(HashMap::new()),
             circuits: Kept::new(),
             deployment: Kept::new(),
+            event_types: Kept::new(),
         }
     }
 
@@ -136,7 +143,7 @@ impl Lookups {
 
 impl Services {
     /// When an entry found before is too old to use.
-    fn kept_after(&self) -> DateTime<Utc> {
+    pub(super) fn kept_after(&self) -> DateTime<Utc> {
         self.now() - chrono::Duration::from_std(self.config.lookup_ttl).unwrap_or_default()
     }
 
@@ -230,6 +237,13 @@ impl Services {
         let l = &self.lookups;
         l.deployment.put((), found.clone(), self.now(), &l.generation, read_in);
         Ok(found)
+    }
+
+    /// This process changed the catalogue: forget every type's kept definition (a change
+    /// to the deployment's reaches every tenant's).
+    pub(crate) fn forget_event_types(&self) {
+        self.lookups.generation.fetch_add(1, Ordering::SeqCst);
+        self.lookups.event_types.clear();
     }
 
     pub(crate) fn forget_deployment(&self) {

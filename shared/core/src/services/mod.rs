@@ -2,6 +2,7 @@
 //! (the Lambda functions, `hookwise dev`, the tests).
 
 mod breaker;
+mod catalogue;
 mod consume;
 mod dead_letter;
 mod deliver;
@@ -26,6 +27,7 @@ use crate::policy::RetryPolicy;
 use crate::ports::{Clock, DeliveryQueue, Mailer, SchedulerTable, SecretKeeper, Sender, Store, StoreWithQueue};
 
 pub use breaker::CIRCUIT_TTL;
+pub use catalogue::{Catalogue, EventTypePatch, NewEventType};
 pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
 pub use deliver::{DeliverOutcome, DISABLE_NOTICE_CLAIM, INGEST_WINDOW};

@@ -110,6 +110,9 @@ macro_rules! store_contract_tests {
             the_audits_position_round_trips,
             the_deployments_settings_are_written_only_over_the_copy_read,
             a_portal_session_is_created_once_read_by_id_and_revoked,
+            an_event_type_is_created_once_per_scope_and_read_back_exactly,
+            an_event_type_is_changed_only_over_the_copy_read,
+            event_types_are_listed_by_name_a_page_at_a_time_within_their_scope,
             a_sealed_secret_shows_nothing_and_opens_only_for_its_own_subscription,
             a_sealed_header_value_shows_nothing_and_opens_only_for_its_own_header,
         }
@@ -1558,6 +1561,329 @@ pub async fn a_portal_session_is_created_once_read_by_id_and_revoked(b: &dyn Con
     assert!(b.store().delete_portal_session(&session.id).await.expect("revoke"));
     assert!(!b.store().delete_portal_session(&session.id).await.expect("again"));
     assert_eq!(b.store().portal_session(&session.id).await.expect("read"), None);
+}
+
+// ---------------------------------------------------------------------------------------
+// Store: the event-type catalogue
+
+/// A definition with a schema (a float, nested objects, a null) and an example, validated.
+fn event_type_definition(tenant: Option<&TenantId>, name: &str) -> EventTypeDefinition {
+    EventTypeDefinition {
+        name: EventType::parse(name).expect("a valid event type"),
+        tenant_id: tenant.cloned(),
+        description: "An invoice was paid — in full, or the rest of it.".into(),
+        schema: Some(serde_json::json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "required": ["amount", "customer"],
+            "properties": {
+                "amount": {"type": "number", "minimum": 100.0, "multipleOf": 0.01},
+                "customer": {
+                    "type": "object",
+                    "properties": {"id": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}
+                },
+                "note": {"type": ["string", "null"], "default": null}
+            }
+        })),
+        example: Some(serde_json::json!({"amount": 100.0, "customer": {"id": "cus_1", "tags": []}, "note": null})),
+        validate: true,
+        deprecated: false,
+        created_at: t0(),
+        updated_at: t0(),
+    }
+}
+
+/// A name prefix of this test's alone, for definitions in the deployment's catalogue (the
+/// backend may be shared with other tests).
+fn catalogue_tag(fx: &mut Fixture) -> String {
+    TenantId::generate(t0(), &mut fx.rng).to_string().to_lowercase()
+}
+
+/// The stored copy equals `def`, and its schema and example read back as the same text (key
+/// order, `100.0` still a float).
+async fn assert_event_type_stored(b: &dyn ContractBackend, def: &EventTypeDefinition) {
+    let read = b
+        .store()
+        .event_type(def.tenant_id.as_ref(), &def.name)
+        .await
+        .expect("read event type");
+    assert_eq!(read.as_ref(), Some(def));
+    let read = read.expect("found");
+    let text = |v: &Option<serde_json::Value>| v.as_ref().map(|v| v.to_string());
+    assert_eq!(text(&read.schema), text(&def.schema));
+    assert_eq!(text(&read.example), text(&def.example));
+}
+
+pub async fn an_event_type_is_created_once_per_scope_and_read_back_exactly(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let other = fx.stored_tenant(b).await;
+    let name = format!("{}.invoice.paid", catalogue_tag(&mut fx));
+
+    // The deployment's, for every tenant.
+    let deployments = event_type_definition(None, &name);
+    b.store()
+        .put_event_type(&deployments, None)
+        .await
+        .expect("create in the deployment's catalogue");
+    assert_event_type_stored(b, &deployments).await;
+
+    // A tenant's own of the same name: no schema, no example, deprecated.
+    let tenants = EventTypeDefinition {
+        tenant_id: Some(a.id.clone()),
+        description: String::new(),
+        schema: None,
+        example: None,
+        validate: false,
+        deprecated: true,
+        created_at: t0() + minutes(1),
+        updated_at: t0() + minutes(1),
+        ..deployments.clone()
+    };
+    b.store()
+        .put_event_type(&tenants, None)
+        .await
+        .expect("the same name in a tenant's catalogue");
+    assert_event_type_stored(b, &tenants).await;
+    assert_event_type_stored(b, &deployments).await;
+    assert_eq!(
+        b.store()
+            .event_type(Some(&other.id), &deployments.name)
+            .await
+            .expect("read"),
+        None,
+        "another tenant's catalogue has none of that name"
+    );
+    let unknown = EventType::parse(&format!("{name}.v2")).expect("a valid event type");
+    assert_eq!(b.store().event_type(None, &unknown).await.expect("read"), None);
+    assert_eq!(b.store().event_type(Some(&a.id), &unknown).await.expect("read"), None);
+
+    // Created once per scope: a second creation is refused and changes nothing.
+    let again = EventTypeDefinition {
+        description: "again".into(),
+        updated_at: t0() + minutes(2),
+        ..deployments.clone()
+    };
+    assert_condition_failed(
+        b.store().put_event_type(&again, None).await,
+        "create the deployment's again",
+    );
+    let again = EventTypeDefinition {
+        description: "again".into(),
+        updated_at: t0() + minutes(2),
+        ..tenants.clone()
+    };
+    assert_condition_failed(
+        b.store().put_event_type(&again, None).await,
+        "create the tenant's again",
+    );
+    assert_event_type_stored(b, &deployments).await;
+    assert_event_type_stored(b, &tenants).await;
+
+    // Another tenant's is its own.
+    let others = EventTypeDefinition {
+        tenant_id: Some(other.id.clone()),
+        description: "theirs".into(),
+        ..deployments.clone()
+    };
+    b.store()
+        .put_event_type(&others, None)
+        .await
+        .expect("the same name in another tenant's catalogue");
+    assert_event_type_stored(b, &others).await;
+    assert_event_type_stored(b, &tenants).await;
+    assert_event_type_stored(b, &deployments).await;
+}
+
+pub async fn an_event_type_is_changed_only_over_the_copy_read(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let tag = catalogue_tag(&mut fx);
+    for scope in [None, Some(&a.id)] {
+        let original = event_type_definition(scope, &format!("{tag}.order.shipped"));
+        b.store().put_event_type(&original, None).await.expect("create");
+
+        // Over the copy read: written whole. A version to the nanosecond.
+        let changed = EventTypeDefinition {
+            description: "Shipped, tracking number included.".into(),
+            schema: Some(
+                serde_json::json!({"type": "object", "properties": {"weight": {"type": "number", "maximum": 2.5e3}}}),
+            ),
+            example: Some(serde_json::json!({"weight": 1.0})),
+            validate: false,
+            deprecated: true,
+            updated_at: t0() + minutes(5) + chrono::Duration::nanoseconds(123_456_789),
+            ..original.clone()
+        };
+        b.store()
+            .put_event_type(&changed, Some(original.updated_at))
+            .await
+            .expect("change over the copy read");
+        assert_event_type_stored(b, &changed).await;
+
+        // A writer that read the original before the change landed loses: nothing reverted.
+        let stale = EventTypeDefinition {
+            description: "stale".into(),
+            updated_at: t0() + minutes(6),
+            ..original.clone()
+        };
+        assert_condition_failed(
+            b.store().put_event_type(&stale, Some(original.updated_at)).await,
+            "change over a stale copy",
+        );
+        assert_event_type_stored(b, &changed).await;
+
+        // The schema and example taken off: gone from the stored copy too.
+        let bare = EventTypeDefinition {
+            schema: None,
+            example: None,
+            updated_at: t0() + minutes(7),
+            ..changed.clone()
+        };
+        b.store()
+            .put_event_type(&bare, Some(changed.updated_at))
+            .await
+            .expect("change over the copy read");
+        assert_event_type_stored(b, &bare).await;
+
+        // A change of one never created is refused, and creates nothing.
+        let never = event_type_definition(scope, &format!("{tag}.never.created"));
+        assert_condition_failed(
+            b.store().put_event_type(&never, Some(never.updated_at)).await,
+            "change one never created",
+        );
+        assert_eq!(b.store().event_type(scope, &never.name).await.expect("read"), None);
+    }
+
+    // A change in a scope that has none of the name, another having one, is refused there.
+    let deployments = event_type_definition(None, &format!("{tag}.deployment.only"));
+    b.store().put_event_type(&deployments, None).await.expect("create");
+    let tenants = EventTypeDefinition {
+        tenant_id: Some(a.id.clone()),
+        updated_at: t0() + minutes(1),
+        ..deployments.clone()
+    };
+    assert_condition_failed(
+        b.store().put_event_type(&tenants, Some(deployments.updated_at)).await,
+        "change a tenant's that only the deployment has",
+    );
+    assert_eq!(
+        b.store().event_type(Some(&a.id), &tenants.name).await.expect("read"),
+        None
+    );
+    assert_event_type_stored(b, &deployments).await;
+}
+
+/// A scope's whole catalogue, `limit` at a time, checking each page's size.
+async fn all_event_types(b: &dyn ContractBackend, tenant: Option<&TenantId>, limit: u32) -> Vec<EventTypeDefinition> {
+    let mut listed: Vec<EventTypeDefinition> = Vec::new();
+    for _ in 0..1000 {
+        let after = listed.last().map(|d| d.name.clone());
+        let page = b
+            .store()
+            .list_event_types(tenant, after.as_ref(), limit)
+            .await
+            .expect("list event types");
+        assert!(
+            page.len() <= limit as usize,
+            "a page of {} for a limit of {limit}",
+            page.len()
+        );
+        if page.is_empty() {
+            return listed;
+        }
+        listed.extend(page);
+    }
+    panic!("list_event_types never came to an end");
+}
+
+pub async fn event_types_are_listed_by_name_a_page_at_a_time_within_their_scope(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let other = fx.stored_tenant(b).await;
+    let tag = catalogue_tag(&mut fx);
+
+    // Names whose order is their bytes': capitals first, then `-` < `.` < digits < `_`, and a
+    // name before the longer ones it begins.
+    let order = [
+        "Invoice.paid",
+        "invoice",
+        "invoice-paid",
+        "invoice.paid",
+        "invoice.paid.v2",
+        "invoice_paid",
+        "order.created",
+    ];
+    let mine: Vec<EventTypeDefinition> = order
+        .iter()
+        .map(|name| event_type_definition(Some(&a.id), name))
+        .collect();
+    // Written out of order, interleaved with another tenant's and the deployment's.
+    let theirs: Vec<EventTypeDefinition> = ["invoice.paid", "zeta.only"]
+        .iter()
+        .map(|name| EventTypeDefinition {
+            description: "theirs".into(),
+            ..event_type_definition(Some(&other.id), name)
+        })
+        .collect();
+    let deployments: Vec<EventTypeDefinition> = ["order.created", "invoice.paid", "account.opened"]
+        .iter()
+        .map(|name| event_type_definition(None, &format!("{tag}.{name}")))
+        .collect();
+    for i in [3, 6, 0, 5, 1, 4, 2] {
+        b.store().put_event_type(&mine[i], None).await.expect("create");
+        if let Some(t) = theirs.get(i) {
+            b.store().put_event_type(t, None).await.expect("create");
+        }
+        if let Some(d) = deployments.get(i) {
+            b.store().put_event_type(d, None).await.expect("create");
+        }
+    }
+
+    // Pages of 3: no gap, no repeat, the last one short, then none.
+    let page = |after: Option<&str>, limit: u32| {
+        let tenant = a.id.clone();
+        let after = after.map(|n| EventType::parse(n).expect("a valid event type"));
+        async move {
+            b.store()
+                .list_event_types(Some(&tenant), after.as_ref(), limit)
+                .await
+                .expect("list a page")
+        }
+    };
+    assert_eq!(page(None, 3).await, mine[..3]);
+    assert_eq!(page(Some(order[2]), 3).await, mine[3..6]);
+    assert_eq!(page(Some(order[5]), 3).await, mine[6..]);
+    assert_eq!(page(Some(order[6]), 3).await, []);
+    assert_eq!(all_event_types(b, Some(&a.id), 3).await, mine);
+    assert_eq!(page(None, 100).await, mine);
+    assert_eq!(page(None, 1).await, mine[..1]);
+    // After a name that was never defined: from the next one there is.
+    assert_eq!(page(Some("invoice.paid.v1"), 2).await, mine[4..6]);
+    assert_eq!(page(Some("a"), 1).await, mine[1..2]);
+    assert_eq!(page(Some("zzz"), 100).await, []);
+
+    // Each scope lists its own alone.
+    assert_eq!(all_event_types(b, Some(&other.id), 100).await, theirs);
+    let nobody = fx.tenant();
+    assert_eq!(all_event_types(b, Some(&nobody.id), 100).await, []);
+    let listed = all_event_types(b, None, 2).await;
+    let names: Vec<&str> = listed.iter().map(|d| d.name.as_str()).collect();
+    assert!(
+        names.windows(2).all(|w| w[0] < w[1]),
+        "not by name, or repeated: {names:?}"
+    );
+    assert!(
+        listed.iter().all(|d| d.tenant_id.is_none()),
+        "a tenant's definition in the deployment's catalogue: {names:?}"
+    );
+    let ours: Vec<EventTypeDefinition> = listed
+        .into_iter()
+        .filter(|d| d.name.as_str().starts_with(&format!("{tag}.")))
+        .collect();
+    let mut expected = deployments.clone();
+    expected.sort_by(|x, y| x.name.cmp(&y.name));
+    assert_eq!(ours, expected);
 }
 
 impl Fixture {

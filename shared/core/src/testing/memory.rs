@@ -1,7 +1,7 @@
 //! In-memory ports for tests: a store, a queue, a scheduler table and a mailer that keep
 //! everything in a mutex, a sender that answers from a script, and a clock you move by hand.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -36,6 +36,9 @@ struct StoreData {
     digests: HashMap<Email, MemoryDigest>,
     deployment: Deployment,
     portal_sessions: HashMap<PortalSessionId, PortalSession>,
+    /// The event-type catalogue by scope (`None`: the deployment's) and name, in name order
+    /// within a scope.
+    event_types: BTreeMap<(Option<TenantId>, EventType), EventTypeDefinition>,
 }
 
 /// An owner's emails: when the last went out, and the claim on the next.
@@ -169,6 +172,47 @@ impl Store for MemoryStore {
         }
         d.deployment = next.clone();
         Ok(())
+    }
+    async fn put_event_type(&self, def: &EventTypeDefinition, read_at: Option<DateTime<Utc>>) -> PortResult<()> {
+        self.crash.act("put event type")?;
+        let mut d = lock(&self.data);
+        let key = (def.tenant_id.clone(), def.name.clone());
+        match (d.event_types.get(&key), read_at) {
+            (None, None) => {}
+            (Some(stored), Some(read_at)) if stored.updated_at == read_at => {}
+            (Some(_), None) => {
+                return Err(PortError::ConditionFailed(format!("event type `{}` exists", def.name)));
+            }
+            (_, Some(_)) => {
+                return Err(PortError::ConditionFailed(format!(
+                    "event type `{}` changed since it was read, or is gone",
+                    def.name
+                )));
+            }
+        }
+        d.event_types.insert(key, def.clone());
+        Ok(())
+    }
+    async fn event_type(&self, tenant: Option<&TenantId>, name: &EventType) -> PortResult<Option<EventTypeDefinition>> {
+        Ok(lock(&self.data)
+            .event_types
+            .get(&(tenant.cloned(), name.clone()))
+            .cloned())
+    }
+    async fn list_event_types(
+        &self,
+        tenant: Option<&TenantId>,
+        after: Option<&EventType>,
+        limit: u32,
+    ) -> PortResult<Vec<EventTypeDefinition>> {
+        // In name order within a scope: the map's order.
+        Ok(lock(&self.data)
+            .event_types
+            .iter()
+            .filter(|((scope, name), _)| scope.as_ref() == tenant && after.is_none_or(|a| name > a))
+            .take(limit as usize)
+            .map(|(_, def)| def.clone())
+            .collect())
     }
     async fn create_subscription(&self, sub: &Subscription) -> PortResult<()> {
         self.crash.act("create subscription")?;

@@ -137,7 +137,8 @@ pub async fn rotate_secret(
 }
 
 /// `POST /v1/subscriptions/{id}/test`: no body, or `{}`, sends a `hookwise.ping`;
-/// `{"type", "payload"}` sends that event; to this subscription alone, either way.
+/// `{"type"}` that type's example in the catalogue; `{"type", "payload"}` that event; to this
+/// subscription alone, whichever.
 pub async fn send_test(
     State(s): State<ApiState>,
     Authenticated(tenant): Authenticated,
@@ -146,17 +147,10 @@ pub async fn send_test(
 ) -> ApiResult<(StatusCode, Json<AcceptedEvent>)> {
     let id = path_id(&id, SubscriptionId::parse)?;
     let test = test.unwrap_or_default();
-    let new = match (test.event_type, test.payload) {
-        (None, None) => None,
-        (Some(event_type), Some(payload)) => Some(NewEvent { event_type, payload }),
-        _ => {
-            return Err(ApiError::unprocessable(
-                "invalid_test",
-                "a test names both `type` and `payload`, or neither (a `hookwise.ping`)",
-            ))
-        }
-    };
-    let sent = s.services.send_test(&tenant, &id, new).await?;
+    let sent = s
+        .services
+        .send_test(&tenant, &id, test.event_type, test.payload)
+        .await?;
     Ok((StatusCode::ACCEPTED, Json(AcceptedEvent::from(&sent))))
 }
 

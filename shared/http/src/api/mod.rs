@@ -3,6 +3,7 @@
 //! The same Router serves the dashboard (`/dashboard`) and the OpenAPI document
 //! (`/v1/openapi.json`), so both work wherever the API does.
 
+mod catalogue;
 mod dashboard;
 mod error;
 mod extract;
@@ -110,6 +111,10 @@ route_table! {
     GET    "/v1/deliveries"                        => handlers::list_deliveries;
     GET    "/v1/deliveries/{id}"                   => handlers::get_delivery;
     POST   "/v1/deliveries/{id}/replay"            => handlers::replay_delivery;
+    POST   "/v1/event-types"                       => catalogue::create_event_type;
+    GET    "/v1/event-types"                       => catalogue::list_event_types;
+    GET    "/v1/event-types/{id}"                  => catalogue::get_event_type;
+    PATCH  "/v1/event-types/{id}"                  => catalogue::update_event_type;
     GET    "/v1/tenant"                            => operator::current_tenant;
     POST   "/v1/tenants"                           => operator::create_tenant;
     GET    "/v1/tenants"                           => operator::list_tenants;

@@ -1,0 +1,357 @@
+//! The event-type catalogue: types defined for the whole deployment (by the operator) or by a
+//! tenant for itself, each with a description, and optionally a JSON Schema (draft 2020-12)
+//! of its payload and an example. An event of a type whose schema is validated must match it
+//! to be accepted. A warm process compiles each schema once and keeps it as it keeps
+//! subscriptions (`Config::lookup_ttl`), including that a type has no definition.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::Services;
+use crate::error::{Error, PortError, Result, ValidationError};
+use crate::model::{EventType, EventTypeDefinition, Tenant, TenantId};
+
+/// Hookwise's own types (`hookwise.ping`, ...): not defined by anyone else.
+pub const RESERVED_PREFIX: &str = "hookwise.";
+/// A schema's JSON, at most.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+pub const MAX_TYPE_DESCRIPTION_LEN: usize = 1000;
+/// The most errors one refused payload reports.
+const MAX_REPORTED: usize = 5;
+
+/// `POST /v1/event-types`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewEventType {
+    pub name: EventType,
+    #[serde(default)]
+    pub description: String,
+    #[serde(default)]
+    pub schema: Option<serde_json::Value>,
+    #[serde(default)]
+    pub example: Option<serde_json::Value>,
+    /// Whether events must match the schema (when there is one); on unless `false`.
+    #[serde(default = "yes")]
+    pub validate: bool,
+    #[serde(default)]
+    pub deprecated: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `PATCH /v1/event-types/{name}`: only the fields present change; `null` removes the schema
+/// or the example.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventTypePatch {
+    pub description: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    pub schema: Option<Option<serde_json::Value>>,
+    #[serde(default, deserialize_with = "present")]
+    pub example: Option<Option<serde_json::Value>>,
+    pub validate: Option<bool>,
+    pub deprecated: Option<bool>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> std::result::Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// Whose catalogue a call reads or writes: a tenant's own, or the deployment's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Catalogue {
+    Deployment,
+    Tenant(TenantId),
+}
+
+impl Catalogue {
+    fn tenant(&self) -> Option<&TenantId> {
+        match self {
+            Self::Deployment => None,
+            Self::Tenant(t) => Some(t),
+        }
+    }
+}
+
+/// A definition as the events of one tenant meet it: its schema compiled.
+pub(super) struct Resolved {
+    definition: EventTypeDefinition,
+    validator: Option<jsonschema::Validator>,
+}
+
+impl Services {
+    /// Define a type in `catalogue`. 409 if it has one of that name.
+    pub async fn create_event_type(&self, catalogue: &Catalogue, new: NewEventType) -> Result<EventTypeDefinition> {
+        if new.name.as_str().starts_with(RESERVED_PREFIX) {
+            return Err(ValidationError::new(
+                "reserved_event_type",
+                format!("`{}`: the types under `{RESERVED_PREFIX}` are Hookwise's own", new.name),
+            )
+            .into());
+        }
+        let now = self.now();
+        let def = EventTypeDefinition {
+            name: new.name,
+            tenant_id: catalogue.tenant().cloned(),
+            description: new.description,
+            schema: new.schema,
+            example: new.example,
+            validate: new.validate,
+            deprecated: new.deprecated,
+            created_at: now,
+            updated_at: now,
+        };
+        check_definition(&def)?;
+        match self.ports.store.put_event_type(&def, None).await {
+            Ok(()) => {}
+            Err(PortError::ConditionFailed(_)) => {
+                return Err(Error::conflict(format!(
+                    "event type `{}` is defined already: change it with PATCH",
+                    def.name
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.forget_event_types();
+        Ok(def)
+    }
+
+    /// Change a type of `catalogue` (not one it inherits from the deployment's).
+    pub async fn update_event_type(
+        &self,
+        catalogue: &Catalogue,
+        name: &EventType,
+        patch: EventTypePatch,
+    ) -> Result<EventTypeDefinition> {
+        let mut def = self
+            .ports
+            .store
+            .event_type(catalogue.tenant(), name)
+            .await?
+            .ok_or_else(|| Error::not_found("event type", name))?;
+        let read_at = def.updated_at;
+        if let Some(d) = patch.description {
+            def.description = d;
+        }
+        if let Some(schema) = patch.schema {
+            def.schema = schema;
+        }
+        if let Some(example) = patch.example {
+            def.example = example;
+        }
+        if let Some(v) = patch.validate {
+            def.validate = v;
+        }
+        if let Some(d) = patch.deprecated {
+            def.deprecated = d;
+        }
+        def.updated_at = super::subscriptions::next_version(read_at, self.now());
+        check_definition(&def)?;
+        match self.ports.store.put_event_type(&def, Some(read_at)).await {
+            Ok(()) => {}
+            Err(PortError::ConditionFailed(_)) => {
+                return Err(Error::conflict(format!(
+                    "event type `{name}` changed while this change was made: read it again"
+                )))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        self.forget_event_types();
+        Ok(def)
+    }
+
+    /// A type as `tenant`'s events meet it: its own definition, else the deployment's.
+    pub async fn event_type_for(&self, tenant: &Tenant, name: &EventType) -> Result<EventTypeDefinition> {
+        let own = self.ports.store.event_type(Some(&tenant.id), name).await?;
+        let found = match own {
+            Some(def) => Some(def),
+            None => self.ports.store.event_type(None, name).await?,
+        };
+        found.ok_or_else(|| Error::not_found("event type", name))
+    }
+
+    /// A type of the deployment's catalogue.
+    pub async fn deployment_event_type(&self, name: &EventType) -> Result<EventTypeDefinition> {
+        self.ports
+            .store
+            .event_type(None, name)
+            .await?
+            .ok_or_else(|| Error::not_found("event type", name))
+    }
+
+    /// A page of `catalogue` in name order, after `after`; a tenant's includes the
+    /// deployment's types it does not define itself. `limit` 0 means 50; at most 100.
+    pub async fn list_event_types(
+        &self,
+        catalogue: &Catalogue,
+        after: Option<&EventType>,
+        limit: u32,
+    ) -> Result<(Vec<EventTypeDefinition>, Option<EventType>)> {
+        if limit > Self::MAX_PAGE {
+            return Err(ValidationError::new("invalid_limit", format!("limit must be 1 to {}", Self::MAX_PAGE)).into());
+        }
+        let limit = if limit == 0 { Self::DEFAULT_PAGE } else { limit };
+        let mut own = self
+            .ports
+            .store
+            .list_event_types(catalogue.tenant(), after, limit)
+            .await?;
+        if let Catalogue::Tenant(_) = catalogue {
+            // The deployment's, merged by name: the tenant's own win.
+            let shared = self.ports.store.list_event_types(None, after, limit).await?;
+            for def in shared {
+                if !own.iter().any(|o| o.name == def.name) {
+                    own.push(def);
+                }
+            }
+            own.sort_by(|a, b| a.name.cmp(&b.name));
+            own.truncate(limit as usize);
+        }
+        let next = (own.len() == limit as usize)
+            .then(|| own.last().map(|d| d.name.clone()))
+            .flatten();
+        Ok((own, next))
+    }
+
+    /// Refuse `payload` if its type's definition (the tenant's, else the deployment's) has a
+    /// schema it does not match and validation on: 422 `payload_invalid`, naming where (a
+    /// JSON Pointer into the payload) and which keyword failed.
+    pub(super) async fn check_payload(
+        &self,
+        tenant: &TenantId,
+        event_type: &EventType,
+        payload: &serde_json::Value,
+    ) -> Result<()> {
+        let Some(resolved) = self.kept_event_type(tenant, event_type).await? else {
+            return Ok(());
+        };
+        let Some(validator) = resolved.validator.as_ref().filter(|_| resolved.definition.validate) else {
+            return Ok(());
+        };
+        let errors: Vec<String> = validator
+            .iter_errors(payload)
+            .take(MAX_REPORTED)
+            .map(|e| {
+                format!(
+                    "`{}`: {} (keyword `{}`)",
+                    pointer(&e.instance_path().to_string()),
+                    e,
+                    e.kind().keyword()
+                )
+            })
+            .collect();
+        if errors.is_empty() {
+            return Ok(());
+        }
+        Err(ValidationError::new(
+            "payload_invalid",
+            format!(
+                "the payload does not match the schema of `{event_type}` in the catalogue: {}",
+                errors.join("; ")
+            ),
+        )
+        .into())
+    }
+
+    /// The definition `tenant`'s events of this type meet, compiled, or none: as kept for
+    /// the lookups' time to live, or read (the tenant's, then the deployment's) and compiled.
+    async fn kept_event_type(&self, tenant: &TenantId, name: &EventType) -> Result<Option<Arc<Resolved>>> {
+        let key = (tenant.clone(), name.clone());
+        if let Some(kept) = self.lookups.event_types.get(&key, self.kept_after()) {
+            return Ok(kept);
+        }
+        let read_in = self.lookups.generation();
+        let own = self.ports.store.event_type(Some(tenant), name).await?;
+        let found = match own {
+            Some(def) => Some(def),
+            None => self.ports.store.event_type(None, name).await?,
+        };
+        let resolved = found.map(|definition| {
+            // Checked when written; one that no longer compiles (a newer build's) validates nothing.
+            let validator = definition.schema.as_ref().and_then(|s| compile(s).ok());
+            Arc::new(Resolved { definition, validator })
+        });
+        let l = &self.lookups;
+        l.event_types
+            .put(key, resolved.clone(), self.now(), &l.generation, read_in);
+        Ok(resolved)
+    }
+}
+
+/// A schema compiled for draft 2020-12 (the default where it names none).
+fn compile(schema: &serde_json::Value) -> std::result::Result<jsonschema::Validator, String> {
+    jsonschema::options()
+        .with_draft(jsonschema::Draft::Draft202012)
+        .build(schema)
+        .map_err(|e| e.to_string())
+}
+
+/// Where in the payload: the root reads as `/`.
+fn pointer(path: &str) -> &str {
+    if path.is_empty() {
+        "/"
+    } else {
+        path
+    }
+}
+
+/// A definition that can be stored: its description's length, its schema compiles and is
+/// not too large, its example is a payload (an object) that matches it.
+fn check_definition(def: &EventTypeDefinition) -> Result<(), ValidationError> {
+    if def.description.chars().count() > MAX_TYPE_DESCRIPTION_LEN {
+        return Err(ValidationError::new(
+            "invalid_description",
+            format!("a description is at most {MAX_TYPE_DESCRIPTION_LEN} characters"),
+        ));
+    }
+    let validator = match &def.schema {
+        None => None,
+        Some(schema) => {
+            let size = schema.to_string().len();
+            if size > MAX_SCHEMA_BYTES {
+                return Err(ValidationError::new(
+                    "invalid_schema",
+                    format!("the schema is {size} bytes; at most {} KB", MAX_SCHEMA_BYTES / 1024),
+                ));
+            }
+            if !schema.is_object() && !schema.is_boolean() {
+                return Err(ValidationError::new(
+                    "invalid_schema",
+                    "a schema is a JSON object (or true or false)",
+                ));
+            }
+            Some(compile(schema).map_err(|why| {
+                ValidationError::new(
+                    "invalid_schema",
+                    format!("not a valid JSON Schema (draft 2020-12): {why}"),
+                )
+            })?)
+        }
+    };
+    if let Some(example) = &def.example {
+        if !example.is_object() {
+            return Err(ValidationError::new(
+                "invalid_example",
+                "an example is a payload: a JSON object",
+            ));
+        }
+        if let Some(validator) = &validator {
+            if let Some(e) = validator.iter_errors(example).next() {
+                return Err(ValidationError::new(
+                    "invalid_example",
+                    format!(
+                        "the example does not match the schema: `{}`: {e} (keyword `{}`)",
+                        pointer(&e.instance_path().to_string()),
+                        e.kind().keyword()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}

@@ -118,6 +118,14 @@ before(async () => {
   });
   op = client(dev.base, made.api_key);
 
+  // The deployment's catalogue: one type, with its schema and example.
+  const defined = await op("POST", "/v1/event-types", {
+    name: "invoice.paid",
+    description: "An invoice was paid in full.",
+    schema: { type: "object", required: ["invoice"], properties: { invoice: { type: "string" } } },
+    example: { invoice: "in_example" },
+  });
+  assert.equal(defined.status, 201, JSON.stringify(defined.body));
   for (const id of ["acct_first", "acct_second"]) {
     const created = await op("POST", "/v1/tenants", { id, name: id, owner_email: `${id}@example.com` });
     assert.equal(created.status, 201, JSON.stringify(created.body));
@@ -175,6 +183,10 @@ test("the first customer adds an endpoint, sees a delivery go dead, fixes the en
   await waitFor("the branding", async () => (await page.locator("#brand-name").innerText()) === "Northwind Webhooks");
   assert.equal(await page.evaluate(() => getComputedStyle(document.documentElement).getPropertyValue("--accent").trim()), "#0b7285");
   assert.equal(await page.locator("#login").isVisible(), false, "no key to type in a portal");
+  // The catalogue, with its example.
+  const typeRow = page.locator('#types tr[data-type="invoice.paid"]');
+  await typeRow.locator("summary").click();
+  assert.match(await typeRow.innerText(), /An invoice was paid in full\.[\s\S]*in_example/);
 
   // Adds an endpoint (failing for now) with a short schedule.
   await page.locator("#new-url").fill(down.url);

@@ -619,6 +619,30 @@
   async function refreshLists() {
     await loadSubscriptions();
     await loadDeliveries();
+    await loadEventTypes();
+  }
+
+  // The catalogue: each type's description and example (its first 100, by name).
+  async function loadEventTypes() {
+    const page = await api("GET", "v1/event-types?limit=100");
+    const body = $("types").querySelector("tbody");
+    body.replaceChildren(
+      ...page.data.map((t) =>
+        el(
+          "tr",
+          { "data-type": t.name },
+          cell("Type", [el("span", { class: "mono" }, t.name), t.deprecated ? " " : null, t.deprecated ? badge("deprecated") : null]),
+          cell("Description", [t.description || el("span", { class: "muted" }, "—"), t.schema ? el("div", { class: "hint" }, t.validate ? "payloads are checked against its schema" : "has a schema (not checked)") : null]),
+          cell(
+            "Example payload",
+            t.example
+              ? el("details", {}, el("summary", {}, "Example"), el("pre", { class: "mono" }, JSON.stringify(t.example, null, 2)))
+              : el("span", { class: "muted" }, "—"),
+          ),
+        ),
+      ),
+    );
+    $("types-empty").hidden = page.data.length > 0;
   }
 
   async function refreshAll() {

@@ -152,6 +152,39 @@ async fn given_a_tenants_own_definition_or_validation_off_then_it_is_the_one_its
 }
 
 #[tokio::test]
+async fn given_a_keyed_event_stored_before_its_type_got_a_schema_then_its_retry_is_answered_from_the_store() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let loose = event("invoice.paid", json!({"paid": true}));
+    let first = h
+        .services
+        .ingest(&tenant, loose.clone(), Some("k-1".into()))
+        .await
+        .unwrap();
+    // The schema arrives between the event and the client's retry (whose answer was lost).
+    h.services
+        .create_event_type(&Catalogue::Deployment, invoice_paid())
+        .await
+        .unwrap();
+    let retry = h
+        .services
+        .ingest(&tenant, loose.clone(), Some("k-1".into()))
+        .await
+        .unwrap();
+    assert_eq!((retry.event.id, retry.created), (first.event.id, false));
+    // A new event of that payload is held to the schema.
+    let err = h.services.ingest(&tenant, loose, Some("k-2".into())).await.unwrap_err();
+    assert_eq!(refusal(err).0, "payload_invalid");
+    // Hookwise's own types are not a tenant's to send.
+    let err = h
+        .services
+        .ingest(&tenant, event("hookwise.ping", json!({})), None)
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(err).0, "reserved_event_type");
+}
+
+#[tokio::test]
 async fn given_bad_definitions_then_each_is_refused_naming_why() {
     let h = Harness::new(ScriptedSender::always(200));
     let deployment = Catalogue::Deployment;
@@ -167,6 +200,15 @@ async fn given_bad_definitions_then_each_is_refused_naming_why() {
         ),
         (json!({"name": "a.b", "example": [1, 2]}), "invalid_example"),
         (json!({"name": "hookwise.ping"}), "reserved_event_type"),
+        // A backreference needs backtracking: the linear-time engine refuses it.
+        (
+            json!({"name": "a.b", "schema": {"type": "string", "pattern": "^(a+)\\1$"}}),
+            "invalid_schema",
+        ),
+        (
+            json!({"name": "a.b", "example": {"big": "x".repeat(17 * 1024)}}),
+            "invalid_example",
+        ),
     ] {
         let new: NewEventType = serde_json::from_value(body.clone()).unwrap();
         let err = h.services.create_event_type(&deployment, new).await.unwrap_err();

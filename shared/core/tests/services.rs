@@ -839,6 +839,51 @@ async fn given_custom_headers_then_every_post_carries_them_and_a_sensitive_one_i
         .contains(&("authorization".into(), "Bearer s3cr3t-token".into())));
     assert!(!sent.headers.iter().any(|(n, _)| n == "x-env"));
 
+    // A new value for a sensitive header stays sealed, unless the caller says otherwise.
+    let patch: hookwise_core::services::SubscriptionPatch =
+        serde_json::from_value(serde_json::json!({"headers": {"authorization": "Bearer rotated", "x-region": "eu"}}))
+            .unwrap();
+    let changed = h.services.update_subscription(&tenant, &sub.id, patch).await.unwrap();
+    assert!(changed
+        .headers
+        .iter()
+        .any(|h| h.name.as_str() == "authorization" && h.is_sensitive()));
+    assert!(!serde_json::to_string(&changed).unwrap().contains("rotated"));
+
+    // Moving the endpoint to another host needs each sensitive value given again: else its
+    // holder could read it at a host of its own.
+    let moved: hookwise_core::services::SubscriptionPatch =
+        serde_json::from_value(serde_json::json!({"url": "https://elsewhere.example.net/"})).unwrap();
+    let err = h
+        .services
+        .update_subscription(&tenant, &sub.id, moved)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Validation(v) if v.code == "sensitive_header_needs_value"),
+        "{err:?}"
+    );
+    let same_host: hookwise_core::services::SubscriptionPatch =
+        serde_json::from_value(serde_json::json!({"url": "https://a.example.com/other-path"})).unwrap();
+    h.services
+        .update_subscription(&tenant, &sub.id, same_host)
+        .await
+        .unwrap();
+    let moved_with_value: hookwise_core::services::SubscriptionPatch = serde_json::from_value(serde_json::json!({
+        "url": "https://elsewhere.example.net/",
+        "headers": {"authorization": {"value": "Bearer for-elsewhere"}, "x-region": "eu"}
+    }))
+    .unwrap();
+    let moved = h
+        .services
+        .update_subscription(&tenant, &sub.id, moved_with_value)
+        .await
+        .unwrap();
+    assert!(moved
+        .headers
+        .iter()
+        .all(|h| h.name.as_str() != "authorization" || h.is_sensitive()));
+
     // Refused: Hookwise's own names, a value without one to keep, too many, a line break.
     for bad in [
         serde_json::json!({"Content-Type": "text/plain"}),

@@ -619,10 +619,10 @@
   async function refreshLists() {
     await loadSubscriptions();
     await loadDeliveries();
-    await loadEventTypes();
   }
 
-  // The catalogue: each type's description and example (its first 100, by name).
+  // The catalogue: each type's description and example (its first 100, by name), read at
+  // sign-in and on Refresh, not on every poll.
   async function loadEventTypes() {
     const page = await api("GET", "v1/event-types?limit=100");
     const body = $("types").querySelector("tbody");
@@ -668,6 +668,7 @@
     }
     sessionStorage.setItem(KEY_STORAGE, key);
     loadAccount().catch(() => {});
+    loadEventTypes().catch(showError);
     $("login").hidden = true;
     $("portal-gone").hidden = true;
     $("app").hidden = false;
@@ -756,6 +757,7 @@
     $("refresh").addEventListener("click", async () => {
       clearError();
       await refreshAll();
+      await loadEventTypes().catch(showError);
       notice("Refreshed.");
     });
     const refilter = async () => {

@@ -231,6 +231,32 @@ async fn given_a_portal_then_it_reads_the_catalogue_and_defines_nothing() {
         (status, code(&refused)),
         (StatusCode::FORBIDDEN, "portal_cannot_define")
     );
+
+    // A test send: the type's example, yes; a payload of the portal's own, no.
+    let (_, sub) = app
+        .call(
+            "POST",
+            "/v1/subscriptions",
+            &app.a,
+            &[],
+            Some(json!({"url": "https://example.com/h"})),
+        )
+        .await;
+    let test = format!("/v1/subscriptions/{}/test", sub["id"].as_str().unwrap());
+    let (status, sent) = app
+        .call("POST", &test, &token, &[], Some(json!({"type": "invoice.paid"})))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{sent}");
+    let (status, refused) = app
+        .call(
+            "POST",
+            &test,
+            &token,
+            &[],
+            Some(json!({"type": "invoice.paid", "payload": {"amount": 9}})),
+        )
+        .await;
+    assert_eq!((status, code(&refused)), (StatusCode::FORBIDDEN, "portal_cannot_send"));
 }
 
 #[tokio::test]

@@ -14,8 +14,10 @@ use crate::model::{EventType, EventTypeDefinition, Tenant, TenantId};
 
 /// Hookwise's own types (`hookwise.ping`, ...): not defined by anyone else.
 pub const RESERVED_PREFIX: &str = "hookwise.";
-/// A schema's JSON, at most.
-pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+/// A schema's JSON, and an example's, at most: a page of 100 types stays well under a Lambda
+/// response's 6 MB, and a definition under a DynamoDB item's 400 KB.
+pub const MAX_SCHEMA_BYTES: usize = 16 * 1024;
+pub const MAX_EXAMPLE_BYTES: usize = 16 * 1024;
 pub const MAX_TYPE_DESCRIPTION_LEN: usize = 1000;
 /// The most errors one refused payload reports.
 const MAX_REPORTED: usize = 5;
@@ -78,9 +80,9 @@ impl Catalogue {
     }
 }
 
-/// A definition as the events of one tenant meet it: its schema compiled.
+/// A definition as the events of one tenant meet it: only what checking a payload needs
+/// (the schema compiled), not its example or description, so the cache stays small.
 pub(super) struct Resolved {
-    definition: EventTypeDefinition,
     validator: Option<jsonschema::Validator>,
 }
 
@@ -230,7 +232,7 @@ impl Services {
         let Some(resolved) = self.kept_event_type(tenant, event_type).await? else {
             return Ok(());
         };
-        let Some(validator) = resolved.validator.as_ref().filter(|_| resolved.definition.validate) else {
+        let Some(validator) = resolved.validator.as_ref() else {
             return Ok(());
         };
         let errors: Vec<String> = validator
@@ -258,6 +260,20 @@ impl Services {
         .into())
     }
 
+    /// Read and keep the definitions `tenant`'s events of these types meet, a few at once, so
+    /// that a batch of many types waits for one round of reads, not one per type.
+    pub(super) async fn read_event_types(
+        &self,
+        tenant: &TenantId,
+        types: std::collections::HashSet<&EventType>,
+    ) -> Result<()> {
+        use futures::StreamExt;
+        const AT_ONCE: usize = 8;
+        let reads: Vec<_> = types.into_iter().map(|t| self.kept_event_type(tenant, t)).collect();
+        let read: Vec<Result<_>> = futures::stream::iter(reads).buffer_unordered(AT_ONCE).collect().await;
+        read.into_iter().try_for_each(|r| r.map(drop))
+    }
+
     /// The definition `tenant`'s events of this type meet, compiled, or none: as kept for
     /// the lookups' time to live, or read (the tenant's, then the deployment's) and compiled.
     async fn kept_event_type(&self, tenant: &TenantId, name: &EventType) -> Result<Option<Arc<Resolved>>> {
@@ -273,8 +289,12 @@ impl Services {
         };
         let resolved = found.map(|definition| {
             // Checked when written; one that no longer compiles (a newer build's) validates nothing.
-            let validator = definition.schema.as_ref().and_then(|s| compile(s).ok());
-            Arc::new(Resolved { definition, validator })
+            let validator = definition
+                .schema
+                .as_ref()
+                .filter(|_| definition.validate)
+                .and_then(|s| compile(s).ok());
+            Arc::new(Resolved { validator })
         });
         let l = &self.lookups;
         l.event_types
@@ -283,10 +303,16 @@ impl Services {
     }
 }
 
-/// A schema compiled for draft 2020-12 (the default where it names none).
+/// A schema compiled: for the draft its `$schema` names, else 2020-12. Its `pattern`s run on
+/// the `regex` engine, in time linear in the text (no backreference or lookaround, so no
+/// pattern can make an ingest backtrack for seconds), and compile to a bounded size.
 fn compile(schema: &serde_json::Value) -> std::result::Result<jsonschema::Validator, String> {
+    const REGEX_BYTES: usize = 1 << 20;
+    let patterns = jsonschema::PatternOptions::regex()
+        .size_limit(REGEX_BYTES)
+        .dfa_size_limit(REGEX_BYTES);
     jsonschema::options()
-        .with_draft(jsonschema::Draft::Draft202012)
+        .with_pattern_options(patterns)
         .build(schema)
         .map_err(|e| e.to_string())
 }
@@ -338,6 +364,13 @@ fn check_definition(def: &EventTypeDefinition) -> Result<(), ValidationError> {
             return Err(ValidationError::new(
                 "invalid_example",
                 "an example is a payload: a JSON object",
+            ));
+        }
+        let size = example.to_string().len();
+        if size > MAX_EXAMPLE_BYTES {
+            return Err(ValidationError::new(
+                "invalid_example",
+                format!("the example is {size} bytes; at most {} KB", MAX_EXAMPLE_BYTES / 1024),
             ));
         }
         if let Some(validator) = &validator {

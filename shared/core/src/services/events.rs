@@ -83,17 +83,19 @@ impl Services {
             return Err(ValidationError::new("invalid_batch", format!("a batch holds 1 to {MAX_BATCH} events")).into());
         }
         let now = self.now();
-        let mut events: Vec<Result<Event>> = batch
+        let events: Vec<Result<Event>> = batch
             .into_iter()
-            .map(|(new, key)| self.new_event(tenant, new, key, now))
-            .collect();
-        for event in &mut events {
-            if let Ok(e) = event {
-                if let Err(refused) = self.check_payload(&tenant.id, &e.event_type, &e.payload).await {
-                    *event = Err(refused);
+            .map(|(new, key)| {
+                if new.event_type.as_str().starts_with(super::catalogue::RESERVED_PREFIX) {
+                    return Err(ValidationError::new(
+                        "reserved_event_type",
+                        format!("`{}`: the types under `hookwise.` are Hookwise's own", new.event_type),
+                    )
+                    .into());
                 }
-            }
-        }
+                self.new_event(tenant, new, key, now)
+            })
+            .collect();
         let subscriptions = if events.iter().any(Result::is_ok) {
             self.kept_subscriptions(&tenant.id).await?
         } else {
@@ -140,11 +142,11 @@ impl Services {
             },
             (Some(event_type), Some(payload)) => NewEvent { event_type, payload },
             (Some(event_type), None) => {
-                let example = self
-                    .event_type_for(tenant, &event_type)
-                    .await
-                    .ok()
-                    .and_then(|d| d.example);
+                let example = match self.event_type_for(tenant, &event_type).await {
+                    Ok(def) => def.example,
+                    Err(Error::NotFound { .. }) => None,
+                    Err(e) => return Err(e),
+                };
                 let payload = example.ok_or_else(|| {
                     ValidationError::new(
                         "no_example",
@@ -157,7 +159,6 @@ impl Services {
                 return Err(ValidationError::new("invalid_test", "a test's `payload` needs its `type`").into())
             }
         };
-        self.check_payload(&tenant.id, &new.event_type, &new.payload).await?;
         let now = self.now();
         let mut event = self.new_event(tenant, new, None, now)?;
         event.test = true;
@@ -182,6 +183,22 @@ impl Services {
             .map(|plan| self.stored_before(tenant, plan.as_ref().ok().map(|(event, _)| event)))
             .collect();
         let seen: Vec<Option<Event>> = futures::stream::iter(reads).buffered(STORE_CONCURRENCY).collect().await;
+        // Only a new event meets the catalogue: a retry of one stored before is answered from
+        // the store whatever its type's schema says now (a 422 would tell the client nothing
+        // was stored, and it would send it again as a new event).
+        let mut planned = planned;
+        let new_events = planned.iter().zip(&seen).filter(|(_, seen)| seen.is_none());
+        let types: std::collections::HashSet<&EventType> = new_events
+            .filter_map(|(plan, _)| plan.as_ref().ok().map(|(event, _)| &event.event_type))
+            .collect();
+        self.read_event_types(&tenant.id, types).await?;
+        for (plan, seen) in planned.iter_mut().zip(&seen) {
+            if let (Ok((event, _)), None) = (&*plan, seen) {
+                if let Err(refused) = self.check_payload(&tenant.id, &event.event_type, &event.payload).await {
+                    *plan = Err(refused);
+                }
+            }
+        }
         let together = self.ports.store_with_queue.as_deref();
         if together.is_none() {
             if let Err(err) = self.queue_first(&planned, &seen, now).await {

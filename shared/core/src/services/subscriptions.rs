@@ -63,8 +63,24 @@ pub enum HeaderInput {
 pub struct DetailedHeader {
     #[serde(default)]
     pub value: Option<String>,
+    /// Absent: as the header stored under this name is (so a new value for a sensitive one
+    /// stays sealed); else as given.
     #[serde(default)]
-    pub sensitive: bool,
+    pub sensitive: Option<bool>,
+}
+
+impl HeaderInput {
+    fn value(&self) -> Option<&str> {
+        match self {
+            Self::Value(v) => Some(v),
+            Self::Detailed(d) => d.value.as_deref(),
+        }
+    }
+}
+
+/// Scheme, host and port: where a request goes.
+fn origin(url: &EndpointUrl) -> String {
+    url.to_url().origin().ascii_serialization()
 }
 
 fn all_event_types() -> Vec<EventTypeFilter> {
@@ -374,6 +390,17 @@ impl Services {
     ) -> Result<Subscription> {
         let mut sub = self.get_subscription(tenant, id).await?;
         let read_at = sub.updated_at;
+        // A sensitive header's value goes only to the host it was given for: moved elsewhere,
+        // each must be given again (or the caller could read it at a host of its own).
+        let moves_host = patch.url.as_ref().is_some_and(|url| origin(url) != origin(&sub.url));
+        let given_values: Vec<String> = match &patch.headers {
+            Some(Some(given)) => given
+                .iter()
+                .filter(|(_, input)| input.value().is_some())
+                .map(|(name, _)| name.to_ascii_lowercase())
+                .collect(),
+            _ => Vec::new(),
+        };
         if let Some(url) = patch.url {
             sub.url = url;
         }
@@ -414,6 +441,23 @@ impl Services {
                 Some(given) => self.stored_headers(&tenant.id, &sub.id, given, &sub.headers).await?,
                 None => Vec::new(),
             };
+        }
+        if moves_host {
+            let kept = sub
+                .headers
+                .iter()
+                .find(|h| h.is_sensitive() && !given_values.iter().any(|g| g == h.name.as_str()));
+            if let Some(kept) = kept {
+                return Err(ValidationError::new(
+                    "sensitive_header_needs_value",
+                    format!(
+                        "the URL moves to another host: give the sensitive header `{}` its value again \
+                         (in `headers`), or remove it",
+                        kept.name
+                    ),
+                )
+                .into());
+            }
         }
         let lets_go = patch.circuit_breaker.is_some_and(|b| !b.enabled)
             || patch.status.is_some_and(|s| s != SubscriptionStatus::Active);
@@ -482,8 +526,9 @@ impl Services {
 
     /// The current signing secret of the subscription `id`, opened again, where the
     /// deployment reveals secrets ([`Config::reveal_secrets`]); else 403
-    /// `secrets_not_revealed`. Each reveal is logged (on AWS also in CloudTrail, as the KMS
-    /// Decrypt with the tenant and subscription as its context).
+    /// `secrets_not_revealed`. Each reveal is logged; on AWS the keeper's KMS Decrypt (the
+    /// tenant and subscription its context) is in CloudTrail, at least once per warm process
+    /// and 15 minutes (the keeper keeps what it opened that long).
     ///
     /// [`Config::reveal_secrets`]: super::Config::reveal_secrets
     pub async fn reveal_secret(&self, tenant: &Tenant, id: &SubscriptionId) -> Result<SubscriptionWithSecret> {
@@ -535,9 +580,10 @@ impl Services {
                 )
                 .into());
             }
+            let was_sensitive = stored.iter().any(|h| h.name == name && h.is_sensitive());
             let (value, sensitive) = match input {
-                HeaderInput::Value(v) => (Some(v), false),
-                HeaderInput::Detailed(d) => (d.value, d.sensitive),
+                HeaderInput::Value(v) => (Some(v), was_sensitive),
+                HeaderInput::Detailed(d) => (d.value, d.sensitive.unwrap_or(was_sensitive)),
             };
             let value = match (value, sensitive) {
                 (Some(v), false) => {

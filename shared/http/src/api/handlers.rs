@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use hookwise_core::model::{DeliveryId, DeliveryStatus, EventId, EventType, SubscriptionId, Tenant, TenantId};
 use hookwise_core::ports::DeliveryQuery;
-use hookwise_core::services::{NewEvent, NewSubscription, Services, SubscriptionPatch, MAX_BATCH};
+use hookwise_core::services::{Caller, NewEvent, NewSubscription, Services, SubscriptionPatch, MAX_BATCH};
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
@@ -141,12 +141,21 @@ pub async fn rotate_secret(
 /// subscription alone, whichever.
 pub async fn send_test(
     State(s): State<ApiState>,
-    Authenticated(tenant): Authenticated,
+    who: Identified,
     PathId(id): PathId,
     OptionalJson(test): OptionalJson<TestSend>,
 ) -> ApiResult<(StatusCode, Json<AcceptedEvent>)> {
     let id = path_id(&id, SubscriptionId::parse)?;
     let test = test.unwrap_or_default();
+    // A portal session sends what Hookwise or the catalogue wrote, never a payload of its own.
+    if matches!(who.caller, Caller::Portal { .. }) && test.payload.is_some() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "portal_cannot_send",
+            "a portal session sends a ping or a type's example from the catalogue, not a payload of its own",
+        ));
+    }
+    let tenant = extract::acting_for(&s, who.caller, who.named.as_ref()).await?;
     let sent = s
         .services
         .send_test(&tenant, &id, test.event_type, test.payload)

@@ -50,18 +50,12 @@ fn yes() -> bool {
 #[serde(deny_unknown_fields)]
 pub struct EventTypePatch {
     pub description: Option<String>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "super::subscriptions::present")]
     pub schema: Option<Option<serde_json::Value>>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "super::subscriptions::present")]
     pub example: Option<Option<serde_json::Value>>,
     pub validate: Option<bool>,
     pub deprecated: Option<bool>,
-}
-
-fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
-    d: D,
-) -> std::result::Result<Option<Option<T>>, D::Error> {
-    Option::<T>::deserialize(d).map(Some)
 }
 
 /// Whose catalogue a call reads or writes: a tenant's own, or the deployment's.
@@ -169,12 +163,17 @@ impl Services {
 
     /// A type as `tenant`'s events meet it: its own definition, else the deployment's.
     pub async fn event_type_for(&self, tenant: &Tenant, name: &EventType) -> Result<EventTypeDefinition> {
-        let own = self.ports.store.event_type(Some(&tenant.id), name).await?;
-        let found = match own {
-            Some(def) => Some(def),
-            None => self.ports.store.event_type(None, name).await?,
-        };
-        found.ok_or_else(|| Error::not_found("event type", name))
+        self.definition_met(&tenant.id, name)
+            .await?
+            .ok_or_else(|| Error::not_found("event type", name))
+    }
+
+    /// The definition `tenant`'s events of this type meet: its own, else the deployment's.
+    async fn definition_met(&self, tenant: &TenantId, name: &EventType) -> Result<Option<EventTypeDefinition>> {
+        match self.ports.store.event_type(Some(tenant), name).await? {
+            Some(own) => Ok(Some(own)),
+            None => Ok(self.ports.store.event_type(None, name).await?),
+        }
     }
 
     /// A type of the deployment's catalogue.
@@ -282,12 +281,7 @@ impl Services {
             return Ok(kept);
         }
         let read_in = self.lookups.generation();
-        let own = self.ports.store.event_type(Some(tenant), name).await?;
-        let found = match own {
-            Some(def) => Some(def),
-            None => self.ports.store.event_type(None, name).await?,
-        };
-        let resolved = found.map(|definition| {
+        let resolved = self.definition_met(tenant, name).await?.map(|definition| {
             // Checked when written; one that no longer compiles (a newer build's) validates nothing.
             let validator = definition
                 .schema

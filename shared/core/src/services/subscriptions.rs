@@ -123,7 +123,7 @@ pub struct SubscriptionPatch {
 
 /// A field that is there, `null` or not: with `#[serde(default)]` an absent field stays
 /// `None`, so `Some(None)` is an explicit `null`.
-fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+pub(super) fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
 ) -> std::result::Result<Option<Option<T>>, D::Error> {
     Option::<T>::deserialize(d).map(Some)

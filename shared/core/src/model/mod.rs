@@ -9,7 +9,7 @@ mod headers;
 pub use catalogue::EventTypeDefinition;
 pub use headers::{check_value as check_header_value, CustomHeader, HeaderName, HeaderValue, MASKED, MAX_HEADERS};
 pub use ids::{DeliveryId, EventId, PortalSessionId, SubscriptionId, TenantId};
-pub use parse::{Email, EndpointUrl, EventType, EventTypeFilter, SealedSecret, Secret};
+pub use parse::{Email, EndpointUrl, EventType, EventTypeFilter, SealedSecret, Secret, HOOKWISE_PREFIX};
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -141,6 +141,10 @@ pub struct Deployment {
     pub operator_keys: Vec<ApiKey>,
     /// The share of the tenants that follow the rollout whose retries are on, 0 to 100.
     pub retries_rollout_percent: u8,
+    /// The tenant whose subscriptions to Hookwise's own types (operational webhooks) hear of
+    /// every tenant's endpoints, not only its own: the operator's.
+    #[serde(default)]
+    pub operations_tenant: Option<TenantId>,
     /// Moves on every change: what a conditional write checks (0: never written).
     #[serde(default)]
     pub version: u64,
@@ -152,6 +156,7 @@ impl Default for Deployment {
         Self {
             operator_keys: Vec::new(),
             retries_rollout_percent: 100,
+            operations_tenant: None,
             version: 0,
         }
     }

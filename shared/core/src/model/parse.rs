@@ -93,6 +93,11 @@ fn valid_segments(s: &str) -> bool {
 impl EventType {
     pub const MAX_LEN: usize = 128;
 
+    /// One of Hookwise's own types (under [`HOOKWISE_PREFIX`]).
+    pub fn is_hookwise(&self) -> bool {
+        self.0.starts_with(HOOKWISE_PREFIX)
+    }
+
     pub fn parse(s: &str) -> Result<Self, ValidationError> {
         if s.is_empty() || s.len() > Self::MAX_LEN || !valid_segments(s) {
             return Err(ValidationError::new(
@@ -105,10 +110,16 @@ impl EventType {
 }
 
 /// Which event types a subscription wants: `*` (all), an exact type, or a prefix such as
-/// `invoice.*` (every type under `invoice.`).
+/// `invoice.*` (every type under `invoice.`). Hookwise's own types (under `hookwise.`) are
+/// matched only by a filter that names them (`hookwise.*`, `hookwise.delivery.dead`): `*`
+/// means every type the sending service sends.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct EventTypeFilter(String);
+
+/// Hookwise's own event types are under this prefix: its test pings and its operational
+/// webhooks. A sending service may not send or define one.
+pub const HOOKWISE_PREFIX: &str = "hookwise.";
 string_newtype!(EventTypeFilter);
 
 impl EventTypeFilter {
@@ -131,8 +142,16 @@ impl EventTypeFilter {
         Ok(Self(s.to_owned()))
     }
 
+    /// Whether it asks for Hookwise's own types (and so for no event about its own endpoint).
+    pub fn names_hookwise(&self) -> bool {
+        self.0.starts_with(HOOKWISE_PREFIX)
+    }
+
     pub fn matches(&self, event_type: &EventType) -> bool {
         let t = event_type.as_str();
+        if event_type.is_hookwise() && !self.names_hookwise() {
+            return false;
+        }
         match self.0.as_str() {
             "*" => true,
             f => match f.strip_suffix('*') {

@@ -28,6 +28,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 
+use super::operational::Operational;
 use super::{DeliverOutcome, Services};
 use crate::circuit::{self, Admission, Circuit, CircuitState};
 use crate::error::{PortError, Result};
@@ -310,16 +311,25 @@ impl Services {
         let failures = self.kept_failures(&sub.id);
         match next.state {
             CircuitState::Open => {
-                if read.is_none_or(|c| c.state == CircuitState::Closed) {
+                let opened = read.is_none_or(|c| c.state == CircuitState::Closed);
+                if opened {
                     self.metrics.count(metrics::BREAKER_OPENED, 1);
                     tracing::warn!(subscription_id = %sub.id, failures, next_probe_at = ?next.next_probe_at,
                         "circuit breaker open: the endpoint's attempts are held");
                 }
-                self.queue_next_probe(sub, next).await
+                let told = opened
+                    .then(|| Operational::breaker_opened(sub, &next, failures))
+                    .flatten();
+                self.queue_next_probe(sub, next).await?;
+                self.tell_best_effort(&sub.tenant_id, told).await;
+                Ok(())
             }
             CircuitState::Closed => {
                 tracing::info!(subscription_id = %sub.id, "circuit breaker closed: releasing what it held");
-                self.release_page(sub, next).await
+                let told = Operational::breaker_closed(sub, read, &next);
+                self.release_page(sub, next).await?;
+                self.tell_best_effort(&sub.tenant_id, told).await;
+                Ok(())
             }
             CircuitState::HalfOpen => Ok(()),
         }

@@ -10,10 +10,8 @@ use serde::Deserialize;
 
 use super::Services;
 use crate::error::{Error, PortError, Result, ValidationError};
-use crate::model::{EventType, EventTypeDefinition, Tenant, TenantId};
+use crate::model::{EventType, EventTypeDefinition, Tenant, TenantId, HOOKWISE_PREFIX};
 
-/// Hookwise's own types (`hookwise.ping`, ...): not defined by anyone else.
-pub const RESERVED_PREFIX: &str = "hookwise.";
 /// A schema's JSON, and an example's, at most: a page of 100 types stays well under a Lambda
 /// response's 6 MB, and a definition under a DynamoDB item's 400 KB.
 pub const MAX_SCHEMA_BYTES: usize = 16 * 1024;
@@ -83,12 +81,8 @@ pub(super) struct Resolved {
 impl Services {
     /// Define a type in `catalogue`. 409 if it has one of that name.
     pub async fn create_event_type(&self, catalogue: &Catalogue, new: NewEventType) -> Result<EventTypeDefinition> {
-        if new.name.as_str().starts_with(RESERVED_PREFIX) {
-            return Err(ValidationError::new(
-                "reserved_event_type",
-                format!("`{}`: the types under `{RESERVED_PREFIX}` are Hookwise's own", new.name),
-            )
-            .into());
+        if new.name.is_hookwise() {
+            return Err(reserved(&new.name).into());
         }
         let now = self.now();
         let def = EventTypeDefinition {
@@ -124,6 +118,9 @@ impl Services {
         name: &EventType,
         patch: EventTypePatch,
     ) -> Result<EventTypeDefinition> {
+        if name.is_hookwise() {
+            return Err(reserved(name).into());
+        }
         let mut def = self
             .ports
             .store
@@ -168,8 +165,12 @@ impl Services {
             .ok_or_else(|| Error::not_found("event type", name))
     }
 
-    /// The definition `tenant`'s events of this type meet: its own, else the deployment's.
+    /// The definition `tenant`'s events of this type meet: Hookwise's own, its own, else the
+    /// deployment's.
     async fn definition_met(&self, tenant: &TenantId, name: &EventType) -> Result<Option<EventTypeDefinition>> {
+        if name.is_hookwise() {
+            return Ok(super::builtin_event_type(name));
+        }
         match self.ports.store.event_type(Some(tenant), name).await? {
             Some(own) => Ok(Some(own)),
             None => Ok(self.ports.store.event_type(None, name).await?),
@@ -178,6 +179,9 @@ impl Services {
 
     /// A type of the deployment's catalogue.
     pub async fn deployment_event_type(&self, name: &EventType) -> Result<EventTypeDefinition> {
+        if name.is_hookwise() {
+            return super::builtin_event_type(name).ok_or_else(|| Error::not_found("event type", name));
+        }
         self.ports
             .store
             .event_type(None, name)
@@ -202,17 +206,24 @@ impl Services {
             .store
             .list_event_types(catalogue.tenant(), after, limit)
             .await?;
-        if let Catalogue::Tenant(_) = catalogue {
+        let mut shared = match catalogue {
             // The deployment's, merged by name: the tenant's own win.
-            let shared = self.ports.store.list_event_types(None, after, limit).await?;
-            for def in shared {
-                if !own.iter().any(|o| o.name == def.name) {
-                    own.push(def);
-                }
+            Catalogue::Tenant(_) => self.ports.store.list_event_types(None, after, limit).await?,
+            Catalogue::Deployment => Vec::new(),
+        };
+        // And Hookwise's own, in every catalogue (no one else may define them).
+        shared.extend(
+            super::builtin_event_types()
+                .into_iter()
+                .filter(|d| after.is_none_or(|a| &d.name > a)),
+        );
+        for def in shared {
+            if !own.iter().any(|o| o.name == def.name) {
+                own.push(def);
             }
-            own.sort_by(|a, b| a.name.cmp(&b.name));
-            own.truncate(limit as usize);
         }
+        own.sort_by(|a, b| a.name.cmp(&b.name));
+        own.truncate(limit as usize);
         let next = (own.len() == limit as usize)
             .then(|| own.last().map(|d| d.name.clone()))
             .flatten();
@@ -295,6 +306,13 @@ impl Services {
             .put(key, resolved.clone(), self.now(), &l.generation, read_in);
         Ok(resolved)
     }
+}
+
+pub(super) fn reserved(name: &EventType) -> ValidationError {
+    ValidationError::new(
+        "reserved_event_type",
+        format!("`{name}`: the types under `{HOOKWISE_PREFIX}` are Hookwise's own"),
+    )
 }
 
 /// A schema compiled: for the draft its `$schema` names, else 2020-12. Its `pattern`s run on

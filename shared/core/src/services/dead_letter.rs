@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 
+use super::operational::Operational;
 use super::Services;
 use crate::error::{PortError, Result};
 use crate::model::*;
@@ -86,7 +87,13 @@ impl Services {
             if delivery.status != DeliveryStatus::Dead {
                 continue;
             }
-            let Some(owner) = self.owner_of(&delivery).await? else {
+            let sub = store
+                .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
+                .await?;
+            // Told again each time (the batch may have come back): stored once.
+            self.tell(&delivery.tenant_id, Operational::delivery_dead(&delivery, sub.as_ref()))
+                .await?;
+            let Some(owner) = self.owner_of(&delivery, sub).await? else {
                 tracing::warn!(delivery_id = %delivery.id, "dead delivery has no owner to tell");
                 continue;
             };
@@ -166,15 +173,17 @@ impl Services {
         Ok(())
     }
 
-    /// Who hears of a dead delivery: its subscription's owner, or else its tenant's.
-    async fn owner_of(&self, delivery: &Delivery) -> Result<Option<Email>> {
-        let store = &self.ports.store;
-        let sub = store
-            .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
-            .await?;
+    /// Who hears of a dead delivery: its subscription's owner (`sub`, as read), or else its
+    /// tenant's.
+    async fn owner_of(&self, delivery: &Delivery, sub: Option<Subscription>) -> Result<Option<Email>> {
         if let Some(owner) = sub.and_then(|s| s.owner_email) {
             return Ok(Some(owner));
         }
-        Ok(store.get_tenant(&delivery.tenant_id).await?.map(|t| t.owner_email))
+        Ok(self
+            .ports
+            .store
+            .get_tenant(&delivery.tenant_id)
+            .await?
+            .map(|t| t.owner_email))
     }
 }

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 
 use super::breaker::Gate;
+use super::operational::Operational;
 use super::secrets::Opened;
 use super::Services;
 use crate::error::{PortError, Result};
@@ -281,7 +282,10 @@ impl Services {
             .await?;
         let failed = !outcome.is_success() && outcome.status_code != Some(410);
         if outcome.status_code == Some(410) {
-            self.disable_subscription(sub.clone(), GONE, false).await?;
+            if let Some(disabled) = self.disable_subscription(sub.clone(), GONE, false).await? {
+                self.tell(&disabled.tenant_id, Operational::disabled_gone(&disabled, &change.next))
+                    .await?;
+            }
         }
         let handed = self.hand_on(&change.next, decision).await?;
         if failed {
@@ -465,11 +469,18 @@ impl Services {
                     .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
                     .await?;
                 // Still active and unchanged since: the disabling is what failed (an owner
-                // who re-enabled it since has the last word).
-                if let Some(sub) =
-                    sub.filter(|s| s.status == SubscriptionStatus::Active && s.updated_at <= delivery.updated_at)
-                {
-                    self.disable_subscription(sub, GONE, false).await?;
+                // who re-enabled it since has the last word). Disabled for it: its telling
+                // may be what failed, and telling it again stores it once.
+                let disabled = match sub {
+                    Some(s) if s.status == SubscriptionStatus::Active && s.updated_at <= delivery.updated_at => {
+                        self.disable_subscription(s, GONE, false).await?
+                    }
+                    Some(s) if s.disabled_reason.as_deref() == Some(GONE) => Some(s),
+                    _ => None,
+                };
+                if let Some(disabled) = disabled {
+                    self.tell(&disabled.tenant_id, Operational::disabled_gone(&disabled, delivery))
+                        .await?;
                 }
             }
             self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;
@@ -685,12 +696,16 @@ impl Services {
         tenant: Option<&Tenant>,
         since: DateTime<Utc>,
     ) -> Result<()> {
+        let hours = sub.auto_disable_after_hours.unwrap_or(DEFAULT_AUTO_DISABLE_HOURS);
+        // The operational webhook first (stored once however often it is told): an error
+        // before the email leaves both to the message's coming back, and sends no email twice.
+        self.tell(&sub.tenant_id, Operational::disabled_failing(&sub, since, hours))
+            .await?;
         if let Some(to) = sub
             .owner_email
             .clone()
             .or_else(|| tenant.map(|t| t.owner_email.clone()))
         {
-            let hours = sub.auto_disable_after_hours.unwrap_or(DEFAULT_AUTO_DISABLE_HOURS);
             self.send_email(&self.disabled_email(&sub, to, since, hours)).await?;
         }
         let taken_on = sub.disable_notice_claimed_at;

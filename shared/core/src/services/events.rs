@@ -32,7 +32,7 @@ pub const PING: &str = "hookwise.ping";
 
 /// An event and one delivery to each subscription given. Ids derived from the event's and
 /// the subscription's: a re-run of the same ingest names, and queues, the same deliveries.
-fn plan<'a>(event: Event, subscriptions: impl Iterator<Item = &'a Subscription>) -> (Event, Vec<Delivery>) {
+pub(super) fn plan<'a>(event: Event, subscriptions: impl Iterator<Item = &'a Subscription>) -> (Event, Vec<Delivery>) {
     let deliveries = subscriptions
         .map(|s| Delivery::new(DeliveryId::for_event(&event.id, &s.id), &event, s.id.clone()))
         .collect();
@@ -86,12 +86,8 @@ impl Services {
         let events: Vec<Result<Event>> = batch
             .into_iter()
             .map(|(new, key)| {
-                if new.event_type.as_str().starts_with(super::catalogue::RESERVED_PREFIX) {
-                    return Err(ValidationError::new(
-                        "reserved_event_type",
-                        format!("`{}`: the types under `hookwise.` are Hookwise's own", new.event_type),
-                    )
-                    .into());
+                if new.event_type.is_hookwise() {
+                    return Err(super::catalogue::reserved(&new.event_type).into());
                 }
                 self.new_event(tenant, new, key, now)
             })
@@ -168,7 +164,7 @@ impl Services {
     }
 
     /// The rest of an ingest, once each event's deliveries are planned.
-    async fn store_and_queue(
+    pub(super) async fn store_and_queue(
         &self,
         tenant: &Tenant,
         planned: Vec<Result<(Event, Vec<Delivery>)>>,

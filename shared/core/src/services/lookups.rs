@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 
+use super::operational::Operational;
 use super::Services;
 use crate::auth::hash_api_key;
 use crate::error::Result;
@@ -335,19 +336,30 @@ impl Services {
         };
         let saved = async {
             let mut stored = self.ports.store.endpoint_health(id).await?;
-            let failing = stored.consecutive_failures() > 0;
+            let failures = stored.consecutive_failures();
+            // The run's first failure (the window's first, if the run is longer).
+            let failing_since = stored
+                .samples
+                .get(stored.samples.len() - failures as usize)
+                .map(|s| s.at);
             stored.merge(&unsaved);
-            if failing && stored.consecutive_failures() == 0 {
+            let mut recovered = None;
+            if failures > 0 && stored.consecutive_failures() == 0 {
                 // Once stored, the success tells every process the breaker is closed (none
                 // reads it), so it is made so before: an open breaker nobody reads would
                 // stay open, for the next failure to find past its probe time and re-open.
                 self.close_after_success(sub).await?;
+                let first_success = unsaved.iter().filter(|s| s.success).map(|s| s.at).min();
+                if failures >= sub.circuit_breaker.failure_threshold {
+                    recovered = first_success.map(|at| Operational::recovered(sub, failures, failing_since, at));
+                }
             }
             self.ports.store.save_endpoint_health(id, &stored).await?;
-            Ok::<_, crate::Error>(stored)
+            Ok::<_, crate::Error>((stored, recovered))
         };
         match saved.await {
-            Ok(stored) => {
+            Ok((stored, recovered)) => {
+                self.tell_best_effort(&sub.tenant_id, recovered.flatten()).await;
                 if let Some(k) = self.kept_healths().get_mut(id) {
                     // Samples recorded while saving stay unsaved, and in the kept health.
                     let mut health = stored;

@@ -9,6 +9,7 @@ mod deliver;
 mod events;
 mod lookups;
 mod notices;
+mod operational;
 mod portal;
 mod replay;
 mod scheduler;
@@ -34,6 +35,10 @@ pub use deliver::{DeliverOutcome, DISABLE_NOTICE_CLAIM, INGEST_WINDOW};
 pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD_BYTES, PING};
 pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;
+pub use operational::{
+    builtin_event_type, builtin_event_types, is_operational, BREAKER_CLOSED, BREAKER_OPENED, DELIVERY_DEAD,
+    ENDPOINT_DISABLED, ENDPOINT_RECOVERED,
+};
 pub use portal::{PORTAL_SESSION_DEFAULT, PORTAL_SESSION_MAX};
 pub use scheduler::SchedulerReport;
 pub use secrets::SealReport;

@@ -198,6 +198,21 @@ impl Services {
         .await
     }
 
+    /// The tenant whose subscriptions to Hookwise's own types hear of every tenant's
+    /// endpoints (`None`: no tenant does; each hears of its own).
+    pub async fn set_operations_tenant(&self, tenant: Option<TenantId>) -> Result<Deployment> {
+        if let Some(id) = &tenant {
+            if self.ports.store.get_tenant(id).await?.is_none() {
+                return Err(Error::not_found("tenant", id));
+            }
+        }
+        self.change_deployment(|d| {
+            d.operations_tenant = tenant.clone();
+            Ok(())
+        })
+        .await
+    }
+
     /// A new operator key (shown once): the first, or a second beside it for a rotation.
     pub async fn create_operator_key(&self) -> Result<(Deployment, String)> {
         let key = generate_key(KeyKind::Operator, &mut *self.rng());

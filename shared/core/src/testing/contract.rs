@@ -1509,6 +1509,7 @@ pub async fn the_deployments_settings_are_written_only_over_the_copy_read(b: &dy
             created_at: t0(),
         }],
         retries_rollout_percent: 10,
+        operations_tenant: Some(TenantId::parse("ten_operations").expect("an id")),
         version: read.version + 1,
     };
     b.store()
@@ -1527,6 +1528,7 @@ pub async fn the_deployments_settings_are_written_only_over_the_copy_read(b: &dy
     let later = Deployment {
         operator_keys: Vec::new(),
         retries_rollout_percent: 50,
+        operations_tenant: None,
         version: next.version + 1,
     };
     b.store()

@@ -124,6 +124,8 @@ route_table! {
     DELETE "/v1/tenants/{id}/api-keys/{key_id}"    => operator::revoke_tenant_key;
     GET    "/v1/rollout"                           => operator::get_rollout;
     PUT    "/v1/rollout"                           => operator::set_rollout;
+    GET    "/v1/operational-webhooks"              => operator::get_operations;
+    PUT    "/v1/operational-webhooks"              => operator::set_operations;
     POST   "/v1/portal-sessions"                   => portal::create_session;
     DELETE "/v1/portal-sessions"                   => portal::revoke_sessions;
     DELETE "/v1/portal-sessions/{id}"              => portal::revoke_session;
@@ -132,7 +134,7 @@ route_table! {
 /// The whole API. `GET /healthz`, the OpenAPI document and the dashboard's assets need no
 /// key; everything else under `/v1` needs `Authorization: Bearer <key>`: a tenant's key sees
 /// only its tenant; an operator key acts for the tenant `Hookwise-Tenant` names, and alone
-/// may use the operator routes (`/v1/tenants`, `/v1/rollout`).
+/// may use the operator routes (`/v1/tenants`, `/v1/rollout`, `/v1/operational-webhooks`).
 pub fn router(state: ApiState) -> Router {
     add_routes(Router::new())
         .fallback(handlers::no_route)

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use super::error::{ApiError, ApiResult};
 use super::extract::{path_id, ApiJson, ApiQuery, Authenticated, Operator, PathId, PathPair};
 use super::handlers::{nonempty, parse_limit, PageParams};
-use super::views::{NewApiKeyView, Page, RolloutView, TenantView};
+use super::views::{NewApiKeyView, OperationsView, Page, RolloutView, TenantView};
 use super::ApiState;
 
 /// `POST /v1/tenants`.
@@ -167,5 +167,26 @@ pub async fn set_rollout(
 ) -> ApiResult<Json<RolloutView>> {
     Ok(Json(RolloutView::of(
         &s.services.set_retries_rollout(body.retries_percent).await?,
+    )))
+}
+
+pub async fn get_operations(State(s): State<ApiState>, _: Operator) -> ApiResult<Json<OperationsView>> {
+    Ok(Json(OperationsView::of(&s.services.deployment().await?)))
+}
+
+/// `PUT /v1/operational-webhooks`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperationsBody {
+    tenant_id: Option<TenantId>,
+}
+
+pub async fn set_operations(
+    State(s): State<ApiState>,
+    _: Operator,
+    ApiJson(body): ApiJson<OperationsBody>,
+) -> ApiResult<Json<OperationsView>> {
+    Ok(Json(OperationsView::of(
+        &s.services.set_operations_tenant(body.tenant_id).await?,
     )))
 }

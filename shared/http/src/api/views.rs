@@ -432,6 +432,22 @@ impl RolloutView {
     }
 }
 
+/// Who hears of every tenant's endpoints (`GET/PUT /v1/operational-webhooks`).
+#[derive(Debug, Serialize)]
+pub struct OperationsView {
+    /// The tenant whose subscriptions to `hookwise.*` types receive every tenant's
+    /// operational webhooks, not only its own; `null`: none.
+    pub tenant_id: Option<TenantId>,
+}
+
+impl OperationsView {
+    pub fn of(d: &Deployment) -> Self {
+        Self {
+            tenant_id: d.operations_tenant.clone(),
+        }
+    }
+}
+
 /// A listing: `{"data": [...], "next_cursor": "..." | null}`.
 #[derive(Debug, Serialize)]
 pub struct Page<T> {

@@ -169,7 +169,7 @@ async fn given_the_operators_and_a_tenants_types_then_each_tenant_sees_its_own_o
     let (_, rest) = app
         .call(
             "GET",
-            &format!("/v1/event-types?limit=2&cursor={cursor}"),
+            &format!("/v1/event-types?limit=100&cursor={cursor}"),
             &app.b,
             &[],
             None,
@@ -181,7 +181,35 @@ async fn given_the_operators_and_a_tenants_types_then_each_tenant_sees_its_own_o
         .iter()
         .map(|d| d["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["c.three", "invoice.paid"]);
+    // Hookwise's own types are in every catalogue, in name order.
+    assert_eq!(
+        names,
+        [
+            "c.three",
+            "hookwise.delivery.dead",
+            "hookwise.endpoint.breaker_closed",
+            "hookwise.endpoint.breaker_opened",
+            "hookwise.endpoint.disabled",
+            "hookwise.endpoint.recovered",
+            "hookwise.ping",
+            "invoice.paid"
+        ]
+    );
+    assert!(rest["data"][1]["schema"].is_object());
+    assert_eq!(rest["data"][1]["scope"], "hookwise");
+    let (status, refused) = app
+        .call(
+            "PATCH",
+            "/v1/event-types/hookwise.ping",
+            &app.operator,
+            &[],
+            Some(json!({"description": "mine"})),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&refused)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "reserved_event_type")
+    );
 }
 
 #[tokio::test]
@@ -210,7 +238,13 @@ async fn given_a_portal_then_it_reads_the_catalogue_and_defines_nothing() {
         .to_owned();
     let (status, listed) = app.call("GET", "/v1/event-types", &token, &[], None).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(listed["data"][0]["example"], json!({"amount": 1}));
+    let paid = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == "invoice.paid")
+        .unwrap();
+    assert_eq!(paid["example"], json!({"amount": 1}));
     let (status, refused) = app
         .call("POST", "/v1/event-types", &token, &[], Some(json!({"name": "x.y"})))
         .await;

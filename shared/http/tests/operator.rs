@@ -139,6 +139,7 @@ async fn given_a_tenants_key_then_the_operator_routes_and_other_tenants_are_refu
         ("GET", "/v1/tenants"),
         ("GET", "/v1/tenants/acct_1"),
         ("GET", "/v1/rollout"),
+        ("GET", "/v1/operational-webhooks"),
     ] {
         let (status, body) = app.call(method, uri, &key, None, None).await;
         assert_eq!((status, code(&body)), (StatusCode::FORBIDDEN, "operator_only"), "{uri}");
@@ -239,6 +240,52 @@ async fn given_one_operator_key_then_it_acts_for_each_tenant_and_a_batch_names_e
     assert_eq!(status, StatusCode::ACCEPTED);
     assert_eq!(body["results"][0]["error"]["code"], "tenant_mismatch");
     assert_eq!(body["results"][1]["tenant"], "acct_1");
+}
+
+#[tokio::test]
+async fn given_an_operations_tenant_then_the_operator_chooses_reads_and_clears_it() {
+    let app = app().await;
+    let op = app.operator.as_str();
+    app.account("acct_ops").await;
+    let (status, body) = app.call("GET", "/v1/operational-webhooks", op, None, None).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"tenant_id": null})));
+    let chosen = json!({"tenant_id": "acct_ops"});
+    let (status, body) = app
+        .call("PUT", "/v1/operational-webhooks", op, None, Some(chosen.clone()))
+        .await;
+    assert_eq!((status, body), (StatusCode::OK, chosen.clone()));
+    let (_, body) = app.call("GET", "/v1/operational-webhooks", op, None, None).await;
+    assert_eq!(body, chosen);
+    let (status, body) = app
+        .call(
+            "PUT",
+            "/v1/operational-webhooks",
+            op,
+            None,
+            Some(json!({"tenant_id": "acct_none"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = app
+        .call(
+            "PUT",
+            "/v1/operational-webhooks",
+            op,
+            None,
+            Some(json!({"tenant_id": "not an id"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let (status, body) = app
+        .call(
+            "PUT",
+            "/v1/operational-webhooks",
+            op,
+            None,
+            Some(json!({"tenant_id": null})),
+        )
+        .await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"tenant_id": null})));
 }
 
 #[tokio::test]

@@ -115,7 +115,7 @@ async fn given_a_portal_link_then_it_acts_for_its_tenant_as_the_dashboard_does_a
     let batch = json!({"events": [{"type": "a.b", "payload": {}}]});
     let (status, body) = app.call("POST", "/v1/events/batch", &token, &[], Some(batch)).await;
     assert_eq!((status, code(&body)), (StatusCode::FORBIDDEN, "portal_cannot_send"));
-    for uri in ["/v1/tenants", "/v1/rollout"] {
+    for uri in ["/v1/tenants", "/v1/rollout", "/v1/operational-webhooks"] {
         let (status, body) = app.call("GET", uri, &token, &[], None).await;
         assert_eq!((status, code(&body)), (StatusCode::FORBIDDEN, "operator_only"), "{uri}");
     }

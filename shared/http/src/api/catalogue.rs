@@ -21,7 +21,8 @@ use super::ApiState;
 #[derive(Debug, Serialize)]
 pub struct EventTypeView {
     pub name: EventType,
-    /// `deployment` (the operator's, for every tenant) or `tenant` (the tenant's own).
+    /// `deployment` (the operator's, for every tenant), `tenant` (the tenant's own) or
+    /// `hookwise` (Hookwise's own: its test ping and operational webhooks, in every catalogue).
     pub scope: &'static str,
     pub description: String,
     pub schema: Option<serde_json::Value>,
@@ -34,9 +35,14 @@ pub struct EventTypeView {
 
 impl From<EventTypeDefinition> for EventTypeView {
     fn from(d: EventTypeDefinition) -> Self {
+        let scope = match (&d.tenant_id, d.name.is_hookwise()) {
+            (_, true) => "hookwise",
+            (Some(_), false) => "tenant",
+            (None, false) => "deployment",
+        };
         Self {
             name: d.name,
-            scope: if d.tenant_id.is_some() { "tenant" } else { "deployment" },
+            scope,
             description: d.description,
             schema: d.schema,
             example: d.example,

@@ -21,6 +21,7 @@ pub mod rate_limit;
 pub mod services;
 pub mod signing;
 pub mod state;
+pub mod stats;
 pub mod storm;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -13,6 +13,7 @@ use crate::error::PortError;
 use crate::health::EndpointHealth;
 use crate::model::*;
 use crate::policy::Seconds;
+use crate::stats::StatsCounts;
 
 pub type PortResult<T> = Result<T, PortError>;
 
@@ -193,6 +194,18 @@ pub trait Store: Send + Sync {
 
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth>;
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()>;
+
+    /// Add `counts` to the endpoint's stored statistics, each to the bucket starting when it
+    /// says ([`crate::stats::bucket_of`]): added, not written over, so counts from processes
+    /// side by side all land. Kept for [`crate::stats::STATS_RETENTION`] at least.
+    async fn add_endpoint_stats(&self, sub: &SubscriptionId, counts: &[(DateTime<Utc>, StatsCounts)])
+        -> PortResult<()>;
+    /// The endpoint's buckets starting at or after `from`, oldest first.
+    async fn endpoint_stats(
+        &self,
+        sub: &SubscriptionId,
+        from: DateTime<Utc>,
+    ) -> PortResult<Vec<(DateTime<Utc>, StatsCounts)>>;
 
     /// Record a dead round's notice for its owner's next email (`owner` is who is told).
     /// `false` when this round's notice is already recorded, waiting or sent: each dead

@@ -96,6 +96,7 @@ macro_rules! store_contract_tests {
             a_released_claim_leaves_its_notices_waiting,
             a_notice_recorded_while_an_email_is_out_waits_for_the_next,
             endpoint_health_starts_empty_and_round_trips,
+            endpoint_stats_add_up_per_bucket_and_are_read_from_a_time_on,
             rate_limit_turns_follow_each_other_then_the_backlog_and_none_is_given_twice,
             tasks_enqueued_without_delay_are_visible_at_once,
             a_delayed_task_stays_hidden_until_its_delay_has_passed,
@@ -2150,6 +2151,52 @@ pub async fn rate_limit_turns_follow_each_other_then_the_backlog_and_none_is_giv
     }
     assert_eq!(take(later, Arrival::New).await, Verdict::Wait(later + ms(1100)));
     assert_eq!(take(later, Arrival::New).await, Verdict::Wait(later + ms(1200)));
+}
+
+/// Statistics add up: two writes to one bucket (two processes' counts) sum, every field of
+/// them; a read starts at the time it names, oldest first; each endpoint has its own.
+pub async fn endpoint_stats_add_up_per_bucket_and_are_read_from_a_time_on(b: &dyn ContractBackend) {
+    use crate::stats::{bucket_of, StatsCounts, LATENCY_BINS};
+    let mut fx = Fixture::new();
+    let subs = fx.sub_ids(2);
+    let store = b.store();
+    assert!(store.endpoint_stats(&subs[0], t0()).await.expect("none").is_empty());
+    let first = bucket_of(t0());
+    let second = first + chrono::TimeDelta::seconds(crate::stats::BUCKET_SECONDS);
+    let a = StatsCounts {
+        succeeded: 3,
+        http_4xx: 1,
+        http_5xx: 2,
+        timeout: 1,
+        error: 1,
+        dead: 1,
+        latency: std::array::from_fn(|i| i as u64),
+    };
+    let b_ = StatsCounts {
+        succeeded: 5,
+        latency: [1; LATENCY_BINS],
+        ..StatsCounts::default()
+    };
+    store
+        .add_endpoint_stats(&subs[0], &[(first, a), (second, b_)])
+        .await
+        .expect("added");
+    store.add_endpoint_stats(&subs[0], &[(first, b_)]).await.expect("added");
+    store.add_endpoint_stats(&subs[1], &[(first, a)]).await.expect("added");
+    let mut sum = a;
+    sum.add(&b_);
+    assert_eq!(
+        store.endpoint_stats(&subs[0], first).await.expect("read"),
+        vec![(first, sum), (second, b_)]
+    );
+    assert_eq!(
+        store.endpoint_stats(&subs[0], second).await.expect("read"),
+        vec![(second, b_)]
+    );
+    assert_eq!(
+        store.endpoint_stats(&subs[1], first).await.expect("read"),
+        vec![(first, a)]
+    );
 }
 
 pub async fn endpoint_health_starts_empty_and_round_trips(b: &dyn ContractBackend) {

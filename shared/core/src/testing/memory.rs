@@ -14,6 +14,7 @@ use crate::health::EndpointHealth;
 use crate::model::*;
 use crate::ports::*;
 use crate::services::{Config, NewTenant, Ports, Services};
+use crate::stats::StatsCounts;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -28,6 +29,7 @@ struct StoreData {
     deliveries: Vec<Delivery>,
     attempts: Vec<Attempt>,
     health: HashMap<SubscriptionId, EndpointHealth>,
+    stats: HashMap<SubscriptionId, BTreeMap<DateTime<Utc>, crate::stats::StatsCounts>>,
     /// Each rate-limited endpoint's next free slot.
     rate_lines: HashMap<SubscriptionId, crate::rate_limit::Lines>,
     circuits: HashMap<SubscriptionId, Circuit>,
@@ -495,6 +497,28 @@ impl Store for MemoryStore {
         self.crash.act("save endpoint health")?;
         lock(&self.data).health.insert(sub.clone(), health.clone());
         Ok(())
+    }
+    async fn add_endpoint_stats(
+        &self,
+        sub: &SubscriptionId,
+        counts: &[(DateTime<Utc>, StatsCounts)],
+    ) -> PortResult<()> {
+        self.crash.act("add endpoint stats")?;
+        let mut d = lock(&self.data);
+        let buckets = d.stats.entry(sub.clone()).or_default();
+        for (start, c) in counts {
+            buckets.entry(*start).or_default().add(c);
+        }
+        Ok(())
+    }
+    async fn endpoint_stats(
+        &self,
+        sub: &SubscriptionId,
+        from: DateTime<Utc>,
+    ) -> PortResult<Vec<(DateTime<Utc>, StatsCounts)>> {
+        let d = lock(&self.data);
+        let buckets = d.stats.get(sub).into_iter().flat_map(|b| b.range(from..));
+        Ok(buckets.map(|(at, c)| (*at, *c)).collect())
     }
     async fn queue_dead_notice(&self, owner: &Email, notice: &DeadNotice) -> PortResult<bool> {
         self.crash.act("queue dead notice")?;

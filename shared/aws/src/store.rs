@@ -1,5 +1,5 @@
 //! The main table: one DynamoDB table for tenants, API keys, subscriptions, events,
-//! deliveries, attempts, endpoint health and dead notices.
+//! deliveries, attempts, endpoint health and statistics, and dead notices.
 //!
 //! | item               | `pk`                     | `sk`                          |
 //! |--------------------|--------------------------|-------------------------------|
@@ -16,6 +16,7 @@
 //! | endpoint health    | `HEALTH#{subscription}`  | `#HEALTH`                     |
 //! | rate limiter       | `RATE#{subscription}`    | `#RATE` (`next_turn`, `last_slot`, `alive`, µs) |
 //! | circuit breaker    | `CIRCUIT#{subscription}` | `#CIRCUIT` (its state, `version`) |
+//! | endpoint stats     | `STATS#{subscription}`   | `B#{bucket start}` (its counts, each a number) |
 //! | event type         | `CATALOGUE#{tenant}`, or `CATALOGUE` for the deployment's | `TYPE#{name}` |
 //!
 //! Deliveries are read by id alone (queue messages carry only the id) and strongly
@@ -74,6 +75,7 @@ use hookwise_core::health::EndpointHealth;
 use hookwise_core::model::*;
 use hookwise_core::ports::*;
 use hookwise_core::rate_limit::{Arrival, Verdict, BACKLOG_GONE, SLOT_WAIT, TOLERANCE};
+use hookwise_core::stats::{StatsCounts, STATS_RETENTION};
 use hookwise_core::PortError;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -208,6 +210,70 @@ fn circuit_key(sub: &SubscriptionId) -> Key {
 }
 fn health_key(sub: &SubscriptionId) -> Key {
     (format!("HEALTH#{sub}"), "#HEALTH".into())
+}
+/// An endpoint's statistics: a partition of its own, an item per bucket keyed by the bucket's
+/// start ([`sortable_time`], so keys sort as times do), so a window is one query.
+fn stats_partition(sub: &SubscriptionId) -> String {
+    format!("STATS#{sub}")
+}
+const STATS_BUCKET_PREFIX: &str = "B#";
+fn stats_key(sub: &SubscriptionId, bucket: DateTime<Utc>) -> Key {
+    (
+        stats_partition(sub),
+        format!("{STATS_BUCKET_PREFIX}{}", sortable_time(bucket)),
+    )
+}
+
+/// A bucket's counts as number attributes, one a field (the latency bins `l0`, `l1`...), so
+/// that a write adds to them with `ADD` and processes side by side never overwrite each
+/// other.
+fn stats_attributes(c: &StatsCounts) -> Vec<(String, u64)> {
+    let fields = [
+        ("succeeded", c.succeeded),
+        ("http_4xx", c.http_4xx),
+        ("http_5xx", c.http_5xx),
+        ("timeout", c.timeout),
+        ("error", c.error),
+        ("dead", c.dead),
+    ];
+    let bins = c.latency.iter().enumerate().map(|(i, v)| (format!("l{i}"), *v));
+    fields
+        .into_iter()
+        .map(|(name, v)| (name.to_owned(), v))
+        .chain(bins)
+        .collect()
+}
+
+/// A bucket's item back into its counts: an attribute never added to is 0.
+fn stats_from_item(item: &Item) -> Result<StatsCounts, PortError> {
+    let count = |name: &str| {
+        if item.contains_key(name) {
+            get_n(item, name)
+        } else {
+            Ok(0)
+        }
+    };
+    let mut c = StatsCounts {
+        succeeded: count("succeeded")?,
+        http_4xx: count("http_4xx")?,
+        http_5xx: count("http_5xx")?,
+        timeout: count("timeout")?,
+        error: count("error")?,
+        dead: count("dead")?,
+        latency: Default::default(),
+    };
+    for (i, bin) in c.latency.iter_mut().enumerate() {
+        *bin = count(&format!("l{i}"))?;
+    }
+    Ok(c)
+}
+
+/// A bucket's start from its sort key.
+fn stats_bucket(item: &Item) -> Result<DateTime<Utc>, PortError> {
+    let sk = get_s(item, SK)?;
+    sk.strip_prefix(STATS_BUCKET_PREFIX)
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| corrupt("endpoint stats", format!("`{sk}` is not a bucket's key")))
 }
 
 /// `key`'s shard for this delivery in a listing index.
@@ -693,6 +759,43 @@ impl DynamoStore {
             )
             .await,
         )
+    }
+
+    /// Add one bucket's counts: one `UpdateItem`, `ADD` of each count that is not 0 (`ADD`
+    /// starts a missing number at 0), so writes from processes side by side all land. The
+    /// bucket expires [`STATS_RETENTION`] after its start, as the first write set it.
+    async fn add_stats_bucket(&self, sub: &SubscriptionId, bucket: DateTime<Utc>, c: &StatsCounts) -> PortResult<()> {
+        let added: Vec<(String, u64)> = stats_attributes(c).into_iter().filter(|(_, v)| *v > 0).collect();
+        // Every attribute by a placeholder: `error` and `timeout` are DynamoDB reserved words.
+        let placeholders: Vec<(String, String)> =
+            (0..added.len()).map(|i| (format!("#c{i}"), format!(":c{i}"))).collect();
+        let mut update = "SET #ttl = if_not_exists(#ttl, :expires), #kind = :kind".to_owned();
+        if !added.is_empty() {
+            let adds: Vec<String> = placeholders
+                .iter()
+                .map(|(name, value)| format!("{name} {value}"))
+                .collect();
+            update.push_str(" ADD ");
+            update.push_str(&adds.join(", "));
+        }
+        let mut names = vec![("#ttl", TTL_ATTRIBUTE), ("#kind", "kind")];
+        let mut values = vec![
+            (":expires", crate::item::expires_at(bucket, STATS_RETENTION)),
+            (":kind", s("endpoint_stats")),
+        ];
+        for ((name, value), (attribute, count)) in placeholders.iter().zip(&added) {
+            names.push((name.as_str(), attribute.as_str()));
+            values.push((value.as_str(), n(count)));
+        }
+        self.update_item(
+            &stats_key(sub, bucket),
+            &update,
+            None,
+            &names,
+            values,
+            "add endpoint stats",
+        )
+        .await
     }
 
     /// One conditional (or not) `UpdateItem`; a failed condition is `ConditionFailed`.
@@ -1961,6 +2064,40 @@ impl Store for DynamoStore {
         .await
     }
 
+    async fn add_endpoint_stats(
+        &self,
+        sub: &SubscriptionId,
+        counts: &[(DateTime<Utc>, StatsCounts)],
+    ) -> PortResult<()> {
+        let adds: Vec<_> = counts
+            .iter()
+            .map(|(bucket, c)| self.add_stats_bucket(sub, *bucket, c))
+            .collect();
+        futures::future::try_join_all(adds).await?;
+        Ok(())
+    }
+
+    async fn endpoint_stats(
+        &self,
+        sub: &SubscriptionId,
+        from: DateTime<Utc>,
+    ) -> PortResult<Vec<(DateTime<Utc>, StatsCounts)>> {
+        // Eventually consistent, at half the price: a chart a second behind is as good, and a
+        // week's window reads up to two thousand buckets.
+        let q = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .key_condition_expression("pk = :pk AND sk >= :from")
+            .expression_attribute_values(":pk", s(stats_partition(sub)))
+            .expression_attribute_values(":from", s(stats_key(sub, from).1));
+        self.query_all(q, "read endpoint stats")
+            .await?
+            .iter()
+            .map(|item| Ok((stats_bucket(item)?, stats_from_item(item)?)))
+            .collect()
+    }
+
     async fn queue_dead_notice(&self, owner: &Email, notice: &DeadNotice) -> PortResult<bool> {
         let mut record = with_key(
             HashMap::new(),
@@ -2243,6 +2380,33 @@ mod tests {
             seen.insert(shard);
         }
         assert_eq!(seen.len(), OVERDUE_SHARDS as usize);
+    }
+
+    #[test]
+    fn stats_attributes_read_back_as_the_counts_they_hold() {
+        let c = StatsCounts {
+            succeeded: 1,
+            http_4xx: 2,
+            http_5xx: 3,
+            timeout: 4,
+            error: 5,
+            dead: 6,
+            latency: std::array::from_fn(|i| 10 + i as u64),
+        };
+        let item: Item = stats_attributes(&c).into_iter().map(|(name, v)| (name, n(v))).collect();
+        assert_eq!(stats_from_item(&item).unwrap(), c);
+        assert_eq!(stats_from_item(&Item::new()).unwrap(), StatsCounts::default());
+    }
+
+    #[test]
+    fn stats_keys_sort_as_their_buckets_and_read_back() {
+        let sub = SubscriptionId::generate(Utc::now(), &mut rand::rng());
+        let a = hookwise_core::stats::bucket_of("2030-06-01T09:58:00Z".parse().unwrap());
+        let b = a + chrono::Duration::seconds(hookwise_core::stats::BUCKET_SECONDS);
+        let (ka, kb) = (stats_key(&sub, a), stats_key(&sub, b));
+        assert!(ka.1 < kb.1);
+        let item = key_item(&kb);
+        assert_eq!(stats_bucket(&item).unwrap(), b);
     }
 
     #[test]

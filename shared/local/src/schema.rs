@@ -119,6 +119,16 @@ CREATE TABLE IF NOT EXISTS endpoint_health (
     doc              TEXT NOT NULL
 );
 
+-- Each endpoint's statistics (`Store::add_endpoint_stats`): `bucket` is the bucket's start,
+-- `doc` its `StatsCounts`, added to by each write. (Added at version 8, as `event_types`:
+-- `IF NOT EXISTS` gives it to a data dir from before.)
+CREATE TABLE IF NOT EXISTS endpoint_stats (
+    subscription_id  TEXT NOT NULL,
+    bucket           INTEGER NOT NULL,
+    doc              TEXT NOT NULL,
+    PRIMARY KEY (subscription_id, bucket)
+) WITHOUT ROWID;
+
 -- A dead round's notice for its owner; `doc` is the notice, `sent_at` set once told.
 CREATE TABLE IF NOT EXISTS notices (
     delivery_id  TEXT NOT NULL,
@@ -396,6 +406,25 @@ mod tests {
             .unwrap();
         assert!(has_table);
         // No new version: a build from before still opens the file (and ignores the table).
+        let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
+        assert_eq!(version, VERSION);
+    }
+
+    #[test]
+    fn a_database_from_before_endpoint_stats_gets_its_table_at_the_same_version() {
+        let conn = Connection::open_in_memory().unwrap();
+        prepare(&conn, Synchronous::default()).unwrap();
+        // As a data dir of the build before endpoint statistics were.
+        conn.execute_batch("DROP TABLE endpoint_stats;").unwrap();
+        prepare(&conn, Synchronous::default()).unwrap();
+        let has_table: bool = conn
+            .query_row(
+                "SELECT count(*) > 0 FROM sqlite_master WHERE type = 'table' AND name = 'endpoint_stats'",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert!(has_table);
         let version: i64 = conn.pragma_query_value(None, "user_version", |row| row.get(0)).unwrap();
         assert_eq!(version, VERSION);
     }

@@ -9,6 +9,7 @@ use hookwise_core::ports::{
     AuditPage, Created, DeadNotice, DeliveryChange, DeliveryPage, DeliveryQuery, DigestClaim, PortResult, Store,
 };
 use hookwise_core::rate_limit::{self, Arrival, Lines, Verdict};
+use hookwise_core::stats::{StatsCounts, STATS_RETENTION};
 use hookwise_core::PortError;
 use rusqlite::{params, Connection, OptionalExtension};
 
@@ -526,6 +527,8 @@ impl Store for LocalBackend {
             if deleted > 0 {
                 conn.execute("DELETE FROM endpoint_health WHERE subscription_id = ?1", [&id])
                     .map_err(|e| db_err("delete subscription", e))?;
+                conn.execute("DELETE FROM endpoint_stats WHERE subscription_id = ?1", [&id])
+                    .map_err(|e| db_err("delete subscription", e))?;
             }
             Ok(deleted > 0)
         })
@@ -862,6 +865,76 @@ impl Store for LocalBackend {
             .and_then(|mut s| s.execute([&id, &doc]))
             .map_err(|e| db_err("save endpoint health", e))?;
             Ok(())
+        })
+        .await
+    }
+
+    async fn add_endpoint_stats(
+        &self,
+        sub: &SubscriptionId,
+        counts: &[(DateTime<Utc>, StatsCounts)],
+    ) -> PortResult<()> {
+        const WHAT: &str = "add endpoint stats";
+        let Some(newest) = counts.iter().map(|(at, _)| *at).max() else {
+            return Ok(());
+        };
+        let id = sub.to_string();
+        let counts: Vec<(i64, StatsCounts)> = counts.iter().map(|(at, c)| (nanos(*at), *c)).collect();
+        // Buckets past their retention go as new ones come, by the buckets' own times (no
+        // clock here): an endpoint that no longer sends keeps its last week until deleted.
+        let expired = newest.checked_sub_signed(STATS_RETENTION).map_or(i64::MIN, nanos);
+        self.with_conn(WHAT, move |conn| {
+            // Read, add, write back: the writing thread runs one call at a time, so no other
+            // add comes between.
+            for (bucket, c) in &counts {
+                let mut sum: StatsCounts = query_doc(
+                    conn,
+                    "endpoint stats",
+                    "SELECT doc FROM endpoint_stats WHERE subscription_id = ?1 AND bucket = ?2",
+                    params![id, bucket],
+                )?
+                .unwrap_or_default();
+                sum.add(c);
+                let doc = to_json("endpoint stats", &sum)?;
+                conn.prepare_cached(
+                    "INSERT INTO endpoint_stats (subscription_id, bucket, doc) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (subscription_id, bucket) DO UPDATE SET doc = excluded.doc",
+                )
+                .and_then(|mut s| s.execute(params![id, bucket, doc]))
+                .map_err(|e| db_err(WHAT, e))?;
+            }
+            conn.prepare_cached("DELETE FROM endpoint_stats WHERE subscription_id = ?1 AND bucket < ?2")
+                .and_then(|mut s| s.execute(params![id, expired]))
+                .map_err(|e| db_err(WHAT, e))?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn endpoint_stats(
+        &self,
+        sub: &SubscriptionId,
+        from: DateTime<Utc>,
+    ) -> PortResult<Vec<(DateTime<Utc>, StatsCounts)>> {
+        const WHAT: &str = "read endpoint stats";
+        let (id, from) = (sub.to_string(), nanos(from));
+        self.with_read(WHAT, move |conn| {
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT bucket, doc FROM endpoint_stats WHERE subscription_id = ?1 AND bucket >= ?2
+                     ORDER BY bucket",
+                )
+                .map_err(|e| db_err(WHAT, e))?;
+            let rows = stmt
+                .query_map(params![id, from], |row| {
+                    Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+                })
+                .map_err(|e| db_err(WHAT, e))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| db_err(WHAT, e))?;
+            rows.iter()
+                .map(|(bucket, doc)| Ok((from_nanos(*bucket), from_json("endpoint stats", doc)?)))
+                .collect()
         })
         .await
     }

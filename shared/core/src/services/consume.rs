@@ -104,6 +104,7 @@ impl Services {
                     }
                     handled.push(result.is_ok());
                 }
+                self.save_due_stats().await;
                 handled
             }
             QueueRole::DeadLetter => {

@@ -16,6 +16,7 @@ use crate::model::*;
 use crate::ports::{DeliveryChange, DeliveryTask, ScheduledTask, WebhookRequest};
 use crate::rate_limit::{self, Arrival, Verdict};
 use crate::signing::signature_header;
+use crate::stats::StatsCounts;
 use crate::state::{self, after_attempt, decide, give_up, is_due_attempt, AttemptContext, Decision};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -275,6 +276,7 @@ impl Services {
             },
         )
         .await;
+        self.count_stats(&sub.id, now, StatsCounts::attempt(&outcome)).await;
         // A 429 comes from an endpoint that is up and pacing its callers (its `Retry-After` is
         // honoured): to the breaker it is no failure, so it neither opens it nor fails a probe.
         let up = outcome.is_success() || outcome.status_code == Some(429);
@@ -402,6 +404,8 @@ impl Services {
                 Ok(DeliverOutcome::Retrying { at })
             }
             Decision::Dead => {
+                self.count_stats(&delivery.subscription_id, self.now(), StatsCounts::dead())
+                    .await;
                 // Must not be lost: an error here redelivers the message, and
                 // `finish_stale` sends it on again.
                 self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;

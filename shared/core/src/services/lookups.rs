@@ -113,6 +113,8 @@ pub(crate) struct Lookups {
     subscriptions: Kept<(TenantId, SubscriptionId), Subscription>,
     tenant_subscriptions: Kept<TenantId, Arc<Vec<Subscription>>>,
     health: Mutex<HashMap<SubscriptionId, KeptHealth>>,
+    /// Endpoints' statistics counted by this process and not yet added to the stored ones.
+    pub(super) stats: Mutex<HashMap<SubscriptionId, super::stats::Unsaved>>,
     /// Endpoints' circuit breakers (`None`: none stored), for `breaker::CIRCUIT_TTL`.
     pub(super) circuits: Kept<SubscriptionId, Option<crate::circuit::Circuit>>,
     /// The deployment's settings: its operator keys and its rollout.
@@ -130,6 +132,7 @@ impl Lookups {
             subscriptions: Kept::new(),
             tenant_subscriptions: Kept::new(),
             health: Mutex::new(HashMap::new()),
+            stats: Mutex::new(HashMap::new()),
             circuits: Kept::new(),
             deployment: Kept::new(),
             event_types: Kept::new(),

@@ -14,6 +14,7 @@ mod portal;
 mod replay;
 mod scheduler;
 mod secrets;
+mod stats;
 mod subscriptions;
 mod tenants;
 

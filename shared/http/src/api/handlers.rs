@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use hookwise_core::model::{DeliveryId, DeliveryStatus, EventId, EventType, SubscriptionId, Tenant, TenantId};
 use hookwise_core::ports::DeliveryQuery;
 use hookwise_core::services::{Caller, NewEvent, NewSubscription, Services, SubscriptionPatch, MAX_BATCH};
+use hookwise_core::stats::Window;
 use serde::Deserialize;
 
 use super::error::{ApiError, ApiResult};
@@ -214,6 +215,27 @@ pub async fn preview_recover(
     let since = parse_since(&query.since)?;
     let dead = s.services.dead_since(&tenant, &id, since).await?;
     Ok(Json(serde_json::json!({"would_replay": dead.len()})))
+}
+
+/// `GET /v1/subscriptions/{id}/stats?window=`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsQuery {
+    window: Option<String>,
+}
+
+/// `GET /v1/subscriptions/{id}/stats?window=1h|24h|7d` (24h by default): the endpoint's
+/// attempts by outcome, success rate, latency percentiles and dead deliveries, with a series.
+pub async fn subscription_stats(
+    State(s): State<ApiState>,
+    Authenticated(tenant): Authenticated,
+    PathId(id): PathId,
+    ApiQuery(query): ApiQuery<StatsQuery>,
+) -> ApiResult<Json<StatsView>> {
+    let id = path_id(&id, SubscriptionId::parse)?;
+    let window = Window::parse(query.window.as_deref().unwrap_or("24h")).map_err(hookwise_core::Error::from)?;
+    let summary = s.services.subscription_stats(&tenant, &id, window).await?;
+    Ok(Json(StatsView::of(&id, &summary)))
 }
 
 fn parse_since(since: &str) -> ApiResult<DateTime<Utc>> {

@@ -104,6 +104,7 @@ route_table! {
     POST   "/v1/subscriptions/{id}/test"           => handlers::send_test;
     POST   "/v1/subscriptions/{id}/recover"        => handlers::recover_subscription;
     GET    "/v1/subscriptions/{id}/recover"        => handlers::preview_recover;
+    GET    "/v1/subscriptions/{id}/stats"          => handlers::subscription_stats;
     POST   "/v1/events"                            => handlers::ingest_event;
     POST   "/v1/events/batch"                      => handlers::ingest_batch, DefaultBodyLimit::max(MAX_BATCH_BODY_BYTES);
     GET    "/v1/events/{id}"                       => handlers::get_event;

@@ -5,6 +5,7 @@ use hookwise_core::circuit::{CircuitBreaker, CircuitState};
 use hookwise_core::model::*;
 use hookwise_core::policy::RetryPolicy;
 use hookwise_core::services::{Ingested, SubscriptionWithSecret};
+use hookwise_core::stats::{StatsCounts, Summary};
 use serde::Serialize;
 
 use super::ApiError;
@@ -459,4 +460,91 @@ pub struct Page<T> {
 #[derive(Debug, Serialize)]
 pub struct Replayed {
     pub replayed: Vec<DeliveryView>,
+}
+
+/// An endpoint's statistics over a window (`GET /v1/subscriptions/{id}/stats`).
+#[derive(Debug, Serialize)]
+pub struct StatsView {
+    pub subscription_id: SubscriptionId,
+    pub window: &'static str,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub attempts: AttemptCounts,
+    /// Succeeded ÷ attempts; `null` with no attempts.
+    pub success_rate: Option<f64>,
+    /// Percentiles of attempt latency, each the upper bound of the histogram bin it falls in
+    /// (`null`: above the last bin, 30 s); `null` with no attempts.
+    pub latency_ms: Option<LatencyView>,
+    /// Deliveries that went dead.
+    pub dead: u64,
+    /// The window in steps (5 min for 1h, 1 h for 24h, 6 h for 7d), oldest first.
+    pub series: Vec<StatsPoint>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct AttemptCounts {
+    pub total: u64,
+    pub succeeded: u64,
+    pub http_4xx: u64,
+    pub http_5xx: u64,
+    pub timeout: u64,
+    pub error: u64,
+}
+
+impl AttemptCounts {
+    fn of(c: &StatsCounts) -> Self {
+        Self {
+            total: c.attempts(),
+            succeeded: c.succeeded,
+            http_4xx: c.http_4xx,
+            http_5xx: c.http_5xx,
+            timeout: c.timeout,
+            error: c.error,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct LatencyView {
+    pub p50: Option<u32>,
+    pub p95: Option<u32>,
+    pub p99: Option<u32>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct StatsPoint {
+    pub start: DateTime<Utc>,
+    pub attempts: u64,
+    pub succeeded: u64,
+    pub dead: u64,
+}
+
+impl StatsView {
+    pub fn of(id: &SubscriptionId, s: &Summary) -> Self {
+        let p = |q| s.total.latency_percentile(q);
+        Self {
+            subscription_id: id.clone(),
+            window: s.window.as_str(),
+            from: s.from,
+            to: s.to,
+            attempts: AttemptCounts::of(&s.total),
+            success_rate: s.success_rate(),
+            latency_ms: p(0.5).map(|p50| LatencyView {
+                p50,
+                p95: p(0.95).flatten(),
+                p99: p(0.99).flatten(),
+            }),
+            dead: s.total.dead,
+            series: s
+                .series
+                .iter()
+                .map(|(start, c)| StatsPoint {
+                    start: *start,
+                    attempts: c.attempts(),
+                    succeeded: c.succeeded,
+                    dead: c.dead,
+                })
+                .collect(),
+        }
+    }
 }

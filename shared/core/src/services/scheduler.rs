@@ -54,6 +54,9 @@ pub struct SchedulerReport {
 impl Services {
     #[tracing::instrument(name = "scheduler_tick", skip_all, err)]
     pub async fn run_scheduler(&self) -> Result<SchedulerReport> {
+        // This process's own counts, lease or not: a long-running host's delivery workers
+        // share its services, and their last attempts' counts are written here.
+        self.save_due_stats().await;
         let holder = match &self.config.scheduler_holder {
             Some(name) => name.clone(),
             None => format!("{:032x}", self.rng().random::<u128>()),

@@ -1,8 +1,9 @@
 //! Endpoint statistics ([`crate::stats`]): each attempt and each delivery that went dead is
 //! counted in the process that saw it, and its counts are added to the stored buckets at most
-//! every [`HEALTH_SAVE_EVERY`] per endpoint and process (as its health is saved), by the next
-//! attempt then, or at the end of the batch it was in. One write per endpoint, process and
-//! few seconds, however many attempts: what the figures cost.
+//! every [`HEALTH_SAVE_EVERY`] per endpoint and process (as its health is saved): by the next
+//! attempt then, at the end of a batch, or by a scheduler tick of the same process (a
+//! long-running host's). One write per endpoint, process and few seconds, however many
+//! attempts: what the figures cost. A Lambda container's last counts wait for its next batch.
 //!
 //! The figures are a count, not a ledger (the deliveries and their attempts are that): counts
 //! a process holds when it stops, or whose write fails, are lost, at most a few seconds'
@@ -54,8 +55,9 @@ impl Services {
         }
     }
 
-    /// Write every endpoint's counts whose last write is a few seconds old: at the end of a
-    /// batch, so the counts of an endpoint's last attempts do not wait for its next one.
+    /// Write every endpoint's counts whose last write is a few seconds old (at the end of a
+    /// batch, on a tick), so the counts of an endpoint's last attempts do not wait for its
+    /// next one.
     pub(crate) async fn save_due_stats(&self) {
         let now = self.now();
         let due: Vec<SubscriptionId> = self

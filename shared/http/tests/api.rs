@@ -895,6 +895,60 @@ async fn given_a_dead_delivery_then_it_shows_its_attempts_and_can_be_replayed_on
 }
 
 #[tokio::test]
+async fn given_a_dead_delivery_then_the_endpoints_stats_count_its_attempts_and_death() {
+    let app = app().await;
+    let (sub, _, _) = dead_delivery(&app).await;
+    // The worker's last counts are written by its process's next tick.
+    app.harness.clock.advance(Duration::seconds(6));
+    app.harness.services.run_scheduler().await.unwrap();
+    let uri = format!("/v1/subscriptions/{sub}/stats?window=1h");
+    let r = app.call("GET", &uri, &app.a, None).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.body);
+    assert_eq!(r.body["window"], "1h");
+    assert_eq!(
+        r.body["attempts"],
+        json!({"total": 2, "succeeded": 0, "http_4xx": 0, "http_5xx": 2, "timeout": 0, "error": 0})
+    );
+    assert_eq!(r.body["success_rate"], 0.0);
+    assert_eq!(r.body["dead"], 1);
+    assert_eq!(r.body["latency_ms"], json!({"p50": 25, "p95": 25, "p99": 25}));
+    let series = r.body["series"].as_array().unwrap();
+    assert_eq!(series.len(), 12);
+    assert_eq!(series.iter().map(|p| p["attempts"].as_u64().unwrap()).sum::<u64>(), 2);
+
+    let r = app
+        .call("GET", &format!("/v1/subscriptions/{sub}/stats"), &app.a, None)
+        .await;
+    assert_eq!((r.status, r.body["window"].as_str()), (StatusCode::OK, Some("24h")));
+    assert_eq!(r.body["series"].as_array().unwrap().len(), 24);
+    let r = app
+        .call("GET", &format!("/v1/subscriptions/{sub}/stats?window=2h"), &app.a, None)
+        .await;
+    assert_eq!(
+        (r.status, r.code()),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_window")
+    );
+    let r = app.call("GET", &uri, &app.b, None).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "another tenant's");
+    // A fresh endpoint: nothing counted, no rate.
+    let fresh = id(&app.subscribe(&app.a, json!({"url": "https://example.com/new"})).await);
+    let r = app
+        .call(
+            "GET",
+            &format!("/v1/subscriptions/{fresh}/stats?window=7d"),
+            &app.a,
+            None,
+        )
+        .await;
+    assert_eq!(r.body["attempts"]["total"], 0);
+    assert_eq!(
+        (r.body["success_rate"].clone(), r.body["latency_ms"].clone()),
+        (Value::Null, Value::Null)
+    );
+    assert_eq!(r.body["series"].as_array().unwrap().len(), 28);
+}
+
+#[tokio::test]
 async fn given_dead_deliveries_then_event_replay_and_subscription_recover_restart_them() {
     let app = app().await;
     let (sub, event, delivery) = dead_delivery(&app).await;

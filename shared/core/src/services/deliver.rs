@@ -16,8 +16,8 @@ use crate::model::*;
 use crate::ports::{DeliveryChange, DeliveryTask, ScheduledTask, WebhookRequest};
 use crate::rate_limit::{self, Arrival, Verdict};
 use crate::signing::signature_header;
-use crate::stats::StatsCounts;
 use crate::state::{self, after_attempt, decide, give_up, is_due_attempt, AttemptContext, Decision};
+use crate::stats::StatsCounts;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum DeliverOutcome {

@@ -15,7 +15,7 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
-import { CHROMIUM_ARGS, client, sleep, waitFor, WAIT_MS } from "./support.mjs";
+import { CHROMIUM_ARGS, client, openStats, sleep, waitFor, WAIT_MS } from "./support.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const BIN = process.env.HOOKWISE_BIN || resolve(here, "../../target/debug/hookwise");
@@ -23,15 +23,19 @@ const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 const ARTIFACTS = process.env.ARTIFACTS_DIR || resolve(here, "../artifacts");
 
 
-/** An endpoint that answers 500 until `recover()`, then 200; it records every request. */
+/**
+ * An endpoint that answers 500 until `recover()`, then 200 (but 500 to a payload with
+ * `"fail": true`, always); it records every request.
+ */
 async function startReceiver() {
   const r = { failing: true, requests: [] };
   r.server = createServer((req, res) => {
     let body = "";
     req.on("data", (c) => (body += c));
     req.on("end", () => {
-      r.requests.push({ headers: req.headers, body, answered: r.failing ? 500 : 200 });
-      if (r.failing) {
+      const failing = r.failing || body.includes('"fail":true');
+      r.requests.push({ headers: req.headers, body, answered: failing ? 500 : 200 });
+      if (failing) {
         res.writeHead(500, { "content-type": "text/plain" }).end("endpoint down for maintenance");
       } else {
         res.writeHead(200, { "content-type": "text/plain" }).end("thanks");
@@ -71,7 +75,7 @@ async function startDev(dataDir) {
 }
 
 
-let receiver, dev, api, browserContext, dataDir, profileDir;
+let receiver, reports, dev, api, browserContext, dataDir, profileDir;
 const ctx = {};
 
 before(async () => {
@@ -79,6 +83,8 @@ before(async () => {
   dataDir = mkdtempSync(join(tmpdir(), "hookwise-browser-data-"));
   profileDir = mkdtempSync(join(tmpdir(), "hookwise-browser-profile-"));
   receiver = await startReceiver();
+  reports = await startReceiver();
+  reports.recover();
   dev = await startDev(dataDir);
   api = client(dev.base, dev.key);
 
@@ -115,6 +121,7 @@ after(async () => {
   await browserContext?.close();
   dev?.child.kill("SIGTERM");
   receiver?.server.close();
+  reports?.server.close();
   for (const dir of [dataDir, profileDir]) if (dir) rmSync(dir, { recursive: true, force: true });
 });
 
@@ -246,4 +253,120 @@ test("at a phone's width the dashboard fits the screen and the key survives a re
   await page.getByRole("button", { name: "Forget API key" }).click();
   await page.locator("#login").waitFor({ state: "visible" });
   assert.equal(await page.evaluate(() => sessionStorage.getItem("hookwise.apiKey")), null);
+});
+
+test("an endpoint's statistics: its attempts, success rate, latency and dead deliveries, and a bar per step of the window", async () => {
+  const page = browserContext.pages()[0];
+  await page.setViewportSize({ width: 1280, height: 900 });
+  const pageErrors = [];
+  page.on("pageerror", (e) => pageErrors.push(e.message));
+  const cspViolations = [];
+  page.on("console", (m) => /Content Security Policy/i.test(m.text()) && cspViolations.push(m.text()));
+
+  // An endpoint whose reports arrive, but for one that it refuses twice, and so goes dead.
+  const created = await api("POST", "/v1/subscriptions", { url: reports.url("/hooks/reports"), event_types: ["report.*"], retry_policy: { schedule_seconds: [1] } });
+  assert.equal(created.status, 201, JSON.stringify(created.body));
+  const sub = created.body;
+  const send = async (payload) => {
+    const sent = await api("POST", "/v1/events", { type: "report.ready", payload });
+    assert.equal(sent.status, 202, JSON.stringify(sent.body));
+    return sent.body.deliveries[0].id;
+  };
+  const settled = async (id, want) =>
+    waitFor(`delivery ${id} ${want}`, async () => (await api("GET", `/v1/deliveries/${id}`)).body.status === want);
+  const ok = [await send({ report: 1 }), await send({ report: 2 }), await send({ report: 3 })];
+  const refused = await send({ report: 4, fail: true });
+  for (const id of ok) await settled(id, "delivered");
+  await settled(refused, "dead");
+  assert.equal(reports.requests.length, 5);
+
+  // Signed in again (the previous test forgot the key).
+  await page.goto(`${dev.base}/dashboard`);
+  await page.locator("#api-key").fill(dev.key);
+  await page.keyboard.press("Enter");
+  await page.locator("#app").waitFor({ state: "visible" });
+  const row = page.locator(`#subs tr[data-sub="${sub.id}"]`);
+  await row.waitFor();
+  const toggle = row.getByRole("button", { name: /^Statistics of / });
+  assert.equal(await toggle.getAttribute("aria-expanded"), "false");
+  assert.equal(await page.locator(".stats").count(), 0, "no statistics are read on page load");
+
+  // Five attempts (three delivered, two refused: 60 %), one dead delivery, over 24 hours. A
+  // process writes an endpoint's counts every few seconds: the panel is refreshed until then.
+  const panel = await openStats(page, sub.id, 5);
+  assert.equal(await toggle.getAttribute("aria-expanded"), "true");
+  assert.equal(await toggle.getAttribute("aria-controls"), await panel.getAttribute("id"));
+  const figure = (key) => panel.locator(`dd[data-stat="${key}"]`).innerText();
+  assert.equal(await figure("success-rate"), "60 %");
+  assert.equal(await figure("failed"), "2 (2 HTTP 5xx)");
+  assert.equal(await figure("dead"), "1");
+  for (const p of ["p50", "p95", "p99"]) assert.match(await figure(p), /^(\d+ ms|> 30000 ms)$/, p);
+  assert.equal(await panel.locator('[data-window="24h"]').getAttribute("aria-pressed"), "true");
+
+  // The chart: an SVG the page drew, one bar group per step, named for assistive technology.
+  const chart = panel.locator("svg.stats-chart");
+  const bars = chart.locator("g.bar");
+  assert.equal(await bars.count(), 24);
+  assert.equal(await chart.getAttribute("role"), "img");
+  assert.match(await chart.getAttribute("aria-label"), /5 in all, 3 succeeded, 2 failed; 1 delivery went dead/);
+  assert.match(await chart.locator(":scope > title").textContent(), /5 in all/);
+  const drawn = await bars.evaluateAll((gs) =>
+    gs.map((g) => ({ attempts: Number(g.dataset.attempts), dead: Number(g.dataset.dead), ok: g.querySelectorAll("rect.ok").length, failed: g.querySelectorAll("rect.failed").length, dots: g.querySelectorAll("circle.dead").length })),
+  );
+  assert.equal(drawn.reduce((n, b) => n + b.attempts, 0), 5);
+  assert.equal(drawn.reduce((n, b) => n + b.dots, 0), 1, "the dead delivery is marked");
+  assert.ok(drawn.some((b) => b.ok === 1 && b.failed === 1), "succeeded and failed attempts are stacked");
+  // Drawn as SVG nodes with classes, under the page's CSP: no style attribute anywhere.
+  assert.equal(await chart.evaluate((svg) => svg.namespaceURI), "http://www.w3.org/2000/svg");
+  assert.equal(await panel.locator("[style]").count(), 0);
+  const fill = await panel.locator("rect.ok").first().evaluate((r) => getComputedStyle(r).fill);
+  assert.notEqual(fill, "rgb(0, 0, 0)", "the bars are coloured by the stylesheet");
+
+  // Other windows: 12 steps of 5 minutes, 28 of 6 hours; the same attempts.
+  for (const [w, steps] of [["1h", 12], ["7d", 28]]) {
+    await panel.getByRole("button", { name: w, exact: true }).click();
+    await waitFor(`${steps} bars for ${w}`, async () => (await bars.count()) === steps && (await panel.getAttribute("aria-busy")) !== "true");
+    assert.equal(await panel.locator(`[data-window="${w}"]`).getAttribute("aria-pressed"), "true");
+    assert.equal(await figure("attempts"), "5");
+  }
+
+  // The panel is a row of its own under the endpoint's, and nothing else is added to the table.
+  assert.equal(await page.locator(`#subs tr[data-sub="${sub.id}"] + tr.stats-row .stats[data-stats="${sub.id}"]`).count(), 1);
+  assert.deepEqual(await page.locator("#subs tbody").evaluate((b) => [...b.childNodes].map((n) => n.nodeName).filter((n) => n !== "TR")), []);
+
+  // The panel stays open, shows the same and keeps the focus while the list is drawn again.
+  await panel.locator('[data-window="7d"]').focus();
+  await page.evaluate(() => {
+    document.getElementById("notice").textContent = "";
+    document.getElementById("refresh").click();
+  });
+  await page.locator("#notice", { hasText: "Refreshed." }).waitFor();
+  assert.equal(await bars.count(), 28);
+  assert.equal(await panel.locator('[data-window="7d"]').getAttribute("aria-pressed"), "true");
+  assert.equal(await page.evaluate(() => document.activeElement.dataset.window), "7d", "the focus stays on the window chosen");
+
+  await page.screenshot({ path: join(ARTIFACTS, "dashboard-stats.png"), fullPage: true });
+  // At a phone's width the open panel fits the screen.
+  await page.setViewportSize({ width: 390, height: 844 });
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 0, `the page is ${overflow}px wider than the screen`);
+  await panel.screenshot({ path: join(ARTIFACTS, "dashboard-stats-phone.png") });
+  await page.setViewportSize({ width: 1280, height: 900 });
+
+  // An error answer is told in the panel, in the page's words.
+  const statsRoute = (url) => url.pathname.endsWith("/stats");
+  await page.route(statsRoute, (route) =>
+    route.fulfill({ status: 422, contentType: "application/json", body: JSON.stringify({ error: { code: "invalid_window", message: "window `2d` is not one of 1h, 24h, 7d" } }) }),
+  );
+  await panel.getByRole("button", { name: "24h", exact: true }).click();
+  await panel.locator("[data-stats-error]").waitFor();
+  assert.equal(await panel.locator("[data-stats-error]").innerText(), "The request was not valid (window `2d` is not one of 1h, 24h, 7d).");
+  await page.unroute(statsRoute);
+
+  // Closed again: the row goes.
+  await toggle.click();
+  assert.equal(await page.locator(".stats").count(), 0);
+  assert.equal(await toggle.getAttribute("aria-expanded"), "false");
+  assert.deepEqual(pageErrors, []);
+  assert.deepEqual(cspViolations, []);
 });

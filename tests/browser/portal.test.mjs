@@ -24,7 +24,7 @@ import { dirname, join, resolve } from "node:path";
 import { createInterface } from "node:readline";
 import { fileURLToPath } from "node:url";
 import { chromium } from "playwright-core";
-import { CHROMIUM_ARGS, client, sleep, waitFor, WAIT_MS } from "./support.mjs";
+import { CHROMIUM_ARGS, client, openStats, refresh, sleep, waitFor, WAIT_MS } from "./support.mjs";
 
 const here = dirname(fileURLToPath(import.meta.url));
 const BIN = process.env.HOOKWISE_BIN || resolve(here, "../../target/debug/hookwise");
@@ -156,13 +156,6 @@ after(async () => {
   for (const s of [down, up, allowed, other]) s?.server.close();
   for (const dir of [dataDir, profileDir]) if (dir) rmSync(dir, { recursive: true, force: true });
 });
-
-/** Click Refresh and wait for the lists it reloads (so no render of it comes later). */
-async function refresh(page) {
-  await page.evaluate(() => (document.getElementById("notice").textContent = ""));
-  await page.getByRole("button", { name: "Refresh" }).click();
-  await waitFor("the refresh", async () => (await page.locator("#notice").innerText()) === "Refreshed.");
-}
 
 /** A fresh tab (its own sessionStorage) on `link`, signed in. */
 async function openPortal(link) {
@@ -296,6 +289,31 @@ test("a read-only link shows the deliveries but cannot replay", async () => {
   const sub = (await op("GET", "/v1/subscriptions", undefined, "acct_first")).body.data[0].id;
   const reveal = await portal("POST", `/v1/subscriptions/${sub}/reveal-secret`, {});
   assert.deepEqual([reveal.status, reveal.body.error.code], [403, "read_only"]);
+});
+
+test("the portal shows an endpoint's statistics, to a read-only link too", async () => {
+  // The first customer's endpoint: three refused attempts (the delivery went dead), then the
+  // replay and the test delivered (the panel is refreshed until a process has written them).
+  const { page, errors } = await openPortal(links.readOnly);
+  const sub = (await op("GET", "/v1/subscriptions", undefined, "acct_first")).body.data[0].id;
+  const panel = await openStats(page, sub, 5);
+  const figure = (key) => panel.locator(`dd[data-stat="${key}"]`).innerText();
+  assert.equal(await figure("success-rate"), "40 %");
+  assert.equal(await figure("failed"), "3 (3 HTTP 5xx)");
+  assert.equal(await figure("dead"), "1");
+  const bars = panel.locator("svg.stats-chart g.bar");
+  assert.equal(await bars.count(), 24);
+  assert.equal(await bars.evaluateAll((gs) => gs.reduce((n, g) => n + Number(g.dataset.attempts), 0)), 5);
+  await panel.getByRole("button", { name: "1h", exact: true }).click();
+  await waitFor("12 bars for 1h", async () => (await bars.count()) === 12);
+  assert.equal(await panel.locator("[style]").count(), 0, "no style attribute (the portal's CSP)");
+  await page.screenshot({ path: join(ARTIFACTS, "portal-stats.png"), fullPage: true });
+  assert.deepEqual(errors, []);
+  await page.close();
+
+  // The other account's endpoint is not found through this link.
+  const portal = client(dev.base, tokenOf(links.second));
+  assert.equal((await portal("GET", `/v1/subscriptions/${sub}/stats`)).status, 404);
 });
 
 test("the portal loads in an iframe from the allowed origin only", async () => {

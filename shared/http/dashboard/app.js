@@ -26,6 +26,7 @@
     poll: null,
     recoverPreview: null, // "<subscription>@<since>" previewed: the next submit replays
     revealsSecrets: false, // the deployment shows a signing secret again (branding.json)
+    stats: new Map(), // subscription id → its open statistics panel: { window, node, seq }
   };
 
   // ---- API ----
@@ -238,6 +239,8 @@
 
   function renderSubscriptions() {
     state.recoverPreview = null; // a preview stands only on the row it was shown on
+    const focused = document.activeElement; // kept if it was in a statistics panel (kept too)
+    for (const id of state.stats.keys()) if (!subById(id)) state.stats.delete(id);
     const body = $("subs").tBodies[0];
     body.replaceChildren();
     for (const s of state.subs) {
@@ -260,7 +263,7 @@
           cell("Policy", [policyLabel(s.retry_policy), scheduleLabel(s)]),
           cell("Rate limit", s.rate_limit_per_second ? `${s.rate_limit_per_second}/s` : "none", "num"),
           cell("Status", [badge(s.status), s.disabled_reason ? el("div", { class: "hint" }, s.disabled_reason) : null]),
-          cell("Health", healthLabel(s.health)),
+          cell("Health", el("div", {}, healthLabel(s.health), el("div", {}, statsToggle(s)))),
           cell("Circuit breaker", circuitLabel(s)),
           cell("Pending", String(c.pending ?? 0), "num"),
           cell("Retrying", String(c.retrying ?? 0), "num"),
@@ -270,7 +273,10 @@
           cell("Change", changeControls(s), "writes"),
         ),
       );
+      const stats = statsRow(s);
+      if (stats) body.append(stats);
     }
+    refocus(focused);
     $("subs-empty").hidden = state.subs.length > 0;
     $("subs-counted").hidden = state.subs.every((s) => s.counts_complete !== false);
     $("subs-more").hidden = !state.subsMore;
@@ -329,6 +335,233 @@
         if (!window.confirm(`Delete the endpoint ${s.url}? Its deliveries stop.`)) throw new Error("not deleted");
         await api("DELETE", `v1/subscriptions/${encodeURIComponent(s.id)}`);
       }),
+    );
+  }
+
+  // ---- Endpoint statistics ----
+  // Opened per endpoint with its Statistics button (not on page load: one request per open
+  // panel), in a row under the endpoint's; the panel's node is kept across the list's renders,
+  // and read again on Refresh or when its window is chosen.
+
+  const STATS_WINDOWS = ["1h", "24h", "7d"];
+  const STATS_STEP = { "1h": "5 min", "24h": "1 h", "7d": "6 h" };
+  const SVG_NS = "http://www.w3.org/2000/svg";
+
+  function statsToggle(s) {
+    const open = state.stats.has(s.id);
+    return el(
+      "button",
+      {
+        type: "button",
+        id: `stats-toggle-${s.id}`,
+        class: "small secondary",
+        "aria-label": `Statistics of ${s.url}`,
+        "aria-expanded": String(open),
+        "aria-controls": open ? `stats-${s.id}` : null,
+        onclick: () => toggleStats(s),
+      },
+      "Statistics",
+    );
+  }
+
+  // The row under the endpoint's that holds its open panel.
+  function statsRow(s) {
+    const open = state.stats.get(s.id);
+    if (!open) return null;
+    const columns = $("subs").tHead.rows[0].cells.length;
+    return el("tr", { class: "stats-row", "data-stats-for": s.id }, el("td", { colspan: columns, class: "nolabel" }, open.node));
+  }
+
+  // A re-render moves a kept panel, which loses the focus: give it back (the toggle is new).
+  function refocus(node) {
+    if (!node || node === document.activeElement) return;
+    if (node.isConnected && node.closest(".stats")) node.focus({ preventScroll: true });
+    else if (node.id && node.id.startsWith("stats-toggle-") && $(node.id)) $(node.id).focus({ preventScroll: true });
+  }
+
+  function toggleStats(s) {
+    const toggle = $(`stats-toggle-${s.id}`);
+    const row = toggle.closest("tr");
+    if (state.stats.has(s.id)) {
+      state.stats.delete(s.id);
+      const next = row.nextElementSibling;
+      if (next && next.classList.contains("stats-row")) next.remove();
+      toggle.setAttribute("aria-expanded", "false");
+      toggle.removeAttribute("aria-controls");
+      return;
+    }
+    state.stats.set(s.id, { window: "24h", node: statsPanel(s), seq: 0 });
+    row.after(statsRow(s));
+    toggle.setAttribute("aria-expanded", "true");
+    toggle.setAttribute("aria-controls", `stats-${s.id}`);
+    loadStats(s.id);
+  }
+
+  function statsPanel(s) {
+    const windows = STATS_WINDOWS.map((w) =>
+      el("button", { type: "button", class: "small secondary", "data-window": w, "aria-pressed": String(w === "24h"), onclick: () => chooseWindow(s.id, w) }, w),
+    );
+    return el(
+      "div",
+      { class: "stats", id: `stats-${s.id}`, "data-stats": s.id, role: "region", "aria-label": `Statistics of ${s.url}` },
+      el(
+        "div",
+        { class: "stats-head" },
+        el("span", { class: "stats-title" }, "Statistics"),
+        el("div", { class: "stats-windows", role: "group", "aria-label": `Window of the statistics of ${s.url}` }, windows),
+        el("span", { class: "hint", role: "status", "data-stats-status": "" }),
+      ),
+      el("div", { class: "stats-body", "data-stats-body": "" }),
+    );
+  }
+
+  function chooseWindow(id, w) {
+    const open = state.stats.get(id);
+    if (!open) return;
+    open.window = w;
+    for (const b of open.node.querySelectorAll("[data-window]")) b.setAttribute("aria-pressed", String(b.dataset.window === w));
+    loadStats(id);
+  }
+
+  /** Read and show one open panel's figures; an answer overtaken by a later read is dropped. */
+  async function loadStats(id) {
+    const open = state.stats.get(id);
+    if (!open) return;
+    const seq = ++open.seq;
+    const current = () => state.stats.get(id) === open && open.seq === seq;
+    const panel = open.node;
+    const status = panel.querySelector("[data-stats-status]");
+    const body = panel.querySelector("[data-stats-body]");
+    panel.setAttribute("aria-busy", "true");
+    status.textContent = "Loading…";
+    try {
+      const st = await api("GET", `v1/subscriptions/${encodeURIComponent(id)}/stats`, { query: { window: open.window } });
+      if (!current()) return;
+      body.replaceChildren(...statsFigures(st));
+      status.textContent = "";
+    } catch (e) {
+      if (!current()) return;
+      body.replaceChildren(el("p", { class: "alert", role: "alert", "data-stats-error": "" }, explain(e)));
+      status.textContent = "";
+      if (e instanceof ApiFailure && e.status === 401) showError(e);
+    } finally {
+      if (current()) panel.removeAttribute("aria-busy");
+    }
+  }
+
+  const refreshStats = () => Promise.all([...state.stats.keys()].map(loadStats));
+
+  const percent = (rate) => (rate === null || rate === undefined ? "— (no attempts)" : `${Math.round(rate * 1000) / 10} %`);
+
+  // A percentile is a histogram bin's upper bound; none means above the last bin, 30 s.
+  function latency(l, p) {
+    if (!l) return "—";
+    return l[p] === null || l[p] === undefined ? "> 30000 ms" : `${l[p]} ms`;
+  }
+
+  function failures(a) {
+    const kinds = [[a.http_4xx, "HTTP 4xx"], [a.http_5xx, "HTTP 5xx"], [a.timeout, "timed out"], [a.error, "connection errors"]];
+    const named = kinds.filter(([n]) => n > 0).map(([n, what]) => `${n} ${what}`);
+    const total = a.total - a.succeeded;
+    return named.length ? `${total} (${named.join(", ")})` : String(total);
+  }
+
+  function statsFigures(st) {
+    const a = st.attempts;
+    const figure = (key, label, value) => el("div", {}, el("dt", {}, label), el("dd", { "data-stat": key }, value));
+    return [
+      el(
+        "dl",
+        { class: "stats-figures" },
+        figure("attempts", "Attempts", String(a.total)),
+        figure("success-rate", "Success rate", percent(st.success_rate)),
+        figure("failed", "Failed", failures(a)),
+        figure("p50", "Latency p50", latency(st.latency_ms, "p50")),
+        figure("p95", "Latency p95", latency(st.latency_ms, "p95")),
+        figure("p99", "Latency p99", latency(st.latency_ms, "p99")),
+        figure("dead", "Dead deliveries", String(st.dead)),
+      ),
+      statsChart(st),
+      el(
+        "div",
+        { class: "stats-axis hint" },
+        el("span", {}, shortTime(st.from)),
+        el("span", {}, `steps of ${STATS_STEP[st.window] || st.window}`),
+        el("span", {}, shortTime(st.to)),
+      ),
+      el(
+        "ul",
+        { class: "stats-legend hint" },
+        el("li", {}, el("span", { class: "swatch ok" }), "succeeded"),
+        el("li", {}, el("span", { class: "swatch failed" }), "failed"),
+        el("li", {}, el("span", { class: "swatch dead" }), "deliveries gone dead"),
+      ),
+    ];
+  }
+
+  // ---- The chart: inline SVG built node by node (no markup, no styles: classes only) ----
+
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG_NS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v !== null && v !== undefined) node.setAttribute(k, String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined) continue;
+      node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return node;
+  }
+
+  const shortTime = (iso) =>
+    el("time", { datetime: iso, title: iso }, new Date(iso).toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit" }));
+
+  const round2 = (n) => Math.round(n * 100) / 100;
+
+  function stepLabel(start, w) {
+    const d = new Date(start);
+    const opts = w === "7d" ? { weekday: "short", hour: "2-digit", minute: "2-digit" } : { hour: "2-digit", minute: "2-digit" };
+    return d.toLocaleString([], opts);
+  }
+
+  /** Succeeded and failed attempts per step, stacked; a dot over a step where deliveries went dead. */
+  function statsChart(st) {
+    const W = 480;
+    const H = 120;
+    const TOP = 12; // room for the dead dots
+    const points = st.series;
+    const slot = W / Math.max(points.length, 1);
+    const most = Math.max(1, ...points.map((p) => p.attempts));
+    const scale = (H - TOP - 1) / most;
+    const bars = points.map((p, i) => {
+      const failed = Math.max(0, p.attempts - p.succeeded);
+      const x = i * slot + slot * 0.15;
+      const width = round2(slot * 0.7);
+      const okH = p.succeeded * scale;
+      const failedH = failed * scale;
+      const base = H - 1;
+      const top = base - okH - failedH;
+      const what = `${stepLabel(p.start, st.window)}: ${p.attempts} ${p.attempts === 1 ? "attempt" : "attempts"}, ${p.succeeded} succeeded, ${failed} failed, ${p.dead} dead`;
+      return svg(
+        "g",
+        { class: "bar", "data-start": p.start, "data-attempts": p.attempts, "data-dead": p.dead },
+        svg("title", {}, what),
+        svg("rect", { class: "slot", x: round2(i * slot), y: 0, width: round2(slot), height: H }),
+        p.succeeded > 0 ? svg("rect", { class: "ok", x: round2(x), y: round2(base - okH), width, height: round2(okH) }) : null,
+        failed > 0 ? svg("rect", { class: "failed", x: round2(x), y: round2(top), width, height: round2(failedH) }) : null,
+        p.dead > 0 ? svg("circle", { class: "dead", cx: round2(i * slot + slot / 2), cy: round2(Math.max(5, top - 6)), r: 4 }) : null,
+      );
+    });
+    const a = st.attempts;
+    const label =
+      `Attempts per ${STATS_STEP[st.window] || "step"} over the last ${st.window}: ${a.total} in all, ${a.succeeded} succeeded, ` +
+      `${a.total - a.succeeded} failed; ${st.dead} ${st.dead === 1 ? "delivery" : "deliveries"} went dead. The tallest bar is ${most} ${most === 1 ? "attempt" : "attempts"}.`;
+    return svg(
+      "svg",
+      { class: "stats-chart", viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": label, "data-most": most },
+      svg("title", {}, label),
+      svg("line", { class: "axis", x1: 0, y1: H - 0.5, x2: W, y2: H - 0.5 }),
+      bars,
     );
   }
 
@@ -688,6 +921,7 @@
     sessionStorage.removeItem(KEY_STORAGE);
     state.key = null;
     state.openId = null;
+    state.stats.clear();
     state.subsPages = 1;
     $("app").hidden = true;
     $("detail").hidden = true;
@@ -758,6 +992,7 @@
       clearError();
       await refreshAll();
       await loadEventTypes().catch(showError);
+      await refreshStats();
       notice("Refreshed.");
     });
     const refilter = async () => {

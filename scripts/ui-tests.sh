@@ -54,7 +54,7 @@ isolated() {
 
 step "Dashboard in headless Chromium"
 isolated bash -c 'cd tests/browser && node --test --test-reporter=spec dashboard.test.mjs portal.test.mjs'
-echo "screenshots: $ARTIFACTS_DIR/dashboard.png, $ARTIFACTS_DIR/dashboard-phone.png, $ARTIFACTS_DIR/portal.png, $ARTIFACTS_DIR/portal-embedded.png"
+echo "screenshots: $ARTIFACTS_DIR/dashboard.png, $ARTIFACTS_DIR/dashboard-phone.png, $ARTIFACTS_DIR/dashboard-stats.png, $ARTIFACTS_DIR/dashboard-stats-phone.png, $ARTIFACTS_DIR/portal.png, $ARTIFACTS_DIR/portal-embedded.png, $ARTIFACTS_DIR/portal-stats.png"
 
 step "schemathesis against hookwise dev"
 isolated tests/schemathesis/run.sh

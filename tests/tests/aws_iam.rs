@@ -253,6 +253,12 @@ const PATHS: &[(&str, &str, &str, &str)] = &[
     ("hookwise-deliver", "ses:SendEmail", "sender", "an auto-disable's email"),
     (
         "hookwise-deliver",
+        "dynamodb:Query",
+        "MainTable",
+        "a tenant's subscriptions read to tell an operational webhook (the auto-disable's)",
+    ),
+    (
+        "hookwise-deliver",
         "sqs:SendMessage",
         "DeadLetterQueue",
         "a delivery dying",

@@ -402,3 +402,21 @@ async fn given_the_catalogue_then_hookwises_own_types_are_listed_with_schemas_an
     let names: Vec<&str> = page.iter().map(|d| d.name.as_str()).collect();
     assert_eq!(names, ["hookwise.endpoint.recovered", "hookwise.ping"]);
 }
+
+#[tokio::test]
+async fn given_a_clients_idempotency_key_under_hookwise_then_it_is_refused_so_it_cannot_hide_an_operational_event() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let refused = h
+        .services
+        .ingest(
+            &tenant,
+            event("invoice.paid"),
+            Some("hookwise.delivery.dead:dlv_1:0".into()),
+        )
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::Validation(v)) if v.code == "invalid_idempotency_key"),
+        "{refused:?}"
+    );
+}

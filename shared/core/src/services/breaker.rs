@@ -317,8 +317,11 @@ impl Services {
                     tracing::warn!(subscription_id = %sub.id, failures, next_probe_at = ?next.next_probe_at,
                         "circuit breaker open: the endpoint's attempts are held");
                 }
+                // It opened on at least the threshold's failures (the count this process
+                // keeps may have moved on since).
+                let failed = failures.max(sub.circuit_breaker.failure_threshold);
                 let told = opened
-                    .then(|| Operational::breaker_opened(sub, &next, failures))
+                    .then(|| Operational::breaker_opened(sub, &next, failed))
                     .flatten();
                 self.queue_next_probe(sub, next).await?;
                 self.tell_best_effort(&sub.tenant_id, told).await;

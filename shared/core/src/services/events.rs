@@ -295,6 +295,14 @@ impl Services {
             .into());
         }
         if let Some(key) = &idempotency_key {
+            if key.starts_with(HOOKWISE_PREFIX) {
+                // Hookwise's own events' keys: a client's could hide one.
+                return Err(ValidationError::new(
+                    "invalid_idempotency_key",
+                    format!("Idempotency-Key may not start with `{HOOKWISE_PREFIX}`: those are Hookwise's own"),
+                )
+                .into());
+            }
             if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
                 return Err(ValidationError::new(
                     "invalid_idempotency_key",

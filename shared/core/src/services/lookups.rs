@@ -352,7 +352,14 @@ impl Services {
                 // reads it), so it is made so before: an open breaker nobody reads would
                 // stay open, for the next failure to find past its probe time and re-open.
                 self.close_after_success(sub).await?;
-                let first_success = unsaved.iter().filter(|s| s.success).map(|s| s.at).min();
+                // The first success after the run's last failure.
+                let last_failure = stored.samples.iter().filter(|s| !s.success).map(|s| s.at).max();
+                let first_success = stored
+                    .samples
+                    .iter()
+                    .filter(|s| s.success && last_failure.is_none_or(|f| s.at > f))
+                    .map(|s| s.at)
+                    .min();
                 if failures >= sub.circuit_breaker.failure_threshold {
                     recovered = first_success.map(|at| Operational::recovered(sub, failures, failing_since, at));
                 }

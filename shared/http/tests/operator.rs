@@ -286,6 +286,10 @@ async fn given_an_operations_tenant_then_the_operator_chooses_reads_and_clears_i
         )
         .await;
     assert_eq!((status, body), (StatusCode::OK, json!({"tenant_id": null})));
+    let (status, body) = app
+        .call("PUT", "/v1/operational-webhooks", op, None, Some(json!({})))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "`{{}}` is a mistake: {body}");
 }
 
 #[tokio::test]

@@ -178,7 +178,14 @@ pub async fn get_operations(State(s): State<ApiState>, _: Operator) -> ApiResult
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OperationsBody {
+    /// Required, `null` included: `{}` is a mistake, not a way to turn it off.
+    #[serde(deserialize_with = "required_nullable")]
     tenant_id: Option<TenantId>,
+}
+
+/// A field that must be present, and may be `null` (serde's own `Option` may be absent).
+fn required_nullable<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<TenantId>, D::Error> {
+    Option::deserialize(d)
 }
 
 pub async fn set_operations(

@@ -3,7 +3,7 @@
 //! sends, and a definition's change seen at once by this process.
 
 use hookwise_core::model::*;
-use hookwise_core::services::{Catalogue, EventTypePatch, NewEvent, NewEventType, NewSubscription};
+use hookwise_core::services::{Catalogue, EventTypePatch, NewEvent, NewEventType, NewSubscription, SubscriptionPatch};
 use hookwise_core::testing::memory::{Harness, ScriptedSender};
 use hookwise_core::Error;
 use serde_json::json;
@@ -268,4 +268,71 @@ async fn given_a_type_with_an_example_then_a_test_send_of_that_type_sends_the_ex
         .await
         .unwrap_err();
     assert_eq!(refusal(err).0, "payload_invalid");
+}
+
+#[tokio::test]
+async fn given_a_strict_catalogue_then_a_subscription_may_name_only_defined_types_and_patterns() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_event_type(&Catalogue::Deployment, invoice_paid())
+        .await
+        .unwrap();
+    let own: NewEventType = serde_json::from_value(json!({"name": "order.created"})).unwrap();
+    h.services
+        .create_event_type(&Catalogue::Tenant(tenant.id.clone()), own)
+        .await
+        .unwrap();
+    let new = |types: serde_json::Value| -> NewSubscription {
+        serde_json::from_value(json!({"url": "https://a.example.com/", "event_types": types})).unwrap()
+    };
+    // Not strict (the default): any name goes.
+    let loose = h
+        .services
+        .create_subscription(&tenant, new(json!(["invoice.voided"])))
+        .await
+        .unwrap()
+        .subscription;
+
+    h.services.set_strict_catalogue(true).await.unwrap();
+    let err = h
+        .services
+        .create_subscription(&tenant, new(json!(["invoice.paid", "invoice.voided", "refund.made"])))
+        .await
+        .unwrap_err();
+    let (code, message) = refusal(err);
+    assert_eq!(code, "unknown_event_type");
+    assert!(message.contains("`invoice.voided`, `refund.made`"), "{message}");
+    assert!(!message.contains("invoice.paid"), "{message}");
+    // The deployment's, the tenant's own, Hookwise's own, and patterns are all accepted.
+    let types = json!([
+        "invoice.paid",
+        "order.created",
+        "hookwise.delivery.dead",
+        "refund.*",
+        "*"
+    ]);
+    h.services.create_subscription(&tenant, new(types)).await.unwrap();
+    // Another tenant does not meet this tenant's own types.
+    let (other, _) = h.tenant("other@example.com").await;
+    let err = h
+        .services
+        .create_subscription(&other, new(json!(["order.created"])))
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(err).0, "unknown_event_type");
+    // A change of event_types is held to it; a change of anything else is not.
+    let patch: SubscriptionPatch = serde_json::from_value(json!({"event_types": ["invoice.voided"]})).unwrap();
+    let err = h
+        .services
+        .update_subscription(&tenant, &loose.id, patch)
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(err).0, "unknown_event_type");
+    let patch: SubscriptionPatch = serde_json::from_value(json!({"description": "kept as it was"})).unwrap();
+    h.services.update_subscription(&tenant, &loose.id, patch).await.unwrap();
+
+    h.services.set_strict_catalogue(false).await.unwrap();
+    let patch: SubscriptionPatch = serde_json::from_value(json!({"event_types": ["invoice.voided"]})).unwrap();
+    h.services.update_subscription(&tenant, &loose.id, patch).await.unwrap();
 }

@@ -315,3 +315,58 @@ async fn given_bad_definitions_then_422_names_the_problem() {
         );
     }
 }
+
+#[tokio::test]
+async fn given_the_operator_makes_the_catalogue_strict_then_a_subscription_to_an_unknown_type_is_422() {
+    let app = app().await;
+    let op = app.operator.as_str();
+    let (status, body) = app.call("GET", "/v1/catalogue", op, &[], None).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"strict": false})));
+    let (status, body) = app
+        .call("PUT", "/v1/catalogue", &app.a, &[], Some(json!({"strict": true})))
+        .await;
+    assert_eq!((status, code(&body)), (StatusCode::FORBIDDEN, "operator_only"));
+    let (status, body) = app.call("PUT", "/v1/catalogue", op, &[], Some(json!({}))).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let (status, body) = app
+        .call("PUT", "/v1/catalogue", op, &[], Some(json!({"strict": true})))
+        .await;
+    assert_eq!((status, body), (StatusCode::OK, json!({"strict": true})));
+
+    let (status, _) = app
+        .call(
+            "POST",
+            "/v1/event-types",
+            op,
+            &[],
+            Some(json!({"name": "invoice.paid"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let sub = |types: Value| json!({"url": "https://a.example.com/", "event_types": types});
+    let (status, body) = app
+        .call(
+            "POST",
+            "/v1/subscriptions",
+            &app.a,
+            &[],
+            Some(sub(json!(["invoice.paid", "invoice.voided"]))),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "unknown_event_type")
+    );
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("`invoice.voided`"), "{message}");
+    let (status, body) = app
+        .call(
+            "POST",
+            "/v1/subscriptions",
+            &app.a,
+            &[],
+            Some(sub(json!(["invoice.paid", "order.*"]))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}

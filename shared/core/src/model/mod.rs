@@ -145,6 +145,10 @@ pub struct Deployment {
     /// every tenant's endpoints, not only its own: the operator's.
     #[serde(default)]
     pub operations_tenant: Option<TenantId>,
+    /// Whether a subscription may name only the event types its tenant's catalogue defines
+    /// (Hookwise's own, its own and the deployment's): an unknown one is refused.
+    #[serde(default)]
+    pub strict_catalogue: bool,
     /// Moves on every change: what a conditional write checks (0: never written).
     #[serde(default)]
     pub version: u64,
@@ -157,6 +161,7 @@ impl Default for Deployment {
             operator_keys: Vec::new(),
             retries_rollout_percent: 100,
             operations_tenant: None,
+            strict_catalogue: false,
             version: 0,
         }
     }

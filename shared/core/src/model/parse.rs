@@ -147,6 +147,14 @@ impl EventTypeFilter {
         self.0.starts_with(HOOKWISE_PREFIX)
     }
 
+    /// The one type it names, unless it is a pattern (`*`, `invoice.*`).
+    pub fn exact(&self) -> Option<EventType> {
+        match self.0.ends_with('*') {
+            true => None,
+            false => EventType::parse(&self.0).ok(),
+        }
+    }
+
     pub fn matches(&self, event_type: &EventType) -> bool {
         let t = event_type.as_str();
         if event_type.is_hookwise() && !self.names_hookwise() {

@@ -10,7 +10,7 @@ use serde::Deserialize;
 
 use super::Services;
 use crate::error::{Error, PortError, Result, ValidationError};
-use crate::model::{EventType, EventTypeDefinition, Tenant, TenantId, HOOKWISE_PREFIX};
+use crate::model::{EventType, EventTypeDefinition, EventTypeFilter, Tenant, TenantId, HOOKWISE_PREFIX};
 
 /// A schema's JSON, and an example's, at most: a page of 100 types stays well under a Lambda
 /// response's 6 MB, and a definition under a DynamoDB item's 400 KB.
@@ -175,6 +175,32 @@ impl Services {
             Some(own) => Ok(Some(own)),
             None => Ok(self.ports.store.event_type(None, name).await?),
         }
+    }
+
+    /// In a strict catalogue (`Deployment::strict_catalogue`), refuse a subscription to a
+    /// type `tenant`'s catalogue does not define: 422 `unknown_event_type`, naming each. A
+    /// pattern (`*`, `invoice.*`) names types to come, and is not checked.
+    pub(super) async fn check_subscribed_types(&self, tenant: &TenantId, filters: &[EventTypeFilter]) -> Result<()> {
+        if !self.kept_deployment().await?.strict_catalogue {
+            return Ok(());
+        }
+        let mut unknown = Vec::new();
+        for name in filters.iter().filter_map(EventTypeFilter::exact) {
+            if self.definition_met(tenant, &name).await?.is_none() {
+                unknown.push(format!("`{name}`"));
+            }
+        }
+        if unknown.is_empty() {
+            return Ok(());
+        }
+        Err(ValidationError::new(
+            "unknown_event_type",
+            format!(
+                "the catalogue is strict and does not define {}: define it first (POST /v1/event-types)",
+                unknown.join(", ")
+            ),
+        )
+        .into())
     }
 
     /// A type of the deployment's catalogue.

@@ -292,6 +292,7 @@ impl Services {
     /// The new subscription and its secret (the only time it is shown, with rotation).
     pub async fn create_subscription(&self, tenant: &Tenant, new: NewSubscription) -> Result<SubscriptionWithSecret> {
         check_event_types(&new.event_types)?;
+        self.check_subscribed_types(&tenant.id, &new.event_types).await?;
         if let Some(d) = &new.description {
             check_description(d)?;
         }
@@ -406,6 +407,7 @@ impl Services {
         }
         if let Some(types) = patch.event_types {
             check_event_types(&types)?;
+            self.check_subscribed_types(&tenant.id, &types).await?;
             sub.event_types = types;
         }
         if let Some(email) = patch.owner_email {

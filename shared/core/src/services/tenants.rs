@@ -213,6 +213,16 @@ impl Services {
         .await
     }
 
+    /// Whether subscriptions may name only the types in their tenant's catalogue. Turned on,
+    /// it applies to the subscriptions created or given new `event_types` from then on.
+    pub async fn set_strict_catalogue(&self, strict: bool) -> Result<Deployment> {
+        self.change_deployment(|d| {
+            d.strict_catalogue = strict;
+            Ok(())
+        })
+        .await
+    }
+
     /// A new operator key (shown once): the first, or a second beside it for a rotation.
     pub async fn create_operator_key(&self) -> Result<(Deployment, String)> {
         let key = generate_key(KeyKind::Operator, &mut *self.rng());

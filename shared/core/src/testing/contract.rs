@@ -1511,6 +1511,7 @@ pub async fn the_deployments_settings_are_written_only_over_the_copy_read(b: &dy
         }],
         retries_rollout_percent: 10,
         operations_tenant: Some(TenantId::parse("ten_operations").expect("an id")),
+        strict_catalogue: true,
         version: read.version + 1,
     };
     b.store()
@@ -1530,6 +1531,7 @@ pub async fn the_deployments_settings_are_written_only_over_the_copy_read(b: &dy
         operator_keys: Vec::new(),
         retries_rollout_percent: 50,
         operations_tenant: None,
+        strict_catalogue: false,
         version: next.version + 1,
     };
     b.store()

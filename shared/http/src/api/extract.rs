@@ -83,7 +83,7 @@ pub async fn acting_for(state: &ApiState, caller: Caller, named: Option<&TenantI
     }
 }
 
-/// A caller of the operator routes (`/v1/tenants`, `/v1/rollout`, `/v1/operational-webhooks`): an operator key.
+/// A caller of the operator routes (`/v1/tenants`, `/v1/rollout`, `/v1/operational-webhooks`, `/v1/catalogue`): an operator key.
 pub struct Operator;
 
 impl<S> FromRequestParts<S> for Operator

@@ -127,6 +127,8 @@ route_table! {
     PUT    "/v1/rollout"                           => operator::set_rollout;
     GET    "/v1/operational-webhooks"              => operator::get_operations;
     PUT    "/v1/operational-webhooks"              => operator::set_operations;
+    GET    "/v1/catalogue"                         => operator::get_catalogue_settings;
+    PUT    "/v1/catalogue"                         => operator::set_catalogue_settings;
     POST   "/v1/portal-sessions"                   => portal::create_session;
     DELETE "/v1/portal-sessions"                   => portal::revoke_sessions;
     DELETE "/v1/portal-sessions/{id}"              => portal::revoke_session;
@@ -135,7 +137,8 @@ route_table! {
 /// The whole API. `GET /healthz`, the OpenAPI document and the dashboard's assets need no
 /// key; everything else under `/v1` needs `Authorization: Bearer <key>`: a tenant's key sees
 /// only its tenant; an operator key acts for the tenant `Hookwise-Tenant` names, and alone
-/// may use the operator routes (`/v1/tenants`, `/v1/rollout`, `/v1/operational-webhooks`).
+/// may use the operator routes (`/v1/tenants`, `/v1/rollout`, `/v1/operational-webhooks`,
+/// `/v1/catalogue`).
 pub fn router(state: ApiState) -> Router {
     add_routes(Router::new())
         .fallback(handlers::no_route)

@@ -1,5 +1,6 @@
 //! The operator routes: tenants (create with an id of the caller's choosing, list, read,
-//! change, disable; their API keys) and seed 002's rollout. An operator key only
+//! change, disable; their API keys), seed 002's rollout and the deployment's settings (who
+//! hears operational webhooks, whether the catalogue is strict). An operator key only
 //! (`extract::Operator`); a tenant's key gets 403. And `GET /v1/tenant`, any caller's view of
 //! the tenant it acts for.
 
@@ -13,7 +14,7 @@ use serde::Deserialize;
 use super::error::{ApiError, ApiResult};
 use super::extract::{path_id, ApiJson, ApiQuery, Authenticated, Operator, PathId, PathPair};
 use super::handlers::{nonempty, parse_limit, PageParams};
-use super::views::{NewApiKeyView, OperationsView, Page, RolloutView, TenantView};
+use super::views::{CatalogueSettingsView, NewApiKeyView, OperationsView, Page, RolloutView, TenantView};
 use super::ApiState;
 
 /// `POST /v1/tenants`.
@@ -195,5 +196,26 @@ pub async fn set_operations(
 ) -> ApiResult<Json<OperationsView>> {
     Ok(Json(OperationsView::of(
         &s.services.set_operations_tenant(body.tenant_id).await?,
+    )))
+}
+
+pub async fn get_catalogue_settings(State(s): State<ApiState>, _: Operator) -> ApiResult<Json<CatalogueSettingsView>> {
+    Ok(Json(CatalogueSettingsView::of(&s.services.deployment().await?)))
+}
+
+/// `PUT /v1/catalogue`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CatalogueSettingsBody {
+    strict: bool,
+}
+
+pub async fn set_catalogue_settings(
+    State(s): State<ApiState>,
+    _: Operator,
+    ApiJson(body): ApiJson<CatalogueSettingsBody>,
+) -> ApiResult<Json<CatalogueSettingsView>> {
+    Ok(Json(CatalogueSettingsView::of(
+        &s.services.set_strict_catalogue(body.strict).await?,
     )))
 }

@@ -449,6 +449,21 @@ impl OperationsView {
     }
 }
 
+/// The deployment's catalogue settings (`GET/PUT /v1/catalogue`).
+#[derive(Debug, Serialize)]
+pub struct CatalogueSettingsView {
+    /// Whether a subscription may name only the types its tenant's catalogue defines.
+    pub strict: bool,
+}
+
+impl CatalogueSettingsView {
+    pub fn of(d: &Deployment) -> Self {
+        Self {
+            strict: d.strict_catalogue,
+        }
+    }
+}
+
 /// A listing: `{"data": [...], "next_cursor": "..." | null}`.
 #[derive(Debug, Serialize)]
 pub struct Page<T> {

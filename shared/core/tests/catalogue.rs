@@ -286,7 +286,13 @@ async fn given_a_strict_catalogue_then_a_subscription_may_name_only_defined_type
     let new = |types: serde_json::Value| -> NewSubscription {
         serde_json::from_value(json!({"url": "https://a.example.com/", "event_types": types})).unwrap()
     };
-    // Not strict (the default): any name goes.
+    // Not strict (the default): any name goes, but under `hookwise.` only Hookwise's own.
+    let err = h
+        .services
+        .create_subscription(&tenant, new(json!(["hookwise.delivery.deadd"])))
+        .await
+        .unwrap_err();
+    assert_eq!(refusal(err).0, "unknown_event_type");
     let loose = h
         .services
         .create_subscription(&tenant, new(json!(["invoice.voided"])))
@@ -321,8 +327,9 @@ async fn given_a_strict_catalogue_then_a_subscription_may_name_only_defined_type
         .await
         .unwrap_err();
     assert_eq!(refusal(err).0, "unknown_event_type");
-    // A change of event_types is held to it; a change of anything else is not.
-    let patch: SubscriptionPatch = serde_json::from_value(json!({"event_types": ["invoice.voided"]})).unwrap();
+    // A type a change adds is held to it; a change of anything else is not.
+    let patch: SubscriptionPatch =
+        serde_json::from_value(json!({"event_types": ["invoice.voided", "refund.made"]})).unwrap();
     let err = h
         .services
         .update_subscription(&tenant, &loose.id, patch)
@@ -331,8 +338,13 @@ async fn given_a_strict_catalogue_then_a_subscription_may_name_only_defined_type
     assert_eq!(refusal(err).0, "unknown_event_type");
     let patch: SubscriptionPatch = serde_json::from_value(json!({"description": "kept as it was"})).unwrap();
     h.services.update_subscription(&tenant, &loose.id, patch).await.unwrap();
+    // What it named before strictness stays, sent again beside a new, defined one (as the
+    // dashboard sends every field of an edit).
+    let patch: SubscriptionPatch =
+        serde_json::from_value(json!({"event_types": ["invoice.voided", "invoice.paid"]})).unwrap();
+    h.services.update_subscription(&tenant, &loose.id, patch).await.unwrap();
 
     h.services.set_strict_catalogue(false).await.unwrap();
-    let patch: SubscriptionPatch = serde_json::from_value(json!({"event_types": ["invoice.voided"]})).unwrap();
+    let patch: SubscriptionPatch = serde_json::from_value(json!({"event_types": ["refund.made"]})).unwrap();
     h.services.update_subscription(&tenant, &loose.id, patch).await.unwrap();
 }

@@ -420,3 +420,99 @@ async fn given_a_clients_idempotency_key_under_hookwise_then_it_is_refused_so_it
         "{refused:?}"
     );
 }
+
+#[tokio::test]
+async fn given_a_dead_letter_whose_telling_fails_then_the_owner_is_emailed_anyway_and_the_batch_comes_back_to_tell_it()
+{
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::new(|url, _| match url.contains("down") {
+        true => status_outcome(503),
+        false => status_outcome(200),
+    }));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    subscribe(&h, &tenant, new_sub("https://down.example.com/", &["*"], vec![])).await;
+    subscribe(&h, &tenant, new_sub(OPS, &["hookwise.delivery.dead"], vec![1])).await;
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().remove(0);
+    h.services.deliver(&task).await.unwrap();
+    let dead = h.queue.take_dead();
+    assert_eq!(dead.len(), 1);
+
+    // The telling's enqueue fails: the owner's email goes all the same, and the batch fails.
+    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
+    assert!(
+        h.services.handle_dead_letters(&dead).await.is_err(),
+        "the batch must come back"
+    );
+    assert_eq!(h.mailer.sent.lock().unwrap().len(), 1, "the owner's email, not held up");
+    // Back again: told now, and no second email.
+    h.services.handle_dead_letters(&dead).await.unwrap();
+    h.run_for(Duration::seconds(5), Duration::seconds(1)).await;
+    assert_eq!(told(&h, OPS, "hookwise.delivery.dead").len(), 1);
+    assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn given_an_auto_disabling_whose_telling_fails_then_its_email_is_sent_all_the_same() {
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::new(|url, _| match url.contains("down") {
+        true => status_outcome(500),
+        false => status_outcome(200),
+    }));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let down = NewSubscription {
+        auto_disable_after_hours: Some(Some(1)),
+        ..new_sub("https://down.example.com/", &["*"], vec![])
+    };
+    subscribe(&h, &tenant, down).await;
+    subscribe(&h, &tenant, new_sub(OPS, &["hookwise.endpoint.disabled"], vec![1])).await;
+    h.clock.advance(Duration::minutes(61));
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().remove(0);
+    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
+    let _ = h.services.deliver(&task).await;
+    let emails = h.mailer.sent.lock().unwrap();
+    assert!(
+        emails.iter().any(|m| m.subject.contains("disabled")),
+        "the disabling's email does not wait for its telling: {:?}",
+        emails.iter().map(|m| &m.subject).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn given_a_breaker_turned_off_while_open_then_its_closing_is_told() {
+    let h = Harness::new(ScriptedSender::new(|url, _| match url.contains("down") {
+        true => status_outcome(503),
+        false => status_outcome(200),
+    }));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let down = NewSubscription {
+        circuit_breaker: Some(CircuitBreaker::default()),
+        ..new_sub("https://down.example.com/", &["*"], vec![600])
+    };
+    let down = subscribe(&h, &tenant, down).await;
+    subscribe(&h, &tenant, new_sub(OPS, &["hookwise.endpoint.*"], vec![1])).await;
+    for _ in 0..6 {
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    h.run_for(Duration::seconds(20), Duration::seconds(1)).await;
+    assert_eq!(told(&h, OPS, "hookwise.endpoint.breaker_opened").len(), 1);
+    assert!(told(&h, OPS, "hookwise.endpoint.breaker_closed").is_empty());
+
+    let off = hookwise_core::services::SubscriptionPatch {
+        circuit_breaker: Some(CircuitBreaker::off()),
+        ..Default::default()
+    };
+    // Events that come while it is open are held.
+    for _ in 0..3 {
+        h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    }
+    h.run_for(Duration::seconds(5), Duration::seconds(1)).await;
+    let held = h.services.subscription_overview(&tenant, &down.id).await.unwrap().held;
+    assert!(held > 0, "the breaker holds what came while it was open");
+    h.services.update_subscription(&tenant, &down.id, off).await.unwrap();
+    h.run_for(Duration::seconds(5), Duration::seconds(1)).await;
+    let closed = told(&h, OPS, "hookwise.endpoint.breaker_closed");
+    assert_eq!(closed.len(), 1, "{:?}", received(&h, OPS));
+    assert_matches_its_schema(&closed[0]);
+}

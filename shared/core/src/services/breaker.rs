@@ -323,16 +323,17 @@ impl Services {
                 let told = opened
                     .then(|| Operational::breaker_opened(sub, &next, failed))
                     .flatten();
-                self.queue_next_probe(sub, next).await?;
+                // Told whatever becomes of the follow-up: the move is stored either way.
+                let followed = self.queue_next_probe(sub, next).await;
                 self.tell_best_effort(&sub.tenant_id, told).await;
-                Ok(())
+                followed
             }
             CircuitState::Closed => {
                 tracing::info!(subscription_id = %sub.id, "circuit breaker closed: releasing what it held");
                 let told = Operational::breaker_closed(sub, read, &next);
-                self.release_page(sub, next).await?;
+                let followed = self.release_page(sub, next).await;
                 self.tell_best_effort(&sub.tenant_id, told).await;
-                Ok(())
+                followed
             }
             CircuitState::HalfOpen => Ok(()),
         }
@@ -494,7 +495,8 @@ impl Services {
             return Ok(());
         }
         match next.state {
-            CircuitState::Closed => self.release_page(&sub, next).await,
+            // Closed by the probe's success: released, and told, as any closing is.
+            CircuitState::Closed => self.after_move(&sub, Some(&circuit), next).await,
             _ => self.queue_next_probe(&sub, next).await,
         }
     }
@@ -634,11 +636,18 @@ impl Services {
             version: read.as_ref().map_or(0, |c| c.version + 1),
             ..Circuit::closed(now)
         };
-        if self.write_circuit(sub, &closing, read.as_ref()).await? {
-            tracing::info!(subscription_id = %sub.id, "releasing what the circuit breaker still held");
-            self.release_page(sub, closing).await?;
+        if !self.write_circuit(sub, &closing, read.as_ref()).await? {
+            return Ok(());
         }
-        Ok(())
+        tracing::info!(subscription_id = %sub.id, "releasing what the circuit breaker still held");
+        // A breaker turned off while open is closed from now: told as a closing.
+        let was_open = read.as_ref().is_some_and(|c| c.state != CircuitState::Closed);
+        let told = was_open
+            .then(|| Operational::breaker_closed(sub, read.as_ref(), &closing))
+            .flatten();
+        let followed = self.release_page(sub, closing).await;
+        self.tell_best_effort(&sub.tenant_id, told).await;
+        followed
     }
 
     /// Queue what a disabled or deleted subscription's breaker held, a page at a time until

@@ -177,28 +177,33 @@ impl Services {
         }
     }
 
-    /// In a strict catalogue (`Deployment::strict_catalogue`), refuse a subscription to a
-    /// type `tenant`'s catalogue does not define: 422 `unknown_event_type`, naming each. A
-    /// pattern (`*`, `invoice.*`) names types to come, and is not checked.
+    /// Refuse a subscription to a type that does not exist: 422 `unknown_event_type`, naming
+    /// each. Under `hookwise.` only Hookwise's own exist; in a strict catalogue
+    /// (`Deployment::strict_catalogue`) only the types `tenant`'s catalogue defines. A pattern
+    /// (`*`, `invoice.*`) names types to come, and is not checked.
     pub(super) async fn check_subscribed_types(&self, tenant: &TenantId, filters: &[EventTypeFilter]) -> Result<()> {
-        if !self.kept_deployment().await?.strict_catalogue {
-            return Ok(());
-        }
+        let strict = self.kept_deployment().await?.strict_catalogue;
         let mut unknown = Vec::new();
         for name in filters.iter().filter_map(EventTypeFilter::exact) {
-            if self.definition_met(tenant, &name).await?.is_none() {
+            let known = if name.is_hookwise() {
+                super::builtin_event_type(&name).is_some()
+            } else {
+                !strict || self.definition_met(tenant, &name).await?.is_some()
+            };
+            if !known {
                 unknown.push(format!("`{name}`"));
             }
         }
         if unknown.is_empty() {
             return Ok(());
         }
+        let how = match strict {
+            true => "the catalogue is strict: define a type first (POST /v1/event-types)",
+            false => "Hookwise's own types are listed by GET /v1/event-types",
+        };
         Err(ValidationError::new(
             "unknown_event_type",
-            format!(
-                "the catalogue is strict and does not define {}: define it first (POST /v1/event-types)",
-                unknown.join(", ")
-            ),
+            format!("the catalogue does not define {}; {how}", unknown.join(", ")),
         )
         .into())
     }

@@ -3,7 +3,7 @@
 //! returning each message) and the two SQS-triggered Lambdas (as `batchItemFailures`).
 
 use super::deliver::DeliverOutcome;
-use super::Services;
+use super::{Services, STATS_SPARE_TIME};
 use crate::metrics;
 use crate::ports::{DeliveryTask, QueueMessage};
 
@@ -104,7 +104,12 @@ impl Services {
                     }
                     handled.push(result.is_ok());
                 }
-                self.save_due_stats().await;
+                // Statistics are a close count: not written when the invocation has too
+                // little time left for it (they wait for the next batch or next write).
+                let spare = chrono::Duration::from_std(STATS_SPARE_TIME).unwrap_or_default();
+                if deadline.is_none_or(|d| self.now() + spare < d) {
+                    self.save_due_stats().await;
+                }
                 handled
             }
             QueueRole::DeadLetter => {

@@ -42,6 +42,7 @@ impl Services {
         let mut report = DeadLetterReport::default();
         let mut owners = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
+        let mut untold = None;
         for task in tasks {
             if !seen.insert((&task.delivery_id, task.round)) {
                 continue; // a copy of a message in this batch
@@ -90,11 +91,16 @@ impl Services {
             let sub = store
                 .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
                 .await?;
-            // Told again each time (the batch may have come back): stored once.
-            self.tell(&delivery.tenant_id, Operational::delivery_dead(&delivery, sub.as_ref()))
-                .await?;
-            let Some(owner) = self.owner_of(&delivery, sub).await? else {
+            let told = Operational::delivery_dead(&delivery, sub.as_ref());
+            let owner = self.owner_of(&delivery, sub).await?;
+            // The owner's notice first: the operational webhook is told after it, and a
+            // failure to tell it holds up no email (the batch comes back once the digests are
+            // sent, and is told again: stored once).
+            let Some(owner) = owner else {
                 tracing::warn!(delivery_id = %delivery.id, "dead delivery has no owner to tell");
+                if let Err(error) = self.tell(&delivery.tenant_id, told).await {
+                    untold.get_or_insert(error);
+                }
                 continue;
             };
             let notice = DeadNotice {
@@ -112,6 +118,9 @@ impl Services {
                 report.queued += 1;
             }
             owners.insert(owner.to_string(), owner);
+            if let Err(error) = self.tell(&delivery.tenant_id, told).await {
+                untold.get_or_insert(error);
+            }
         }
         for owner in owners.values() {
             match self.send_digest(owner).await {
@@ -124,7 +133,10 @@ impl Services {
                     "a dead-delivery email failed; its notices wait for the scheduler's next try"),
             }
         }
-        Ok(report)
+        match untold {
+            Some(error) => Err(error),
+            None => Ok(report),
+        }
     }
 
     /// An attempt whose messages the queue gave up on [`MAX_REDRIVES`] times, recorded as a

@@ -701,10 +701,6 @@ impl Services {
         since: DateTime<Utc>,
     ) -> Result<()> {
         let hours = sub.auto_disable_after_hours.unwrap_or(DEFAULT_AUTO_DISABLE_HOURS);
-        // The operational webhook first (stored once however often it is told): an error
-        // before the email leaves both to the message's coming back, and sends no email twice.
-        self.tell(&sub.tenant_id, Operational::disabled_failing(&sub, since, hours))
-            .await?;
         if let Some(to) = sub
             .owner_email
             .clone()
@@ -712,6 +708,10 @@ impl Services {
         {
             self.send_email(&self.disabled_email(&sub, to, since, hours)).await?;
         }
+        // Then the operational webhook, best effort: the email is never held up by it, and
+        // once the email is sent, telling again would mean sending the email again.
+        self.tell_best_effort(&sub.tenant_id, Operational::disabled_failing(&sub, since, hours))
+            .await;
         let taken_on = sub.disable_notice_claimed_at;
         for _ in 0..3 {
             let read_at = sub.updated_at;

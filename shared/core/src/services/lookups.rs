@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 
-use super::operational::Operational;
+use super::operational::{FailureRun, Operational};
 use super::Services;
 use crate::auth::hash_api_key;
 use crate::error::Result;
@@ -340,11 +340,15 @@ impl Services {
         let saved = async {
             let mut stored = self.ports.store.endpoint_health(id).await?;
             let failures = stored.consecutive_failures();
-            // The run's first failure (the window's first, if the run is longer).
-            let failing_since = stored
-                .samples
-                .get(stored.samples.len() - failures as usize)
-                .map(|s| s.at);
+            let run = FailureRun {
+                failures,
+                // The run's first failure (the window's first, if the run is longer).
+                failing_since: stored
+                    .samples
+                    .get(stored.samples.len() - failures as usize)
+                    .map(|s| s.at),
+                after_success: stored.last_success_at,
+            };
             stored.merge(&unsaved);
             let mut recovered = None;
             if failures > 0 && stored.consecutive_failures() == 0 {
@@ -361,7 +365,7 @@ impl Services {
                     .map(|s| s.at)
                     .min();
                 if failures >= sub.circuit_breaker.failure_threshold {
-                    recovered = first_success.map(|at| Operational::recovered(sub, failures, failing_since, at));
+                    recovered = first_success.map(|at| Operational::recovered(sub, run, at));
                 }
             }
             self.ports.store.save_endpoint_health(id, &stored).await?;

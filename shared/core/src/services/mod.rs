@@ -145,9 +145,12 @@ impl Default for Config {
     }
 }
 
-/// Three store writes follow a POST (the attempt with the state change, endpoint health, the
-/// retry's enqueue), each bounded by the AWS SDK's operation timeout (5 s, `hookwise-aws`).
-pub const DEADLINE_MARGIN: Duration = Duration::from_secs(15);
+/// What follows a POST, each store call bounded by the AWS SDK's operation timeout (5 s,
+/// `hookwise-aws`): the attempt with the state change, endpoint health and its statistics,
+/// the retry's enqueue, and at times an operational webhook told (its calls side by side).
+pub const DEADLINE_MARGIN: Duration = Duration::from_secs(20);
+/// The time a Lambda batch must have left to write its statistics at its end.
+pub const STATS_SPARE_TIME: Duration = Duration::from_secs(5);
 /// A POST given less time than this is not started: its message goes back, unattempted.
 pub const SHORTEST_POST: Duration = Duration::from_secs(1);
 

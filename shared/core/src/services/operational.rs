@@ -125,22 +125,14 @@ impl Operational {
 
     /// The endpoint succeeded at `when` after `failures` failed attempts in a row, the first
     /// at `failing_since`.
-    pub fn recovered(
-        sub: &Subscription,
-        failures: u32,
-        failing_since: Option<DateTime<Utc>>,
-        when: DateTime<Utc>,
-    ) -> Option<Self> {
+    pub fn recovered(sub: &Subscription, run: FailureRun, when: DateTime<Utc>) -> Option<Self> {
         let mut data = about(sub);
-        data["failures"] = failures.into();
-        data["failing_since"] = failing_since.map(at).into();
+        data["failures"] = run.failures.into();
+        data["failing_since"] = run.failing_since.map(at).into();
+        data["last_success_at"] = run.after_success.map(at).into();
         data["recovered_at"] = at(when).into();
-        Self::about_endpoint(
-            sub,
-            ENDPOINT_RECOVERED,
-            recovered_key(&sub.id, failing_since, when),
-            data,
-        )
+        let key = recovered_key(&sub.id, run.after_success.or(sub.active_since).unwrap_or(when));
+        Self::about_endpoint(sub, ENDPOINT_RECOVERED, key, data)
     }
 
     /// None about an operational subscription's own endpoint.
@@ -149,11 +141,22 @@ impl Operational {
     }
 }
 
-/// A recovery's key: the run it ends (its first failure), so two processes that both see it
-/// end (each with its own first success) tell it once.
-fn recovered_key(sub: &SubscriptionId, failing_since: Option<DateTime<Utc>>, when: DateTime<Utc>) -> String {
-    let run = failing_since.map_or_else(|| at(when), at);
-    format!("{ENDPOINT_RECOVERED}:{sub}:{run}")
+/// A run of failures, as the stored health shows it when a success ends it.
+pub(super) struct FailureRun {
+    /// Its length, as far as the health window holds it ([`crate::health`]'s last 50
+    /// samples: a longer run reads as 50).
+    pub failures: u32,
+    /// Its first failure the window still holds.
+    pub failing_since: Option<DateTime<Utc>>,
+    /// The endpoint's last success before it, if any: what marks the run for good.
+    pub after_success: Option<DateTime<Utc>>,
+}
+
+/// A recovery's key: the run it ends, marked by the success before it (or, for an endpoint
+/// that never succeeded, the time its subscription became active), which stays the same
+/// however long the run and whichever process sees it end: two processes tell it once.
+fn recovered_key(sub: &SubscriptionId, run_after: DateTime<Utc>) -> String {
+    format!("{ENDPOINT_RECOVERED}:{sub}:{}", at(run_after))
 }
 
 /// What every event about an endpoint says of it.
@@ -180,10 +183,14 @@ impl Services {
         let deployment = self.kept_deployment().await?;
         let mut to = vec![tenant.clone()];
         to.extend(deployment.operations_tenant.filter(|o| o != tenant));
+        // Each recipient is told, whatever became of the other's telling.
+        let mut failed = None;
         for recipient in &to {
-            self.tell_one(recipient, &what).await?;
+            if let Err(error) = self.tell_one(recipient, &what).await {
+                failed.get_or_insert(error);
+            }
         }
-        Ok(())
+        failed.map_or(Ok(()), Err)
     }
 
     /// [`tell`](Self::tell), best effort: an error is logged and counted.
@@ -362,6 +369,7 @@ pub fn builtin_event_types() -> Vec<EventTypeDefinition> {
                 json!({
                     "failures": {"type": "integer", "minimum": 1},
                     "failing_since": maybe_time,
+                    "last_success_at": maybe_time,
                     "recovered_at": time,
                 }),
                 &["failures", "recovered_at"],
@@ -369,6 +377,7 @@ pub fn builtin_event_types() -> Vec<EventTypeDefinition> {
             with(json!({
                 "failures": 12,
                 "failing_since": "2026-12-06T09:30:00.000Z",
+                "last_success_at": "2026-12-06T09:29:30.000Z",
                 "recovered_at": "2026-12-06T09:42:00.000Z",
             })),
         ),
@@ -403,13 +412,70 @@ mod tests {
     #[test]
     fn a_recovery_is_keyed_by_the_run_it_ends_so_two_processes_tell_it_once() {
         let t = |s: &str| -> DateTime<Utc> { s.parse().unwrap() };
-        let sub = SubscriptionId::parse("sub_01hzy3m7rg9x0y2z4a6b8c0d2e").unwrap();
-        let since = Some(t("2026-12-06T09:30:00Z"));
-        let one = recovered_key(&sub, since, t("2026-12-06T09:40:00Z"));
-        let other = recovered_key(&sub, since, t("2026-12-06T09:40:02Z"));
-        assert_eq!(one, other);
-        let next_run = recovered_key(&sub, Some(t("2026-12-06T10:30:00Z")), t("2026-12-06T10:40:00Z"));
+        let created = t("2026-12-06T08:00:00Z");
+        let mut sub = Subscription {
+            id: SubscriptionId::parse("sub_01hzy3m7rg9x0y2z4a6b8c0d2e").unwrap(),
+            tenant_id: crate::model::TenantId::parse("ten_a").unwrap(),
+            url: crate::model::EndpointUrl::parse("https://a.example.com/").unwrap(),
+            event_types: vec![EventTypeFilter::all()],
+            secret: crate::model::SealedSecret::unsealed(
+                &crate::model::Secret::parse("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw").unwrap(),
+            ),
+            previous_secret: None,
+            previous_secret_expires_at: None,
+            retry_policy: crate::policy::RetryPolicy::standard(),
+            timeout_ms: crate::model::DEFAULT_TIMEOUT_MS,
+            status: crate::model::SubscriptionStatus::Active,
+            rate_limit_per_second: None,
+            auto_disable_after_hours: None,
+            circuit_breaker: Default::default(),
+            active_since: Some(created),
+            disable_notice_pending: false,
+            disable_notice_claimed_at: None,
+            disabled_reason: None,
+            owner_email: None,
+            description: None,
+            filter: None,
+            headers: Vec::new(),
+            created_at: created,
+            updated_at: created,
+        };
+        let run = |failures, since: &str, after: Option<&str>| FailureRun {
+            failures,
+            failing_since: Some(t(since)),
+            after_success: after.map(t),
+        };
+        let key = |sub: &Subscription, r, when| Operational::recovered(sub, r, t(when)).unwrap().key;
+        // Two processes, each with its own first success; and a run longer than the window,
+        // whose first failure the window no longer holds: the same run, one key.
+        let one = key(
+            &sub,
+            run(12, "2026-12-06T09:30:00Z", Some("2026-12-06T09:29:00Z")),
+            "2026-12-06T09:40:00Z",
+        );
+        let other = key(
+            &sub,
+            run(12, "2026-12-06T09:30:00Z", Some("2026-12-06T09:29:00Z")),
+            "2026-12-06T09:40:02Z",
+        );
+        let slid = key(
+            &sub,
+            run(50, "2026-12-06T09:35:00Z", Some("2026-12-06T09:29:00Z")),
+            "2026-12-06T09:40:03Z",
+        );
+        assert_eq!((&one, &one), (&other, &slid));
+        let next_run = key(
+            &sub,
+            run(5, "2026-12-06T10:30:00Z", Some("2026-12-06T09:40:00Z")),
+            "2026-12-06T10:40:00Z",
+        );
         assert_ne!(one, next_run);
+        // Never a success: the run began when the subscription became active.
+        let first = key(&sub, run(5, "2026-12-06T08:01:00Z", None), "2026-12-06T08:10:00Z");
+        assert!(first.ends_with("2026-12-06T08:00:00.000Z"), "{first}");
+        sub.active_since = None;
+        let unknown = key(&sub, run(5, "2026-12-06T08:01:00Z", None), "2026-12-06T08:10:00Z");
+        assert!(unknown.ends_with("2026-12-06T08:10:00.000Z"), "{unknown}");
     }
 
     #[test]

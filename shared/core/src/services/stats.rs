@@ -66,9 +66,11 @@ impl Services {
             .filter(|(_, u)| u.due(now))
             .map(|(id, _)| id.clone())
             .collect();
-        for sub in due {
-            self.save_stats(&sub, now).await;
-        }
+        use futures::StreamExt;
+        const AT_ONCE: usize = 8;
+        futures::stream::iter(due)
+            .for_each_concurrent(AT_ONCE, |sub| async move { self.save_stats(&sub, now).await })
+            .await;
     }
 
     /// Add the endpoint's unsaved counts to the stored ones. Best effort: a failed write is

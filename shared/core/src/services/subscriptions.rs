@@ -407,7 +407,9 @@ impl Services {
         }
         if let Some(types) = patch.event_types {
             check_event_types(&types)?;
-            self.check_subscribed_types(&tenant.id, &types).await?;
+            // Only the ones it did not name before: what it names already stays as it is.
+            let added: Vec<_> = types.iter().filter(|t| !sub.event_types.contains(t)).cloned().collect();
+            self.check_subscribed_types(&tenant.id, &added).await?;
             sub.event_types = types;
         }
         if let Some(email) = patch.owner_email {

@@ -2844,11 +2844,12 @@ async fn given_the_queue_giving_up_on_an_attempts_messages_again_and_again_then_
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let id = &ingested.deliveries[0].id;
     let mut redriven = h.queue.take_visible();
-    let mut counted = 0;
+    let (mut counted, mut queued) = (0, 0);
     for _ in 0..6 {
         assert_eq!(redriven.len(), 1, "{redriven:?}");
         let report = h.services.handle_dead_letters(&redriven).await.unwrap();
         counted += report.counted;
+        queued += report.queued;
         h.clock.advance(Duration::seconds(2));
         redriven = h.queue.take_visible();
     }
@@ -2864,10 +2865,11 @@ async fn given_the_queue_giving_up_on_an_attempts_messages_again_and_again_then_
         "{attempts:?}"
     );
     assert!(h.sender.requests.lock().unwrap().is_empty());
-    // Its death is handed on, and its owner told.
-    let dead = h.queue.take_dead();
-    let report = h.services.handle_dead_letters(&dead).await.unwrap();
-    assert_eq!(report.queued, 1, "{report:?}");
+    // Its death is handled where it happened, its owner told: not sent to the dead-letter
+    // queue, which the DeadLetter function reads and, on AWS, may not send to.
+    assert_eq!(queued, 1);
+    assert!(h.queue.take_dead().is_empty(), "nothing sent to the dead-letter queue");
+    assert_eq!(h.mailer.sent.lock().unwrap().len(), 1, "the owner's email");
 }
 
 #[tokio::test]

@@ -8,7 +8,8 @@ use super::Services;
 use crate::error::{PortError, Result};
 use crate::model::*;
 use crate::ports::{DeadNotice, DeliveryTask, SendErrorKind, SendOutcome};
-use crate::state::{after_attempt, decide, is_due_attempt, next_task, AttemptContext};
+use crate::state::{after_attempt, decide, is_due_attempt, next_task, AttemptContext, Decision};
+use crate::stats::StatsCounts;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeadLetterReport {
@@ -57,14 +58,20 @@ impl Services {
             if delivery.round != task.round {
                 continue; // replayed since: this round's death is old news
             }
-            if is_due_attempt(&delivery, task) && task.redrives + 1 >= MAX_REDRIVES {
+            let delivery = if is_due_attempt(&delivery, task) && task.redrives + 1 >= MAX_REDRIVES {
                 // The queue has given up on this attempt's messages again and again: each
                 // time up to its maxReceiveCount receives, each of which may have POSTed.
                 // It counts as one failed attempt now, and its schedule decides what follows.
-                self.count_unfinished_attempt(&delivery, task).await?;
                 report.counted += 1;
-                continue;
-            }
+                match self.count_unfinished_attempt(&delivery, task).await? {
+                    // Dead by it: told and noticed here, below, as any dead letter (not sent
+                    // to the dead-letter queue: this function may not, and is its reader).
+                    Some(dead) => dead,
+                    None => continue,
+                }
+            } else {
+                delivery
+            };
             if is_due_attempt(&delivery, task) {
                 // Not dead: the queue gave up on the message after failed receives (timeouts,
                 // throttling, a crash), which is no verdict on the delivery. Back on its
@@ -142,13 +149,15 @@ impl Services {
     /// An attempt whose messages the queue gave up on [`MAX_REDRIVES`] times, recorded as a
     /// failed attempt (it may have been made, its outcome never recorded): the subscription's
     /// schedule decides, as after any failure, so these cycles end with the schedule.
-    async fn count_unfinished_attempt(&self, delivery: &Delivery, task: &DeliveryTask) -> Result<()> {
+    /// The delivery as it is then, if that attempt made it dead.
+    async fn count_unfinished_attempt(&self, delivery: &Delivery, task: &DeliveryTask) -> Result<Option<Delivery>> {
         let Some(sub) = self
             .kept_subscription(&delivery.tenant_id, &delivery.subscription_id)
             .await?
         else {
             // Its subscription is gone: the next message's worker abandons it.
-            return Ok(self.schedule_attempt(next_task(delivery), self.now()).await?);
+            self.schedule_attempt(next_task(delivery), self.now()).await?;
+            return Ok(None);
         };
         let (tenant, deployment) = futures::try_join!(self.kept_tenant(&delivery.tenant_id), self.kept_deployment())?;
         let retries = deployment.retries_on(tenant.as_ref());
@@ -176,13 +185,18 @@ impl Services {
         change.next.held_until = task.held_until_after(now);
         match self.ports.store.apply_change(&change).await {
             Ok(()) => {}
-            Err(PortError::ConditionFailed(_)) => return Ok(()), // moved on meanwhile
+            Err(PortError::ConditionFailed(_)) => return Ok(None), // moved on meanwhile
             Err(e) => return Err(e.into()),
         }
         tracing::warn!(delivery_id = %delivery.id, attempt = task.attempt, ?decision,
             "the queue gave up on this attempt's messages {MAX_REDRIVES} times; it counts as a failed attempt");
+        if decision == Decision::Dead {
+            self.count_stats(&delivery.subscription_id, now, StatsCounts::dead())
+                .await;
+            return Ok(Some(change.next));
+        }
         self.hand_on(&change.next, decision).await?;
-        Ok(())
+        Ok(None)
     }
 
     /// Who hears of a dead delivery: its subscription's owner (`sub`, as read), or else its

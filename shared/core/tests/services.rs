@@ -2901,3 +2901,27 @@ async fn deliveries(h: &Harness, tenant: &Tenant) -> Vec<Delivery> {
         .unwrap()
         .items
 }
+
+#[tokio::test]
+async fn given_a_first_attempts_message_that_comes_before_its_ingest_has_stored_the_delivery_then_it_is_looked_at_again_in_milliseconds(
+) {
+    // A fast queue hands the message over while the ingest still writes (its message goes
+    // first): two reads find nothing, the third finds it. Delivered at once, not sent back
+    // with the queue's shortest delay, a second.
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![1])).await;
+    let started = h.clock.now();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let task = h.queue.take_visible().remove(0);
+    h.store
+        .unseen_delivery_reads
+        .store(2, std::sync::atomic::Ordering::SeqCst);
+    let outcome = h.services.deliver(&task).await.unwrap();
+    assert_eq!(outcome, DeliverOutcome::Delivered);
+    assert_eq!(h.queue.pending(), 0, "no copy sent back");
+    assert!(
+        h.clock.now() - started < Duration::milliseconds(100),
+        "{}",
+        h.clock.now() - started
+    );
+}

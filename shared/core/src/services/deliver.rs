@@ -63,6 +63,10 @@ pub const DISABLE_NOTICE_CLAIM: chrono::Duration = chrono::Duration::seconds(90)
 /// A first attempt's message younger than this that finds no delivery is queued again.
 pub const INGEST_WINDOW: chrono::Duration = chrono::Duration::seconds(30);
 
+/// How long a first attempt's message that finds no delivery is looked at again in the
+/// process, before it is queued again with a delay (see `get_delivery_of`).
+pub const FRESH_LOOK: chrono::Duration = chrono::Duration::milliseconds(500);
+
 /// The headers and body a subscriber receives (Standard Webhooks, plus `Idempotency-Key`),
 /// signed with `secrets` (the subscription's, opened: [`Subscription::signing_secrets`]),
 /// then its `custom` headers (opened).
@@ -152,7 +156,7 @@ impl Services {
     #[tracing::instrument(skip_all, fields(delivery_id = %task.delivery_id, attempt = task.attempt))]
     pub async fn deliver_within(&self, task: &DeliveryTask, deadline: Option<DateTime<Utc>>) -> Result<DeliverOutcome> {
         let store = &self.ports.store;
-        let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
+        let Some(delivery) = self.get_delivery_of(task).await? else {
             return self.not_stored_yet(task).await;
         };
         if !is_due_attempt(&delivery, task) {
@@ -514,6 +518,27 @@ impl Services {
         match self.ports.store.get_delivery(&task.delivery_id).await? {
             Some(delivery) => self.finish_stale(&delivery, task).await,
             None => Ok(DeliverOutcome::Stale),
+        }
+    }
+
+    /// The task's delivery, or none. A first attempt's message is queued a moment before its
+    /// ingest stores the delivery, and a fast queue hands it over before that: while the
+    /// message is younger than [`FRESH_LOOK`], the store is looked at again a few times here
+    /// (after 5, 10, 20... ms), so that race costs milliseconds, not the queue's shortest
+    /// delay (a second: `not_stored_yet`).
+    async fn get_delivery_of(&self, task: &DeliveryTask) -> Result<Option<Delivery>> {
+        let first = task.queued_at.filter(|_| task.round == 0 && task.attempt == 1);
+        let mut wait = chrono::Duration::milliseconds(5);
+        loop {
+            if let Some(delivery) = self.ports.store.get_delivery(&task.delivery_id).await? {
+                return Ok(Some(delivery));
+            }
+            let now = self.now();
+            if !first.is_some_and(|queued_at| now + wait - queued_at < FRESH_LOOK) {
+                return Ok(None);
+            }
+            self.ports.clock.sleep_until(now + wait).await;
+            wait = wait * 2;
         }
     }
 

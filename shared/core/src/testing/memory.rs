@@ -57,6 +57,8 @@ pub struct MemoryStore {
     data: Mutex<StoreData>,
     /// While set, reading a delivery fails as a throttled backend would (retryable).
     pub unavailable: std::sync::atomic::AtomicBool,
+    /// The next this many reads of a delivery find none, as while its ingest still writes it.
+    pub unseen_delivery_reads: std::sync::atomic::AtomicU32,
     /// The next this many subscription writes fail (retryable).
     pub failing_subscription_writes: std::sync::atomic::AtomicU32,
     /// The next this many subscription writes land, but answer that the copy changed, as the
@@ -339,6 +341,9 @@ impl Store for MemoryStore {
                 "get delivery",
                 "throttled (MemoryStore::unavailable)",
             ));
+        }
+        if take_one(&self.unseen_delivery_reads) {
+            return Ok(None);
         }
         Ok(lock(&self.data).deliveries.iter().find(|d| &d.id == id).cloned())
     }

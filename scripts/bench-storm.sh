@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Benchmark of issue 5 point 4 (not a test): `hookwise storm` against seed 003's own Python
-# (../shared/reference/seed_storm.py) on the same workload, side by side in one run:
-# N = 1 000 000, full jitter, b = 2, m = 6, capacity 500. Then N = 10³ against N = 10⁹ for
-# hookwise alone, to show that the cost does not grow with N.
+# Benchmark (not a test): `hookwise storm` against seed 003's own Python
+# (../shared/reference/seed_storm.py, through scripts/seed-storm-figures.py to set its window)
+# and against the seed's method written in Rust (functions/cli/examples/seed_storm.rs), on
+# one workload and window, best of the same number of runs, their figures side by side:
+# N = 1 000 000, full jitter, b = 2, m = 6, capacity 500, 180 s. Then N = 10³ against
+# N = 10⁹ for hookwise alone, to show that the cost does not grow with N.
 # Usage: scripts/bench-storm.sh            (from the repository root or anywhere in it)
 # With BENCH_JSON=FILE the side-by-side figures are also written there (for scripts/bench.sh).
 set -euo pipefail
@@ -10,9 +12,11 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 reference="${SEED_STORM_PY:-$root/../shared/reference/seed_storm.py}"
 [ -f "$reference" ] || { echo "seed 003's reference code not found at $reference (set SEED_STORM_PY)" >&2; exit 2; }
+export SEED_STORM_PY="$reference"
 
-cargo build --release -p hookwise-cli >&2
+cargo build --release -p hookwise-cli --bin hookwise --example seed_storm >&2
 bin="$root/target/release/hookwise"
+seed_bin="$root/target/release/examples/seed_storm"
 config="$(mktemp)"
 trap 'rm -f "$config"' EXIT
 cat >"$config" <<'YAML'
@@ -41,16 +45,43 @@ print(f"{best:.4f}")
 PY
 }
 
-echo "workload: N = 1,000,000, full jitter, b = 2, m = 6, capacity 500"
-rust=$(best_of 5 "$bin" storm --config "$config" --seed 1)
-python=$(best_of 1 python3 "$reference" 1000000 full)
-ratio=$(python3 -c "print(f'{$python / $rust:.0f}')")
-printf '%-44s %10s s\n' "hookwise storm (release)" "$rust"
-printf '%-44s %10s s\n' "python3 seed_storm.py 1000000 full" "$python"
-printf '%-44s %10s x faster\n' "ratio (python / hookwise)" "$ratio"
-if [ -n "${BENCH_JSON:-}" ]; then
-  printf '{"hookwise_seconds": %s, "python_seconds": %s}\n' "$rust" "$python" >"$BENCH_JSON"
-fi
+runs=3
+echo "workload: N = 1,000,000, full jitter, b = 2, m = 6, capacity 500, window 180 s; best of $runs runs each"
+echo "(hookwise storm models the queue over time with cohorts of deliveries; the seed's method,"
+echo " in its Python and in Rust, draws per delivery and folds seconds modulo the window:"
+echo " different models, so their figures differ; the two seed runs do the same work)"
+rust=$(best_of $runs "$bin" storm --config "$config" --seed 1)
+seed_rust=$(best_of $runs "$seed_bin" 1000000 full 180 1)
+python=$(best_of $runs python3 scripts/seed-storm-figures.py 1000000 full 180 1)
+hookwise_figures=$("$bin" storm --config "$config" --seed 1 --json)
+seed_rust_figures=$("$seed_bin" 1000000 full 180 1)
+python_figures=$(python3 scripts/seed-storm-figures.py 1000000 full 180 1 --count)
+python3 - "$rust" "$seed_rust" "$python" "$hookwise_figures" "$seed_rust_figures" "$python_figures" "$runs" "${BENCH_JSON:-}" <<'PY'
+import json, sys
+rust, seed_rust, python = (float(x) for x in sys.argv[1:4])
+h, r, p = (json.loads(x) for x in sys.argv[4:7])
+runs, out = int(sys.argv[7]), sys.argv[8]
+rows = [
+    ("", "peak/s", "attempts", "delivered", "drain s", "seconds"),
+    ("hookwise storm (cohorts)", h["peak_offered_rps"], h["total_attempts"], h["delivered"], h["drain_seconds"], f"{rust:.4f}"),
+    ("seed's method in Rust (per delivery)", r["peak"], r["attempts"], r["within_capacity"], r["last_second"], f"{seed_rust:.4f}"),
+    ("seed's Python (per delivery)", p["peak"], p["attempts"], p["within_capacity"], p["last_second"], f"{python:.4f}"),
+]
+for row in rows:
+    print(f"{row[0]:<40}" + "".join(f"{str(c):>12}" for c in row[1:]))
+print(f"same work, language: Python / Rust, seed's method      {python / seed_rust:8.1f}x")
+print(f"algorithm: seed's method in Rust / hookwise storm      {seed_rust / rust:8.1f}x")
+print(f"both: Python / hookwise storm                          {python / rust:8.1f}x")
+if r["attempts"] != p["attempts"] and p["attempts"] is not None:
+    print("(the two seed runs draw from different generators: their attempts differ by chance, not by method)")
+if out:
+    json.dump({
+        "runs": runs, "hookwise_seconds": rust, "seed_rust_seconds": seed_rust, "python_seconds": python,
+        "hookwise": {"peak": h["peak_offered_rps"], "attempts": h["total_attempts"], "delivered": h["delivered"], "drain": h["drain_seconds"]},
+        "seed_rust": {"peak": r["peak"], "attempts": r["attempts"], "delivered": r["within_capacity"], "drain": r["last_second"]},
+        "seed_python": {"peak": p["peak"], "attempts": p["attempts"], "delivered": p["within_capacity"], "drain": p["last_second"]},
+    }, open(out, "w"))
+PY
 
 echo
 echo "cost against N (hookwise storm, full jitter, b = 2, m = 6, capacity 500):"

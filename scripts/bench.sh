@@ -5,6 +5,8 @@
 #   scripts/bench-storm.sh     the storm calculator against seed 003's Python
 #   scripts/bench-delivery.sh  `hookwise dev` end to end against a bare reqwest loop, and
 #                              its memory idle and under that load
+#   scripts/bench-latency.sh   ingest-to-first-POST latency under open-loop load, on
+#                              `hookwise dev` and on `hookwise dev --aws` (DynamoDB Local, moto)
 #   scripts/bench-lambda.sh    each Lambda function's start-up and memory against a
 #                              lambda_runtime hello-world, on an emulated Runtime API, and
 #                              the binaries' sizes
@@ -24,6 +26,8 @@ echo "== storm calculator" >&2
 BENCH_JSON="$out/storm.json" scripts/bench-storm.sh >&2
 echo "== local delivery throughput and memory" >&2
 HOOKWISE_BENCH_JSON="$out/delivery.json" scripts/bench-delivery.sh >&2
+echo "== delivery latency under open-loop load" >&2
+HOOKWISE_BENCH_JSON="$out/latency.json" scripts/bench-latency.sh >&2
 echo "== Lambda start-up, memory and size" >&2
 scripts/bench-lambda.sh --json "$out/lambda.json" >&2
 

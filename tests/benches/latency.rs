@@ -1,0 +1,385 @@
+//! Delivery latency under a steady open-loop load: events sent at a fixed arrival rate (each
+//! at its own instant, whether or not the ones before it were answered), one per
+//! `POST /v1/events`, through a real `hookwise dev` to a receiver on 127.0.0.1 that answers
+//! 200 at once. An event's latency is taken at the receiver, from the event's acceptance
+//! time (the envelope's `timestamp`, Hookwise's clock when it accepted the event, to the
+//! millisecond) to the arrival of its first POST (the receiver's clock: the same machine's).
+//!
+//! Backends: `hookwise dev` (SQLite, `synchronous=FULL`), and `hookwise dev --aws` with its
+//! tables on DynamoDB Local when run under `scripts/aws-test-services.sh` (its URLs in the
+//! environment): its queues on LocalStack's SQS (under `scripts/localstack.sh` too, its
+//! emails then printed), then on moto's (the signing key is moto's KMS in both). For each,
+//! the emulators' own round trip is measured before the load (a DynamoDB `GetItem` and an
+//! SQS `GetQueueAttributes`, one at a time), so the reader can see what part is theirs.
+//!
+//! `scripts/bench-latency.sh` builds the release binary and runs this. Settings:
+//! HOOKWISE_LATENCY_RATES (`200,1000`, events a second), HOOKWISE_LATENCY_SECONDS (60 each),
+//! HOOKWISE_LATENCY_AWS_RATES (`200`), HOOKWISE_LATENCY_SQS (`localstack,moto`),
+//! HOOKWISE_LATENCY_LOG (the AWS runs' log filter); HOOKWISE_BENCH_JSON=FILE also writes the
+//! figures.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use hookwise_aws::AwsClients;
+use hookwise_tests::{hookwise_bin, Api, Dev, TempDir};
+use serde_json::{json, Value};
+
+/// Past the last send, how long the deliveries still due are waited for.
+const DRAIN: Duration = Duration::from_secs(60);
+/// Sent first at the measured rate and not counted: connections, caches and the SQLite
+/// page cache warm up, and so do the emulators (DynamoDB Local's JVM takes some seconds to
+/// reach its pace: in a 15 s run the AWS path delivered 17, 54, 110, 166 and 225 events in
+/// its first seconds at 200 a second, then caught up).
+const WARM_UP: Duration = Duration::from_secs(10);
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn rates(name: &str, default: &str) -> Vec<u32> {
+    env_or(name, default)
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.trim().parse().expect("a rate is a whole number of events a second"))
+        .collect()
+}
+
+/// Latencies in milliseconds, sorted: the nearest-rank percentile.
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// What the receiver saw: each event's latency by its index in the run.
+#[derive(Clone, Default)]
+struct Seen(Arc<Mutex<HashMap<u64, f64>>>);
+
+/// A receiver that answers 200 at once and notes each event's first arrival.
+async fn receiver(seen: Seen) -> String {
+    let app = axum::Router::new().fallback(move |body: Bytes| {
+        let seen = seen.clone();
+        async move {
+            let arrived = SystemTime::now();
+            if let Ok(envelope) = serde_json::from_slice::<Value>(&body) {
+                let accepted = envelope["timestamp"]
+                    .as_str()
+                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+                let index = envelope["data"]["i"].as_u64();
+                if let (Some(accepted), Some(index)) = (accepted, index) {
+                    let accepted = SystemTime::from(accepted);
+                    let ms = arrived
+                        .duration_since(accepted)
+                        .map(|d| d.as_secs_f64() * 1000.0)
+                        .unwrap_or(0.0);
+                    seen.0.lock().unwrap().entry(index).or_insert(ms);
+                }
+            }
+            StatusCode::OK
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    format!("http://{addr}/hook")
+}
+
+/// One rate's figures, of the events after the warm-up.
+struct Figures {
+    rate: u32,
+    sent: usize,
+    /// Answered other than 202 (a 503 when a store or queue call timed out).
+    refused: usize,
+    delivered: usize,
+    /// How late the sender itself was at its worst (the offered load held if this is small).
+    send_lag_max_ms: f64,
+    latencies: Vec<f64>,
+}
+
+impl Figures {
+    fn json(&self) -> Value {
+        let l = &self.latencies;
+        json!({
+            "rate": self.rate,
+            "sent": self.sent,
+            "refused": self.refused,
+            "delivered": self.delivered,
+            "send_lag_max_ms": self.send_lag_max_ms,
+            "p50_ms": percentile(l, 50.0),
+            "p95_ms": percentile(l, 95.0),
+            "p99_ms": percentile(l, 99.0),
+            "max_ms": l.last().copied().unwrap_or(f64::NAN),
+        })
+    }
+
+    fn print(&self, backend: &str) {
+        let l = &self.latencies;
+        println!(
+            "{backend}, {} events/s: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms \
+             ({} sent, {} refused, {} delivered; sender at most {:.1} ms late)",
+            self.rate,
+            percentile(l, 50.0),
+            percentile(l, 95.0),
+            percentile(l, 99.0),
+            l.last().copied().unwrap_or(f64::NAN),
+            self.sent,
+            self.refused,
+            self.delivered,
+            self.send_lag_max_ms,
+        );
+    }
+}
+
+/// Send at `rate` a second for `seconds` (after a warm-up at that rate that is not counted),
+/// each event at its own instant, and wait for their deliveries.
+async fn open_loop(api: &Api, seen: &Seen, rate: u32, seconds: u64) -> Figures {
+    let warm_up = (rate as u64 * WARM_UP.as_secs()) as usize;
+    let counted = (rate as u64 * seconds) as usize;
+    let total = warm_up + counted;
+    let gap = Duration::from_secs_f64(1.0 / rate as f64);
+    let refused = Arc::new(Mutex::new(0usize));
+    let mut lag_max = Duration::ZERO;
+    let mut sends = Vec::with_capacity(total);
+    let start = tokio::time::Instant::now() + Duration::from_millis(100);
+    for i in 0..total {
+        let due = start + gap * i as u32;
+        tokio::time::sleep_until(due).await;
+        lag_max = lag_max.max(due.elapsed());
+        let (api, refused) = (api.clone(), refused.clone());
+        sends.push(tokio::spawn(async move {
+            let (status, _) = api
+                .post("/v1/events", json!({"type": "bench.tick", "payload": {"i": i}}))
+                .await;
+            if status != 202 && i >= warm_up {
+                *refused.lock().unwrap() += 1;
+            }
+        }));
+    }
+    for s in sends {
+        s.await.expect("a send");
+    }
+    let accepted = counted - *refused.lock().unwrap();
+    let waited = Instant::now();
+    let counted_seen = |seen: &HashMap<u64, f64>| seen.keys().filter(|i| **i >= warm_up as u64).count();
+    while counted_seen(&seen.0.lock().unwrap()) < accepted && waited.elapsed() < DRAIN {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut seen = std::mem::take(&mut *seen.0.lock().unwrap());
+    let mut latencies: Vec<f64> = (warm_up as u64..total as u64).filter_map(|i| seen.remove(&i)).collect();
+    latencies.sort_by(f64::total_cmp);
+    let refused = *refused.lock().unwrap();
+    Figures {
+        rate,
+        sent: counted,
+        refused,
+        delivered: latencies.len(),
+        send_lag_max_ms: lag_max.as_secs_f64() * 1000.0,
+        latencies,
+    }
+}
+
+/// Round trips of `call`, one at a time: p50 and p99 in milliseconds.
+async fn round_trips<F, Fut>(n: usize, call: F) -> (f64, f64)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut took = Vec::with_capacity(n);
+    for _ in 0..n {
+        let start = Instant::now();
+        call().await;
+        took.push(start.elapsed().as_secs_f64() * 1000.0);
+    }
+    took.sort_by(f64::total_cmp);
+    (percentile(&took, 50.0), percentile(&took, 99.0))
+}
+
+/// A running `hookwise dev --aws --provision`, tables on DynamoDB Local, the rest on moto.
+struct DevAws {
+    child: Child,
+    api: Api,
+    table: String,
+    queue_url: String,
+}
+
+impl DevAws {
+    /// Tables on `dynamodb`, queues on `sqs`, the signing key on `moto`; email through moto's
+    /// SES v2, or printed (`--log-email`) where the queues are not moto's.
+    fn start(dynamodb: &str, sqs: &str, moto: &str, label: &str) -> Self {
+        let prefix = format!("lat{label}{}", std::process::id());
+        let email: &[&str] = if sqs == moto { &[] } else { &["--log-email"] };
+        let template = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../template.yaml");
+        let mut child = Command::new(hookwise_bin())
+            .args(["dev", "--aws", "--provision", "--template"])
+            .arg(&template)
+            .args(["--aws-prefix", &prefix, "--sender-email", "hookwise@example.com"])
+            .args(["--listen", "127.0.0.1:0"])
+            .args(email)
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_REGION", "us-east-1")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            // HOOKWISE_LATENCY_LOG (a filter, as HOOKWISE_LOG) shows where the time goes.
+            .env("HOOKWISE_LOG", env_or("HOOKWISE_LATENCY_LOG", "warn"))
+            .env_remove("AWS_ENDPOINT_URL")
+            .env("AWS_ENDPOINT_URL_DYNAMODB", dynamodb)
+            .env("AWS_ENDPOINT_URL_SQS", sqs)
+            .env("AWS_ENDPOINT_URL_SESV2", moto)
+            .env("AWS_ENDPOINT_URL_KMS", moto)
+            .env_remove("HOOKWISE_API_KEY")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("hookwise dev --aws starts");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(stdout).lines().map_while(Result::ok);
+        let (mut base, mut key, mut table, mut queue_url) = (None, None, None, None);
+        while base.is_none() || key.is_none() || table.is_none() || queue_url.is_none() {
+            let line = lines
+                .next()
+                .expect("hookwise dev --aws printed its address, key, tables and queues");
+            if let Some(url) = line.split("listening on ").nth(1) {
+                base = Some(url.trim().to_owned());
+            }
+            if let Some(k) = line.strip_prefix("API key:") {
+                key = Some(k.trim().to_owned());
+            }
+            if let Some(pair) = line.strip_prefix("tables:") {
+                table = pair.split(" / ").next().map(|t| t.trim().to_owned());
+            }
+            if let Some(pair) = line.strip_prefix("queues:") {
+                queue_url = pair.split(" / ").next().map(|q| q.trim().to_owned());
+            }
+        }
+        // Keep draining stdout, so the process never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Self {
+            child,
+            api: Api {
+                base: base.unwrap(),
+                key: key.unwrap(),
+                http: reqwest::Client::new(),
+            },
+            table: table.unwrap(),
+            queue_url: queue_url.unwrap(),
+        }
+    }
+}
+
+impl Drop for DevAws {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let seconds: u64 = env_or("HOOKWISE_LATENCY_SECONDS", "60").parse().expect("seconds");
+    let mut out = json!({"seconds": seconds, "dev": [], "aws": null});
+    let seen = Seen::default();
+    let url = receiver(seen.clone()).await;
+
+    println!("open-loop load, one event per request, {seconds} s per rate after a {} s warm-up; latency from acceptance to the first POST's arrival", WARM_UP.as_secs());
+    for rate in rates("HOOKWISE_LATENCY_RATES", "200,1000") {
+        // A fresh process and data dir for each rate.
+        let dir = TempDir::new("latency");
+        let dev = Dev::start(&dir.0, &[]);
+        let api = dev.api();
+        api.subscribe(json!({"url": url})).await;
+        let figures = open_loop(&api, &seen, rate, seconds).await;
+        figures.print("hookwise dev (SQLite)");
+        out["dev"].as_array_mut().unwrap().push(figures.json());
+    }
+
+    let (dynamodb, moto) = (
+        std::env::var("HOOKWISE_TEST_DYNAMODB_LOCAL_URL"),
+        std::env::var("HOOKWISE_TEST_MOTO_URL"),
+    );
+    let (Ok(dynamodb), Ok(moto)) = (dynamodb, moto) else {
+        println!("hookwise dev --aws: skipped (run under scripts/aws-test-services.sh for it)");
+        return write(&out);
+    };
+    // The queues on LocalStack's SQS first (when scripts/localstack.sh runs), then on
+    // moto's: moto may not come back from a load it cannot take, and holds the signing key.
+    let mut mixes = Vec::new();
+    if let Ok(localstack) = std::env::var("HOOKWISE_TEST_LOCALSTACK_URL") {
+        mixes.push(("LocalStack SQS", "localstack", localstack));
+    }
+    mixes.push(("moto SQS", "moto", moto.clone()));
+    // HOOKWISE_LATENCY_SQS (`localstack,moto`) chooses among them.
+    let chosen = env_or("HOOKWISE_LATENCY_SQS", "localstack,moto");
+    mixes.retain(|(_, label, _)| chosen.split(',').any(|c| c.trim() == *label));
+    let mut runs = Vec::new();
+    for (name, label, sqs) in mixes {
+        for rate in rates("HOOKWISE_LATENCY_AWS_RATES", "200") {
+            let dev = DevAws::start(&dynamodb, &sqs, &moto, label);
+            dev.api.subscribe(json!({"url": url})).await;
+            // The emulators' own round trips, one call at a time, before the load.
+            let (emulators, said) = emulator_round_trips(&dynamodb, &sqs, &dev).await;
+            let figures = open_loop(&dev.api, &seen, rate, seconds).await;
+            figures.print(&format!("hookwise dev --aws (DynamoDB Local, {name})"));
+            println!("  {said}");
+            let mut run = figures.json();
+            run["sqs"] = json!(name);
+            run["emulators"] = emulators;
+            runs.push(run);
+        }
+    }
+    out["aws"] = json!({"runs": runs});
+    write(&out);
+}
+
+fn write(out: &Value) {
+    if let Ok(path) = std::env::var("HOOKWISE_BENCH_JSON") {
+        std::fs::write(&path, serde_json::to_vec_pretty(out).unwrap()).expect("write the JSON figures");
+    }
+}
+
+/// DynamoDB Local's `GetItem` and the queue's `GetQueueAttributes`, 200 each, one at a time:
+/// p50 and p99 as JSON, and in words. A call that fails is counted, not timed.
+async fn emulator_round_trips(dynamodb: &str, sqs: &str, dev: &DevAws) -> (Value, String) {
+    let ddb = AwsClients::for_endpoint(dynamodb, None).await;
+    let queues = AwsClients::for_endpoint(sqs, None).await;
+    let key = aws_sdk_dynamodb::types::AttributeValue::S("none".into());
+    let failed = std::cell::Cell::new(0);
+    let (get50, get99) = round_trips(200, || async {
+        let sent = ddb
+            .dynamodb
+            .get_item()
+            .table_name(&dev.table)
+            .key("pk", key.clone())
+            .key("sk", key.clone())
+            .send()
+            .await;
+        if sent.is_err() {
+            failed.set(failed.get() + 1);
+        }
+    })
+    .await;
+    let (sqs50, sqs99) = round_trips(200, || async {
+        let sent = queues.sqs.get_queue_attributes().queue_url(&dev.queue_url).send().await;
+        if sent.is_err() {
+            failed.set(failed.get() + 1);
+        }
+    })
+    .await;
+    let json = json!({
+        "dynamodb_get_item_p50_ms": get50, "dynamodb_get_item_p99_ms": get99,
+        "sqs_p50_ms": sqs50, "sqs_p99_ms": sqs99, "failed_calls": failed.get(),
+    });
+    let said = format!(
+        "the emulators alone, before the load: DynamoDB Local GetItem p50 {get50:.1} ms, p99 {get99:.1} ms; \
+         SQS GetQueueAttributes p50 {sqs50:.1} ms, p99 {sqs99:.1} ms ({} calls failed)",
+        failed.get()
+    );
+    (json, said)
+}

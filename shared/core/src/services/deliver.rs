@@ -534,7 +534,7 @@ impl Services {
                 return Ok(Some(delivery));
             }
             let now = self.now();
-            if !first.is_some_and(|queued_at| now + wait - queued_at < FRESH_LOOK) {
+            if first.is_none_or(|queued_at| now + wait - queued_at >= FRESH_LOOK) {
                 return Ok(None);
             }
             self.ports.clock.sleep_until(now + wait).await;

@@ -223,6 +223,11 @@ async fn given_a_410_whose_telling_fails_then_the_redelivered_message_tells_it()
     // The disabling's write lands; the telling's enqueue fails.
     h.queue.failing_enqueues.store(1, Ordering::SeqCst);
     assert!(h.services.deliver(&task).await.is_err(), "the message must come back");
+    assert_eq!(
+        h.queue.dead_letters().len(),
+        1,
+        "the death is handed on (for its owner's email) before the telling"
+    );
     h.services.deliver(&task).await.unwrap();
     h.run_for(Duration::seconds(5), Duration::seconds(1)).await;
     assert_eq!(told(&h, OPS, "hookwise.endpoint.disabled").len(), 1);

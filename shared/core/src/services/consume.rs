@@ -104,12 +104,7 @@ impl Services {
                     }
                     handled.push(result.is_ok());
                 }
-                // Statistics are a close count: not written when the invocation has too
-                // little time left for it (they wait for the next batch or next write).
-                let spare = chrono::Duration::from_std(STATS_SPARE_TIME).unwrap_or_default();
-                if deadline.is_none_or(|d| self.now() + spare < d) {
-                    self.save_due_stats().await;
-                }
+                self.save_stats_with_time_left(deadline).await;
                 handled
             }
             QueueRole::DeadLetter => {
@@ -137,6 +132,8 @@ impl Services {
                         false
                     }
                 };
+                // The deaths it counted (an attempt the queue gave up on, with no retry left).
+                self.save_stats_with_time_left(deadline).await;
                 vec![ok; tasks.len()]
             }
         };
@@ -148,6 +145,17 @@ impl Services {
                 _ => Disposition::Redeliver,
             })
             .collect()
+    }
+}
+
+impl Services {
+    /// Statistics are a close count: not written when the invocation has too little time
+    /// left for it (they wait for the next batch, or the next write).
+    async fn save_stats_with_time_left(&self, deadline: Option<chrono::DateTime<chrono::Utc>>) {
+        let spare = chrono::Duration::from_std(STATS_SPARE_TIME).unwrap_or_default();
+        if deadline.is_none_or(|d| self.now() + spare < d) {
+            self.save_due_stats().await;
+        }
     }
 }
 

@@ -43,7 +43,7 @@ impl Services {
         let mut report = DeadLetterReport::default();
         let mut owners = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
-        let mut untold = None;
+        let mut to_tell = Vec::new();
         for task in tasks {
             if !seen.insert((&task.delivery_id, task.round)) {
                 continue; // a copy of a message in this batch
@@ -98,16 +98,15 @@ impl Services {
             let sub = store
                 .get_subscription(&delivery.tenant_id, &delivery.subscription_id)
                 .await?;
-            let told = Operational::delivery_dead(&delivery, sub.as_ref());
-            let owner = self.owner_of(&delivery, sub).await?;
-            // The owner's notice first: the operational webhook is told after it, and a
-            // failure to tell it holds up no email (the batch comes back once the digests are
-            // sent, and is told again: stored once).
-            let Some(owner) = owner else {
+            // The operational webhook is told once the owners' digests are sent (below), so
+            // no email waits for it; a failure to tell brings the batch back, to be told
+            // again (stored once).
+            to_tell.push((
+                delivery.tenant_id.clone(),
+                Operational::delivery_dead(&delivery, sub.as_ref()),
+            ));
+            let Some(owner) = self.owner_of(&delivery, sub).await? else {
                 tracing::warn!(delivery_id = %delivery.id, "dead delivery has no owner to tell");
-                if let Err(error) = self.tell(&delivery.tenant_id, told).await {
-                    untold.get_or_insert(error);
-                }
                 continue;
             };
             let notice = DeadNotice {
@@ -125,9 +124,6 @@ impl Services {
                 report.queued += 1;
             }
             owners.insert(owner.to_string(), owner);
-            if let Err(error) = self.tell(&delivery.tenant_id, told).await {
-                untold.get_or_insert(error);
-            }
         }
         for owner in owners.values() {
             match self.send_digest(owner).await {
@@ -138,6 +134,12 @@ impl Services {
                 Ok(None) => {}
                 Err(error) => tracing::warn!(to = %owner, %error,
                     "a dead-delivery email failed; its notices wait for the scheduler's next try"),
+            }
+        }
+        let mut untold = None;
+        for (tenant, what) in to_tell {
+            if let Err(error) = self.tell(&tenant, what).await {
+                untold.get_or_insert(error);
             }
         }
         match untold {

@@ -287,13 +287,17 @@ impl Services {
         self.after_attempt_breaker(&sub, circuit, probe, up, task.held_until.is_some())
             .await?;
         let failed = !outcome.is_success() && outcome.status_code != Some(410);
-        if outcome.status_code == Some(410) {
-            if let Some(disabled) = self.disable_subscription(sub.clone(), GONE, false).await? {
-                self.tell(&disabled.tenant_id, Operational::disabled_gone(&disabled, &change.next))
-                    .await?;
-            }
-        }
+        let gone = match outcome.status_code == Some(410) {
+            true => self.disable_subscription(sub.clone(), GONE, false).await?,
+            false => None,
+        };
         let handed = self.hand_on(&change.next, decision).await?;
+        // Told after the death is handed on (the owner's email never waits for it); an error
+        // brings the message back, and `finish_stale` tells it again (stored once).
+        if let Some(disabled) = gone {
+            self.tell(&disabled.tenant_id, Operational::disabled_gone(&disabled, &change.next))
+                .await?;
+        }
         if failed {
             self.disable_if_failing(sub, health.last_success_at, tenant.as_ref(), now)
                 .await?;
@@ -470,6 +474,7 @@ impl Services {
             && delivery.round == task.round
             && (delivery.attempts == task.attempt || delivery.attempts + 1 == task.attempt);
         if killed_by_this {
+            let mut disabled = None;
             if delivery.last_status_code == Some(410) && delivery.attempts == task.attempt {
                 let sub = self
                     .ports
@@ -479,19 +484,20 @@ impl Services {
                 // Still active and unchanged since: the disabling is what failed (an owner
                 // who re-enabled it since has the last word). Disabled for it: its telling
                 // may be what failed, and telling it again stores it once.
-                let disabled = match sub {
+                disabled = match sub {
                     Some(s) if s.status == SubscriptionStatus::Active && s.updated_at <= delivery.updated_at => {
                         self.disable_subscription(s, GONE, false).await?
                     }
                     Some(s) if s.disabled_reason.as_deref() == Some(GONE) => Some(s),
                     _ => None,
                 };
-                if let Some(disabled) = disabled {
-                    self.tell(&disabled.tenant_id, Operational::disabled_gone(&disabled, delivery))
-                        .await?;
-                }
             }
             self.ports.queue.dead_letter(&[dead_task(delivery)]).await?;
+            // Told after the hand-off, as on the 410 itself.
+            if let Some(disabled) = disabled {
+                self.tell(&disabled.tenant_id, Operational::disabled_gone(&disabled, delivery))
+                    .await?;
+            }
         }
         // Last: it may answer that another call is sending the email (an error that brings
         // this message back), which must not hold up the steps above.
@@ -528,13 +534,16 @@ impl Services {
     /// delay (a second: `not_stored_yet`).
     async fn get_delivery_of(&self, task: &DeliveryTask) -> Result<Option<Delivery>> {
         let first = task.queued_at.filter(|_| task.round == 0 && task.attempt == 1);
+        let started = self.now();
         let mut wait = chrono::Duration::milliseconds(5);
         loop {
             if let Some(delivery) = self.ports.store.get_delivery(&task.delivery_id).await? {
                 return Ok(Some(delivery));
             }
+            // Bounded by its own start too: another host's clock may be ahead of this one's.
             let now = self.now();
-            if first.is_none_or(|queued_at| now + wait - queued_at >= FRESH_LOOK) {
+            let older = |since: DateTime<Utc>| now + wait - since >= FRESH_LOOK;
+            if first.is_none_or(older) || older(started) {
                 return Ok(None);
             }
             self.ports.clock.sleep_until(now + wait).await;
@@ -721,7 +730,7 @@ impl Services {
     /// on until [`DISABLE_NOTICE_CLAIM`] has passed.
     async fn send_disable_notice(
         &self,
-        mut sub: Subscription,
+        sub: Subscription,
         tenant: Option<&Tenant>,
         since: DateTime<Utc>,
     ) -> Result<()> {
@@ -733,10 +742,16 @@ impl Services {
         {
             self.send_email(&self.disabled_email(&sub, to, since, hours)).await?;
         }
-        // Then the operational webhook, best effort: the email is never held up by it, and
-        // once the email is sent, telling again would mean sending the email again.
-        self.tell_best_effort(&sub.tenant_id, Operational::disabled_failing(&sub, since, hours))
-            .await;
+        let (told, tenant_id) = (Operational::disabled_failing(&sub, since, hours), sub.tenant_id.clone());
+        let marked = self.mark_disable_notice_sent(sub).await;
+        // Then the operational webhook, best effort: the email never waits for it, and once
+        // the email is sent and marked, nothing would tell it again.
+        self.tell_best_effort(&tenant_id, told).await;
+        marked
+    }
+
+    /// The disabled subscription's email is sent: no longer pending, nor taken on.
+    async fn mark_disable_notice_sent(&self, mut sub: Subscription) -> Result<()> {
         let taken_on = sub.disable_notice_claimed_at;
         for _ in 0..3 {
             let read_at = sub.updated_at;

@@ -147,7 +147,7 @@ impl Default for Config {
 
 /// What follows a POST, each store call bounded by the AWS SDK's operation timeout (5 s,
 /// `hookwise-aws`): the attempt with the state change, endpoint health and its statistics,
-/// the retry's enqueue, and at times an operational webhook told (its calls side by side).
+/// the retry's enqueue, and at times an operational webhook told (a few calls more).
 pub const DEADLINE_MARGIN: Duration = Duration::from_secs(20);
 /// The time a Lambda batch must have left to write its statistics at its end.
 pub const STATS_SPARE_TIME: Duration = Duration::from_secs(5);

@@ -9,11 +9,12 @@
 //! events: an operational endpoint that fails makes no events about its failures, so no
 //! failure feeds on itself. The owner's emails are sent as before, whatever is subscribed.
 //!
-//! How sure each is: a dead delivery's and a disabling's are told by the handler that must
-//! finish (the dead-letter batch, the 410's message, the owner's email), so an error brings
-//! them back until told. A breaker's opening and closing, and an endpoint's recovery, are
-//! told right after the write that made them, best effort: an error is logged and counted,
-//! and a process that dies between the write and the telling does not tell it.
+//! How sure each is: a dead delivery's and a 410's disabling are told by the handler that
+//! must finish (the dead-letter batch, the 410's message), after the owner's email or the
+//! death's hand-off, so an error brings them back until told. A disabling for failing is
+//! told after its email, and a breaker's opening and closing and an endpoint's recovery
+//! right after the write that made them: best effort, an error is logged and counted, and a
+//! process that dies in between does not tell it.
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -131,7 +132,10 @@ impl Operational {
         data["failing_since"] = run.failing_since.map(at).into();
         data["last_success_at"] = run.after_success.map(at).into();
         data["recovered_at"] = at(when).into();
-        let key = recovered_key(&sub.id, run.after_success.or(sub.active_since).unwrap_or(when));
+        let key = recovered_key(
+            &sub.id,
+            run.after_success.or(sub.active_since).unwrap_or(sub.created_at),
+        );
         Self::about_endpoint(sub, ENDPOINT_RECOVERED, key, data)
     }
 
@@ -153,7 +157,7 @@ pub(super) struct FailureRun {
 }
 
 /// A recovery's key: the run it ends, marked by the success before it (or, for an endpoint
-/// that never succeeded, the time its subscription became active), which stays the same
+/// that never succeeded, the time its subscription became active, or was made), which stays the same
 /// however long the run and whichever process sees it end: two processes tell it once.
 fn recovered_key(sub: &SubscriptionId, run_after: DateTime<Utc>) -> String {
     format!("{ENDPOINT_RECOVERED}:{sub}:{}", at(run_after))
@@ -352,7 +356,7 @@ pub fn builtin_event_types() -> Vec<EventTypeDefinition> {
         ),
         (
             BREAKER_CLOSED,
-            "An endpoint's circuit breaker closed: a probe succeeded, and what it held is being released.",
+            "An endpoint's circuit breaker closed: a probe succeeded (or the breaker was turned off while open), and what it held is being released.",
             common(
                 json!({"opened_at": maybe_time.clone(), "closed_at": time.clone()}),
                 &["closed_at"],
@@ -475,7 +479,7 @@ mod tests {
         assert!(first.ends_with("2026-12-06T08:00:00.000Z"), "{first}");
         sub.active_since = None;
         let unknown = key(&sub, run(5, "2026-12-06T08:01:00Z", None), "2026-12-06T08:10:00Z");
-        assert!(unknown.ends_with("2026-12-06T08:10:00.000Z"), "{unknown}");
+        assert!(unknown.ends_with("2026-12-06T08:00:00.000Z"), "its creation: {unknown}");
     }
 
     #[test]

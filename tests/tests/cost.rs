@@ -1,7 +1,8 @@
 //! The cost meter: the whole pipeline (authenticate, ingest, the event source's receive and
 //! delete, deliver) in this process on DynamoDB Local and moto's SQS, with every AWS request
-//! and every capacity unit counted (`ReturnConsumedCapacity=INDEXES`), for four profiles,
-//! priced per million events at on-demand prices in us-east-1.
+//! and every capacity unit counted (`ReturnConsumedCapacity=INDEXES`), and what the tables
+//! store afterwards, for six profiles, priced per million events at on-demand prices in
+//! us-east-1. Endpoints answer with a 300-byte JSON body, as real ones do.
 //!
 //! `scripts/bench-cost.sh` prints the table; the test command runs it too, and fails if the
 //! realistic profile costs more units than its guard allows. Needs moto and DynamoDB Local
@@ -21,7 +22,7 @@ use chrono::{DateTime, Utc};
 use hookwise_aws::{decode_task, RequestCounter, RequestCounts};
 use hookwise_core::model::{Email, EventType};
 use hookwise_core::ports::DeliveryTask;
-use hookwise_core::services::NewEvent;
+use hookwise_core::services::{NewEvent, Services};
 use serde_json::{json, Value};
 
 /// Prices (us-east-1, on-demand; docs/aws.md lists them).
@@ -36,8 +37,45 @@ const SQS_PER_M: f64 = 0.40;
 const LOGS_PER_GB: f64 = 0.50;
 /// What Lambda itself logs per invocation (START, END and REPORT lines).
 const PLATFORM_LOG_BYTES: f64 = 300.0;
+/// X-Ray (template.yaml traces the functions actively): traces recorded, per million, and
+/// the share of invocations the default sampling rule records beyond its first each second.
+const XRAY_PER_M_TRACES: f64 = 5.00;
+const XRAY_SAMPLED: f64 = 0.05;
+/// DynamoDB storage (standard table class) and its point-in-time recovery (on for both
+/// tables), per GB-month. An event's items are kept for the retention after their last
+/// change: 30 days by default, so about a month.
+const DYNAMODB_STORAGE_GB_MONTH: f64 = 0.25;
+const DYNAMODB_PITR_GB_MONTH: f64 = 0.20;
+const RETENTION_MONTHS: f64 = 1.0;
+/// What the endpoints answer: a JSON body of this many bytes (its excerpt is stored).
+const RESPONSE_BYTES: usize = 300;
 
 const WAIT: Duration = Duration::from_secs(120);
+
+/// How the events come, and how the event source hands them to the Deliver function.
+enum Arrival {
+    /// All at once, then drained in full batches of 10: the best case for batching.
+    Burst,
+    /// One `ingest_batch` of every event, then drained as a burst.
+    Batch,
+    /// One at a time, `per_second`, a request each. The event source's batches hold what
+    /// arrives within its batching window (`DeliverBatchingWindowSeconds`): about
+    /// `per_second × window_seconds`, at least one, at most ten.
+    Trickle { per_second: f64, window_seconds: f64 },
+}
+
+impl Arrival {
+    /// Messages per Deliver invocation.
+    fn batch(&self) -> usize {
+        match self {
+            Arrival::Burst | Arrival::Batch => 10,
+            Arrival::Trickle {
+                per_second,
+                window_seconds,
+            } => ((per_second * window_seconds).round() as usize).clamp(1, 10),
+        }
+    }
+}
 
 /// What one run sends.
 struct Profile {
@@ -46,38 +84,57 @@ struct Profile {
     subscriptions: usize,
     /// Each delivery's first attempt fails (500); its retry, 1 s later, succeeds.
     fail_first: bool,
-    /// One `ingest_batch` of every event instead of one request each.
-    batch: bool,
+    arrival: Arrival,
 }
 
-const PROFILES: [Profile; 4] = [
+const PROFILES: [Profile; 6] = [
     Profile {
         name: "realistic: 1.5 KB, Idempotency-Key, 1 subscription, first attempt",
         events: 40,
         subscriptions: 1,
         fail_first: false,
-        batch: false,
+        arrival: Arrival::Burst,
     },
     Profile {
         name: "three subscriptions",
         events: 40,
         subscriptions: 3,
         fail_first: false,
-        batch: false,
+        arrival: Arrival::Burst,
     },
     Profile {
         name: "one failed attempt, then its retry",
         events: 40,
         subscriptions: 1,
         fail_first: true,
-        batch: false,
+        arrival: Arrival::Burst,
     },
     Profile {
         name: "batch ingest of 100",
         events: 100,
         subscriptions: 1,
         fail_first: false,
-        batch: true,
+        arrival: Arrival::Batch,
+    },
+    Profile {
+        name: "trickle: 4 events a second, no batching window (batches of 1)",
+        events: 40,
+        subscriptions: 1,
+        fail_first: false,
+        arrival: Arrival::Trickle {
+            per_second: 4.0,
+            window_seconds: 0.0,
+        },
+    },
+    Profile {
+        name: "trickle: 4 events a second, a 1 s batching window (batches of 4)",
+        events: 40,
+        subscriptions: 1,
+        fail_first: false,
+        arrival: Arrival::Trickle {
+            per_second: 4.0,
+            window_seconds: 1.0,
+        },
     },
 ];
 
@@ -91,7 +148,7 @@ struct Figures {
     /// DynamoDB Local's own figures: all its write units, and the indexes' part.
     reported_write_units: f64,
     reported_index_write_units: f64,
-    /// The audit of first attempts' part of `dynamodb_requests` and `read_units`.
+    /// The audit of queued messages' part of `dynamodb_requests` and `read_units`.
     audit_requests: f64,
     audit_read_units: f64,
     sqs_requests: f64,
@@ -99,18 +156,26 @@ struct Figures {
     invocations: f64,
     lambda_ms: f64,
     log_bytes: f64,
+    /// What the tables store, as DynamoDB bills it (`hookwise_aws::stored_bytes`).
+    stored_bytes: f64,
+    /// Capacity units by store call.
+    units_by_call: Vec<(String, f64)>,
 }
 
 impl Figures {
     fn new(
         c: &RequestCounts,
         audit: &RequestCounts,
-        api_requests: usize,
-        invocations: usize,
-        lambda: Duration,
+        billed: &Billed,
         logs: u64,
+        stored_bytes: u64,
         events: usize,
     ) -> Self {
+        let Billed {
+            lambda,
+            invocations,
+            api_requests,
+        } = *billed;
         let n = events as f64;
         let service = |s: &str| c.service_total(s) as f64 / n;
         Self {
@@ -126,11 +191,13 @@ impl Figures {
             invocations: invocations as f64 / n,
             lambda_ms: lambda.as_secs_f64() * 1000.0 / n,
             log_bytes: (logs as f64 + invocations as f64 * PLATFORM_LOG_BYTES) / n,
+            stored_bytes: stored_bytes as f64 / n,
+            units_by_call: c.units_by_call.iter().map(|(k, v)| (k.clone(), v / n)).collect(),
         }
     }
 
     /// Dollars per million events, by service.
-    fn prices(&self) -> [(&'static str, f64); 5] {
+    fn prices(&self) -> [(&'static str, f64); 7] {
         let lambda_seconds = self.lambda_ms / 1000.0;
         [
             ("HTTP API", self.api_requests * HTTP_API_PER_M),
@@ -144,6 +211,11 @@ impl Figures {
             ),
             ("SQS", self.sqs_requests * SQS_PER_M),
             ("Logs", self.log_bytes * 1e6 / 1e9 * LOGS_PER_GB),
+            ("X-Ray", self.invocations * XRAY_SAMPLED * XRAY_PER_M_TRACES),
+            (
+                "storage",
+                self.stored_bytes * 1e6 / 1e9 * (DYNAMODB_STORAGE_GB_MONTH + DYNAMODB_PITR_GB_MONTH) * RETENTION_MONTHS,
+            ),
         ]
     }
 
@@ -180,13 +252,14 @@ async fn endpoint(fail_first: bool) -> (String, Arc<Mutex<HashSet<String>>>, Arc
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or_default()
                     .to_owned();
-                let first = seen.lock().unwrap().insert(id);
-                if fail_first && first {
+                let first = seen.lock().unwrap().insert(id.clone());
+                let status = if fail_first && first {
                     StatusCode::INTERNAL_SERVER_ERROR
                 } else {
                     ok.fetch_add(1, Ordering::SeqCst);
                     StatusCode::OK
-                }
+                };
+                (status, response_body(&id))
             }
         })
     };
@@ -194,6 +267,17 @@ async fn endpoint(fail_first: bool) -> (String, Arc<Mutex<HashSet<String>>>, Arc
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     (url, seen, ok)
+}
+
+/// What an endpoint answers: JSON of [`RESPONSE_BYTES`] bytes.
+fn response_body(id: &str) -> String {
+    let head = format!(r#"{{"received":true,"webhook_id":"{id}","handled_by":"orders-worker-7","note":""#);
+    let tail = r#""}"#;
+    let pad = RESPONSE_BYTES.saturating_sub(head.len() + tail.len());
+    format!(
+        "{head}{}{tail}",
+        "queued for fulfilment; ".repeat(pad / 23 + 1)[..pad].to_owned()
+    )
 }
 
 /// A payload of about 1.5 KB, as the README's example might send: an order whose lines each
@@ -249,49 +333,147 @@ async fn run(profile: &Profile, logs: &LogBytes) -> Option<Figures> {
     };
     assert!(serde_json::to_vec(&payload(0)).unwrap().len() >= 1500);
 
+    let stored_before = stored(&env).await;
     counter.reset();
     let log_start = logs.0.load(Ordering::Relaxed);
-    let (mut lambda, mut invocations, mut api_requests) = (Duration::ZERO, 0, 0);
-    // Ingest: what the ingest function does per API request (authenticate, then ingest).
-    if profile.batch {
-        let start = Instant::now();
-        let tenant = services.authenticate(&key).await.expect("the key");
-        let batch = (0..profile.events)
-            .map(|i| (event(i), Some(format!("order-{i}"))))
-            .collect();
-        for result in services.ingest_batch(&tenant, batch).await.expect("batch") {
-            result.expect("ingested");
-        }
-        lambda += start.elapsed();
-        (invocations, api_requests) = (1, 1);
-    } else {
-        for i in 0..profile.events {
+    let mut billed = Billed::default();
+    let per_event = profile.subscriptions as u64;
+    let batch = profile.arrival.batch();
+    match profile.arrival {
+        Arrival::Batch => {
             let start = Instant::now();
             let tenant = services.authenticate(&key).await.expect("the key");
-            services
-                .ingest(&tenant, event(i), Some(format!("order-{i}")))
-                .await
-                .expect("ingest");
-            lambda += start.elapsed();
-            (invocations, api_requests) = (invocations + 1, api_requests + 1);
+            let events = (0..profile.events)
+                .map(|i| (event(i), Some(format!("order-{i}"))))
+                .collect();
+            for result in services.ingest_batch(&tenant, events).await.expect("batch") {
+                result.expect("ingested");
+            }
+            billed.add(start.elapsed(), 1);
+            deliver_until(
+                &env,
+                &services,
+                &ok,
+                profile.events as u64 * per_event,
+                batch,
+                &mut billed,
+            )
+            .await;
+        }
+        Arrival::Burst => {
+            for i in 0..profile.events {
+                ingest_one(&services, &key, event(i), i, &mut billed).await;
+            }
+            deliver_until(
+                &env,
+                &services,
+                &ok,
+                profile.events as u64 * per_event,
+                batch,
+                &mut billed,
+            )
+            .await;
+        }
+        Arrival::Trickle { per_second, .. } => {
+            let start = Instant::now();
+            for i in 0..profile.events {
+                tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / per_second)).into()).await;
+                ingest_one(&services, &key, event(i), i, &mut billed).await;
+                if (i + 1) % batch == 0 || i + 1 == profile.events {
+                    deliver_until(&env, &services, &ok, (i as u64 + 1) * per_event, batch, &mut billed).await;
+                }
+            }
         }
     }
-    // Deliver: what the event source mapping (receive, delete) and the deliver function do,
-    // batches of 10.
+    // The scheduler's audit of queued messages reads each delivery once, an hour on: what it
+    // reads for this run's (`Services::audit_queued_messages`, page by page).
+    let before_audit = counter.snapshot();
+    let store = &services.ports().store;
+    let (range, mut after) = (DateTime::UNIX_EPOCH..Utc::now() + chrono::Duration::seconds(1), None);
+    loop {
+        let page = store
+            .awaiting_queued_message(range.clone(), after.as_deref(), 500)
+            .await
+            .expect("an audit page");
+        assert!(page.deliveries.is_empty(), "every queued attempt was made");
+        match page.next {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let logged = logs.0.load(Ordering::Relaxed) - log_start;
+    let all = counter.snapshot();
+    let stored_bytes = stored(&env).await - stored_before;
+    let audit = RequestCounts {
+        requests: all
+            .requests
+            .iter()
+            .map(|(k, v)| (k.clone(), v - before_audit.requests.get(k).unwrap_or(&0)))
+            .collect(),
+        read_units: all.read_units - before_audit.read_units,
+        ..RequestCounts::default()
+    };
+    Some(Figures::new(
+        &all,
+        &audit,
+        &billed,
+        logged,
+        stored_bytes,
+        profile.events,
+    ))
+}
+
+/// What the functions are billed for: invocations and their time, and API requests.
+#[derive(Clone, Copy, Default)]
+struct Billed {
+    lambda: Duration,
+    invocations: usize,
+    api_requests: usize,
+}
+
+impl Billed {
+    /// An invocation that took `took`, for an API request or not (`api_requests`: 0 or 1).
+    fn add(&mut self, took: Duration, api_requests: usize) {
+        self.lambda += took;
+        self.invocations += 1;
+        self.api_requests += api_requests;
+    }
+}
+
+/// What the Ingest function does per API request: authenticate, then ingest.
+async fn ingest_one(services: &Services, key: &str, event: NewEvent, i: usize, billed: &mut Billed) {
+    let start = Instant::now();
+    let tenant = services.authenticate(key).await.expect("the key");
+    services
+        .ingest(&tenant, event, Some(format!("order-{i}")))
+        .await
+        .expect("ingest");
+    billed.add(start.elapsed(), 1);
+}
+
+/// What the event source mapping (receive, delete) and the Deliver function do, `batch`
+/// messages at most an invocation, until the endpoint has had `want` deliveries.
+async fn deliver_until(
+    env: &AwsEnv,
+    services: &Services,
+    delivered: &AtomicU64,
+    want: u64,
+    batch: usize,
+    billed: &mut Billed,
+) {
     let sqs = &env.clients.sqs;
     let queue = &env.provisioned.delivery_queue_url;
-    let want = (profile.events * profile.subscriptions) as u64;
     let start = Instant::now();
-    while ok.load(Ordering::SeqCst) < want {
+    while delivered.load(Ordering::SeqCst) < want {
         assert!(
             start.elapsed() < WAIT,
             "only {} of {want} delivered",
-            ok.load(Ordering::SeqCst)
+            delivered.load(Ordering::SeqCst)
         );
         let out = sqs
             .receive_message()
             .queue_url(queue)
-            .max_number_of_messages(10)
+            .max_number_of_messages(batch as i32)
             .wait_time_seconds(1)
             .send()
             .await
@@ -308,8 +490,7 @@ async fn run(profile: &Profile, logs: &LogBytes) -> Option<Figures> {
         for r in services.deliver_batch(&tasks).await {
             r.expect("delivered or retried");
         }
-        lambda += invoked.elapsed();
-        invocations += 1;
+        billed.add(invoked.elapsed(), 0);
         let entries = messages
             .iter()
             .enumerate()
@@ -328,42 +509,18 @@ async fn run(profile: &Profile, logs: &LogBytes) -> Option<Figures> {
             .await
             .unwrap();
     }
-    // The scheduler's audit of first attempts reads each delivery once, an hour on: what it
-    // reads for this run's (`Services::audit_first_attempts`, page by page).
-    let before_audit = counter.snapshot();
-    let store = &services.ports().store;
-    let (range, mut after) = (DateTime::UNIX_EPOCH..Utc::now() + chrono::Duration::seconds(1), None);
-    loop {
-        let page = store
-            .awaiting_first_message(range.clone(), after.as_deref(), 500)
+}
+
+/// What both tables store (uncounted: the meter's own reads).
+async fn stored(env: &AwsEnv) -> u64 {
+    let client = &env.clients.dynamodb;
+    let mut total = 0;
+    for table in [&env.provisioned.table, &env.provisioned.scheduler_table] {
+        total += hookwise_aws::stored_bytes(client, table)
             .await
-            .expect("an audit page");
-        assert!(page.deliveries.is_empty(), "every first attempt was made");
-        match page.next {
-            Some(next) => after = Some(next),
-            None => break,
-        }
+            .expect("the tables' size");
     }
-    let logged = logs.0.load(Ordering::Relaxed) - log_start;
-    let all = counter.snapshot();
-    let audit = RequestCounts {
-        requests: all
-            .requests
-            .iter()
-            .map(|(k, v)| (k.clone(), v - before_audit.requests.get(k).unwrap_or(&0)))
-            .collect(),
-        read_units: all.read_units - before_audit.read_units,
-        ..RequestCounts::default()
-    };
-    Some(Figures::new(
-        &all,
-        &audit,
-        api_requests,
-        invocations,
-        lambda,
-        logged,
-        profile.events,
-    ))
+    total
 }
 
 fn print_table(rows: &[(&Profile, Figures)]) {
@@ -371,7 +528,7 @@ fn print_table(rows: &[(&Profile, Figures)]) {
     for (profile, f) in rows {
         println!(
             "\n{} ({} events)\n  DynamoDB {:.2} requests, {:.2} RRU, {:.2} WRU (DynamoDB Local reported {:.2}, {:.2} of them to indexes; \
-             the audit of first attempts {:.2} requests, {:.2} RRU)\n  \
+             the audit of queued messages {:.2} requests, {:.2} RRU)\n  \
              SQS {:.2} requests; HTTP API {:.2} requests; Lambda {:.2} invocations, {:.1} ms; logs {:.0} bytes",
             profile.name,
             profile.events,
@@ -388,16 +545,49 @@ fn print_table(rows: &[(&Profile, Figures)]) {
             f.lambda_ms,
             f.log_bytes,
         );
+        let units: Vec<String> = f
+            .units_by_call
+            .iter()
+            .map(|(call, u)| format!("{call} {u:.2}"))
+            .collect();
+        println!(
+            "  stored {:.0} bytes; units by call: {}",
+            f.stored_bytes,
+            units.join(", ")
+        );
         let prices = f.prices();
         let parts: Vec<String> = prices.iter().map(|(s, p)| format!("{s} ${p:.2}")).collect();
         println!("  ${:.2} per million = {}", f.per_million(), parts.join(" + "));
     }
     let price = |i: usize| rows[i].1.per_million();
     println!(
-        "\neach extra subscription: ${:.2} per million; a failed attempt and its retry: ${:.2} per million",
+        "\neach extra subscription: ${:.2} per million; a failed attempt and its retry: ${:.2} per million; \
+         trickle against a burst: ${:+.2} per million with no batching window, ${:+.2} with a 1 s window",
         (price(1) - price(0)) / 2.0,
-        price(2) - price(0)
+        price(2) - price(0),
+        price(4) - price(0),
+        price(5) - price(0),
     );
+}
+
+/// The figures for `make bench`'s table (scripts/bench-table.py): each profile's price per
+/// million events by service, and the differences `print_table` prints.
+fn bench_json(rows: &[(&Profile, Figures)]) -> Value {
+    let price = |i: usize| rows[i].1.per_million();
+    json!({
+        "profiles": rows.iter().map(|(p, f)| json!({
+            "name": p.name,
+            "per_million": f.per_million(),
+            "wru": f.write_units,
+            "rru": f.read_units,
+            "stored_bytes": f.stored_bytes,
+            "by_service": f.prices().iter().map(|(s, p)| json!([s, p])).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "extra_subscription": (price(1) - price(0)) / 2.0,
+        "failed_attempt_and_retry": price(2) - price(0),
+        "trickle_no_window": price(4) - price(0),
+        "trickle_window": price(5) - price(0),
+    })
 }
 
 #[test]
@@ -423,6 +613,9 @@ fn cost_per_event_by_profile() {
         rows.push((profile, figures));
     }
     print_table(&rows);
+    if let Ok(path) = std::env::var("HOOKWISE_BENCH_JSON") {
+        std::fs::write(&path, bench_json(&rows).to_string()).expect("the bench's JSON");
+    }
 
     // The guard on the realistic profile, at today's model (docs/aws.md has where each unit
     // goes): a change that costs more units fails here.

@@ -19,7 +19,7 @@ use aws_smithy_runtime_api::client::orchestrator::Metadata;
 use aws_smithy_runtime_api::client::runtime_components::RuntimeComponents;
 use aws_smithy_types::config_bag::ConfigBag;
 
-use crate::store::INDEX_KEYS;
+use crate::store::{INDEX_KEYS, PK, SK};
 
 /// What was counted so far.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -202,6 +202,48 @@ fn transaction_units_by_size(body: &[u8]) -> Option<(String, f64)> {
         })
         .sum();
     Some((token, units))
+}
+
+/// What DynamoDB bills per stored item (and per index entry) beyond its own bytes.
+const ITEM_OVERHEAD: u64 = 100;
+
+/// What `table` stores, as DynamoDB bills storage: its items' bytes (as the table reports
+/// them), 100 bytes of overhead per item, and per index entry its keys and the table's, plus
+/// 100 bytes (Hookwise's indexes project keys only). Reads the whole table: for the cost
+/// meter's small tables, not a deployment's.
+pub async fn stored_bytes(client: &aws_sdk_dynamodb::Client, table: &str) -> Result<u64, BoxError> {
+    let described = client.describe_table().table_name(table).send().await?;
+    let items = described.table().and_then(|t| t.table_size_bytes()).unwrap_or(0);
+    let mut overhead = 0;
+    let mut start = None;
+    loop {
+        let page = client
+            .scan()
+            .table_name(table)
+            .set_exclusive_start_key(start)
+            .send()
+            .await?;
+        for item in page.items() {
+            let key_bytes = |names: &[&str]| -> u64 {
+                names
+                    .iter()
+                    .filter_map(|n| item.get(*n).and_then(|v| v.as_s().ok()).map(|v| n.len() + v.len()))
+                    .sum::<usize>() as u64
+            };
+            overhead += ITEM_OVERHEAD;
+            for keys in INDEX_KEYS
+                .iter()
+                .filter(|keys| keys.iter().all(|k| item.contains_key(*k)))
+            {
+                overhead += ITEM_OVERHEAD + key_bytes(keys) + key_bytes(&[PK, SK]);
+            }
+        }
+        match page.last_evaluated_key {
+            Some(key) if !key.is_empty() => start = Some(key),
+            _ => break,
+        }
+    }
+    Ok(items.max(0) as u64 + overhead)
 }
 
 /// An item's size as DynamoDB counts it: each attribute's name and value, in bytes.

@@ -35,7 +35,7 @@ use hookwise_core::ports::{Clock, Sender};
 use hookwise_core::services::Ports;
 
 pub use config::{env, AwsClients, AwsConfig, ConfigError, FunctionConfig};
-pub use counter::{RequestCounter, RequestCounts};
+pub use counter::{stored_bytes, RequestCounter, RequestCounts};
 pub use lazy_client::LazyClient;
 pub use mailer::SesMailer;
 pub use queue::{decode_task, encode_task, SqsConsumer, SqsQueue};

@@ -8,7 +8,7 @@
 //! | held   | `HELD#{subscription}`                 | `{due}#{delivery}#{round}#{attempt}` |
 //! | lease  | `#LEASE`                              | `#LEASE`: `holder`, `lease_until` (the scheduler's one-at-a-time) |
 //! | holding | `#HOLDING#3` (by subscription)       | `{subscription}`: `tenant_id` (the endpoints the scheduler tends) |
-//! | audit  | `#AUDIT`                              | `#AUDIT`: `position` (how far the audit of first attempts has got, JSON) |
+//! | audit  | `#AUDIT`                              | `#AUDIT`: `position` (how far the audit of queued messages has got, JSON) |
 //!
 //! A delivery's tasks go to one of [`SHARDS`] shards (by its id), each with its own cursor
 //! and its own partition per minute, so a burst of long retries spreads over eight keys
@@ -195,7 +195,7 @@ fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
     ])
 }
 
-/// How far the audit of first attempts has got: one item.
+/// How far the audit of queued messages has got: one item.
 fn audit_key() -> Item {
     HashMap::from([(PARTITION_KEY.to_owned(), s(AUDIT)), (SORT_KEY.to_owned(), s(AUDIT))])
 }

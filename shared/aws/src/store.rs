@@ -550,8 +550,8 @@ impl DynamoStore {
     /// `attempts` reads once; a change that appended first leaves them for its own spill.
     async fn spill_attempts(&self, id: &DeliveryId, log: &[AttributeValue]) -> PortResult<()> {
         let (moved, _newest) = log.split_at(log.len() - 1);
-        let first = attempt_from_attr(&moved[0])?;
-        let newest = attempt_from_attr(&log[log.len() - 1])?;
+        let first = attempt_from_attr(&moved[0], id)?;
+        let newest = attempt_from_attr(&log[log.len() - 1], id)?;
         let key = (
             delivery_key(id).0,
             format!("ATTS#{:010}#{:010}", first.round, first.attempt),
@@ -1093,7 +1093,7 @@ impl DynamoStore {
     }
 }
 
-/// Where the audit of first attempts goes on: a tenant, one of its `by-tenant` keys (its
+/// Where the audit of queued messages goes on: a tenant, one of its `by-tenant` keys (its
 /// shards, then the unsharded key: [`listing_keys`]), and the last `gsi_created` read there.
 #[derive(Debug, Clone, PartialEq)]
 struct AuditPlace {
@@ -1267,13 +1267,27 @@ impl DeliveryUpdate {
     }
 }
 
+/// The field of an attempt its delivery's log leaves out: the item's own id. (40 bytes an
+/// attempt: with them, a first attempt whose endpoint answered a few hundred bytes takes its
+/// delivery past one write unit.)
+const ATTEMPT_DELIVERY_ID: &str = "delivery_id";
+
 fn attempt_to_attr(a: &Attempt) -> AttributeValue {
-    AttributeValue::M(to_item(a))
+    let mut entry = to_item(a);
+    entry.remove(ATTEMPT_DELIVERY_ID);
+    AttributeValue::M(entry)
 }
 
-fn attempt_from_attr(v: &AttributeValue) -> Result<Attempt, PortError> {
+/// An entry of `delivery`'s log (one an older build wrote has the id already).
+fn attempt_from_attr(v: &AttributeValue, delivery: &DeliveryId) -> Result<Attempt, PortError> {
     match v {
-        AttributeValue::M(m) => from_item(m),
+        AttributeValue::M(entry) => {
+            let mut entry = entry.clone();
+            entry
+                .entry(ATTEMPT_DELIVERY_ID.into())
+                .or_insert_with(|| s(delivery.as_str()));
+            from_item(&entry)
+        }
         _ => Err(corrupt(ATTEMPT_LOG, "an entry is not a map")),
     }
 }
@@ -1736,7 +1750,7 @@ impl Store for DynamoStore {
                 Some("delivery" | "attempts") => {
                     if let Some(AttributeValue::L(log)) = item.get(ATTEMPT_LOG) {
                         for a in log {
-                            found.push(attempt_from_attr(a)?);
+                            found.push(attempt_from_attr(a, delivery)?);
                         }
                     }
                 }
@@ -1806,13 +1820,13 @@ impl Store for DynamoStore {
     /// settled in every replica). A call stops at the end of a tenant's keys, so one with many
     /// tenants and nothing stored costs a few small queries each (tenants are found by the
     /// directory's keys, their items unread).
-    async fn awaiting_first_message(
+    async fn awaiting_queued_message(
         &self,
         created: std::ops::Range<DateTime<Utc>>,
         after: Option<&str>,
         limit: u32,
     ) -> PortResult<AuditPage> {
-        const WHAT: &str = "audit first attempts";
+        const WHAT: &str = "audit queued messages";
         let mut place = match after {
             Some(a) => AuditPlace::decode(a)?,
             None => match self.tenant_ids(None, 1).await?.pop() {
@@ -1883,10 +1897,10 @@ impl Store for DynamoStore {
             let Some(item) = items.get(&k.0) else { continue };
             // One item that does not decode must not stop the audit at this place for good.
             match from_item::<Delivery>(item) {
-                Ok(d) if d.awaits_first_message() && created.contains(&d.created_at) => awaiting.push(d),
+                Ok(d) if d.awaits_queued_message() && created.contains(&d.created_at) => awaiting.push(d),
                 Ok(_) => {}
                 Err(error) => {
-                    tracing::warn!(%error, key = %k.0, "the audit of first attempts skips an item that does not decode")
+                    tracing::warn!(%error, key = %k.0, "the audit of queued messages skips an item that does not decode")
                 }
             }
         }

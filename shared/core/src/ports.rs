@@ -157,15 +157,16 @@ pub trait Store: Send + Sync {
     async fn apply_change(&self, change: &DeliveryChange) -> PortResult<()>;
     /// Every attempt of every round, in the order they were made.
     async fn attempts(&self, delivery: &DeliveryId) -> PortResult<Vec<Attempt>>;
-    /// Deliveries the sweep looks after ([`Delivery::is_swept`]: retrying, or pending after a
-    /// replay) whose next attempt was due before `due_before`.
+    /// Deliveries the sweep looks after ([`Delivery::is_swept`]: a later retry, pending after
+    /// a replay, or one whose next attempt was moved) whose next attempt was due before
+    /// `due_before`.
     async fn overdue_deliveries(&self, due_before: DateTime<Utc>, limit: u32) -> PortResult<Vec<Delivery>>;
-    /// A page of the audit of first attempts: of the deliveries created in `created`, after
+    /// A page of the audit of queued messages: of the deliveries created in `created`, after
     /// `after` (a [`AuditPage::next`] this store handed out; `None`: from the start), those
-    /// seen (committed) that wait for the message their ingest queued
-    /// ([`Delivery::awaits_first_message`]). About `limit` deliveries are looked at per call,
-    /// so a page may hold none and still have a next.
-    async fn awaiting_first_message(
+    /// seen (committed) that wait for a message queued before their state was written
+    /// ([`Delivery::awaits_queued_message`]). About `limit` deliveries are looked at per
+    /// call, so a page may hold none and still have a next.
+    async fn awaiting_queued_message(
         &self,
         created: std::ops::Range<DateTime<Utc>>,
         after: Option<&str>,
@@ -279,9 +280,10 @@ pub struct DeliveryTask {
     pub delivery_id: DeliveryId,
     pub round: u32,
     pub attempt: u32,
-    /// Set on a first attempt's message, which is queued before its delivery is stored: when
-    /// it was first queued, so a worker that does not find the delivery yet knows how long it
-    /// has been looking (see `Services::not_stored_yet`).
+    /// Set on a message queued before the state it is for is written (a first attempt's,
+    /// before its delivery is stored; a retry's, before its attempt's write): when it was
+    /// first queued, so a worker that does not find that state yet knows how long it has
+    /// been looking (see `Services::look_again_later`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queued_at: Option<DateTime<Utc>>,
     /// Set on an attempt the endpoint's rate limit deferred: the slot the limiter reserved for
@@ -403,7 +405,7 @@ pub struct Holding {
     pub tenant_id: TenantId,
 }
 
-/// A page of [`Store::awaiting_first_message`].
+/// A page of [`Store::awaiting_queued_message`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct AuditPage {
     pub deliveries: Vec<Delivery>,

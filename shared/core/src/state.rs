@@ -80,6 +80,15 @@ pub fn is_due_attempt(delivery: &Delivery, task: &DeliveryTask) -> bool {
         && delivery.attempts + 1 == task.attempt
 }
 
+/// A message for a later attempt than the one its delivery waits for, in the same round: a
+/// retry's, queued before the write that records the attempt before it, come before that
+/// write landed (or that write failed, and that attempt is to be made again).
+pub fn is_ahead_of_delivery(delivery: &Delivery, task: &DeliveryTask) -> bool {
+    matches!(delivery.status, DeliveryStatus::Pending | DeliveryStatus::Retrying)
+        && delivery.round == task.round
+        && delivery.attempts + 1 < task.attempt
+}
+
 /// The change that records `outcome` as attempt `attempt` and applies `decision`.
 pub fn after_attempt(
     delivery: &Delivery,
@@ -183,8 +192,10 @@ pub fn requeued(delivery: &Delivery, now: DateTime<Utc>, handled_by: DateTime<Ut
     }
 }
 
-/// A new delivery's first attempt, queued at `queued_at`, before the delivery is stored.
-pub fn first_task(delivery: &Delivery, queued_at: DateTime<Utc>) -> DeliveryTask {
+/// The message for a delivery's next attempt, queued at `queued_at`, before the state it
+/// is for is written: a new delivery's first attempt (before its ingest stores it), or a
+/// retry (before the write that records the attempt that decided it).
+pub fn queued_ahead_task(delivery: &Delivery, queued_at: DateTime<Utc>) -> DeliveryTask {
     DeliveryTask {
         queued_at: Some(queued_at),
         ..next_task(delivery)

@@ -778,15 +778,15 @@ async fn given_a_subscription_disabled_while_its_breaker_holds_more_than_a_page_
 }
 
 #[tokio::test]
-async fn given_a_held_delivery_that_gave_up_then_the_sweeps_copy_of_its_lost_retry_is_not_held_again() {
+async fn given_a_held_delivery_that_gave_up_then_the_audits_copy_of_its_lost_retry_is_not_held_again() {
     // The breaker opens on the first two failures and probes once a minute, failing each
     // time, so deliveries are held to their give-up time (their schedule's 210 s span) and
     // attempted then, their retries made on schedule. One such retry's message is lost; the
-    // sweep (60 s grace) queues it again from the stored delivery, which must still say it
-    // gave up being held, or the open breaker holds it again for what is left of its
-    // schedule (or till a probe picks it).
+    // audit of queued messages (its age here 400 s, past every retry of this schedule) queues
+    // it again from the stored delivery, which must still say it gave up being held, or the
+    // open breaker holds it again for what is left of its schedule (or till a probe picks it).
     let config = hookwise_core::services::Config {
-        sweep_grace: std::time::Duration::from_secs(60),
+        queued_message_audit_age: std::time::Duration::from_secs(400),
         ..Default::default()
     };
     let h = Harness::with_config(ScriptedSender::always(503), config, 900);
@@ -809,17 +809,27 @@ async fn given_a_held_delivery_that_gave_up_then_the_sweeps_copy_of_its_lost_ret
             break;
         }
     }
-    let (task, due) = h.queue.take_at(lost.expect("a retry after a held attempt gave up"));
+    let (task, _) = h.queue.take_at(lost.expect("a retry after a held attempt gave up"));
 
-    h.run_for(Duration::seconds(300), Duration::seconds(1)).await;
+    h.run_for(Duration::seconds(700), Duration::seconds(1)).await;
     let attempts = h.store.attempts(&task.delivery_id).await.unwrap();
     let made = attempts
         .iter()
         .find(|a| a.round == task.round && a.attempt == task.attempt)
         .expect("the lost attempt, made");
+    // The audit takes on ten minutes of creation times at once: it queues this one again
+    // 600 s after the first tick.
+    let audited = h
+        .store
+        .get_delivery(&task.delivery_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .created_at
+        + Duration::seconds(600);
     assert!(
-        made.started_at <= due + Duration::seconds(70),
-        "due at {due}, made at {} (held again by the open breaker)",
+        made.started_at <= audited + Duration::seconds(70),
+        "queued again by the audit at about {audited}, made at {} (held again by the open breaker)",
         made.started_at
     );
 }

@@ -1132,7 +1132,7 @@ async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_to
 }
 
 #[tokio::test]
-async fn given_a_receiver_that_died_before_queueing_the_retry_then_the_redelivered_message_queues_it() {
+async fn given_a_retry_that_could_not_be_queued_then_its_attempt_is_not_recorded_and_is_made_again() {
     use hookwise_core::ports::QueueMessage;
     use hookwise_core::services::{Disposition, QueueRole};
     use std::sync::atomic::Ordering;
@@ -1147,7 +1147,8 @@ async fn given_a_receiver_that_died_before_queueing_the_retry_then_the_redeliver
         receive_count,
     };
 
-    // Attempt 1 is recorded, then queueing its retry fails: the message must come back.
+    // Attempt 1 fails, and queueing its retry (before the attempt's write) fails: nothing is
+    // recorded, and the message must come back.
     h.queue.failing_enqueues.store(1, Ordering::SeqCst);
     assert_eq!(
         h.services
@@ -1156,31 +1157,106 @@ async fn given_a_receiver_that_died_before_queueing_the_retry_then_the_redeliver
         vec![Disposition::Redeliver]
     );
     let d = &ingested.deliveries[0];
-    assert_eq!(h.store.get_delivery(&d.id).await.unwrap().unwrap().attempts, 1);
+    assert_eq!(h.store.get_delivery(&d.id).await.unwrap().unwrap().attempts, 0);
     assert_eq!(h.queue.pending(), 0, "the retry was not queued");
 
-    // A duplicate of the message (received once) is just stale: its twin queues the retry.
-    assert_eq!(
-        h.services
-            .handle_messages(QueueRole::Delivery, &[message(1)], None)
-            .await,
-        vec![Disposition::Done]
-    );
-    assert_eq!(h.queue.pending(), 0);
-
-    // Back again after the failure (or a crash): the retry is queued, once.
+    // Back again: the attempt is made again, recorded once, and its retry queued once.
     assert_eq!(
         h.services
             .handle_messages(QueueRole::Delivery, &[message(2)], None)
             .await,
         vec![Disposition::Done]
     );
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "attempt 1, POSTed twice");
+    assert_eq!(h.store.attempts(&d.id).await.unwrap().len(), 1);
     h.clock.advance(Duration::seconds(11));
     let queued = h.queue.take_visible();
     assert_eq!(
         queued.iter().map(|t| (&t.delivery_id, t.attempt)).collect::<Vec<_>>(),
         vec![(&d.id, 2)]
     );
+}
+
+#[tokio::test]
+async fn given_a_retrys_message_that_comes_before_its_attempts_write_then_it_looks_again_and_the_retry_is_made_once() {
+    // The retry is queued before the write that records the attempt deciding it. Here that
+    // write fails: the attempt's own message comes back (and is made again, queueing its
+    // retry anew), while the first retry's message, come before any write, looks again a
+    // few times and is then dropped. Each attempt is recorded once, on schedule.
+    use std::sync::atomic::Ordering;
+    // Attempt 1 fails both times it is made; attempt 2 succeeds.
+    let h = Harness::new(ScriptedSender::new(|_, n| {
+        status_outcome(if n < 2 { 500 } else { 200 })
+    }));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![1])).await;
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let d = &ingested.deliveries[0];
+    let first = h.queue.take_visible();
+    h.store.failing_delivery_writes.store(1, Ordering::SeqCst);
+    let results = h.services.deliver_batch(&first).await;
+    assert!(results[0].is_err(), "the attempt's write failed: {results:?}");
+    assert_eq!(h.store.attempts(&d.id).await.unwrap().len(), 0);
+
+    // The retry's message, before any write: it goes back to look again.
+    h.clock.advance(Duration::seconds(2));
+    let early = h.queue.take_visible();
+    assert_eq!(early.iter().map(|t| t.attempt).collect::<Vec<_>>(), vec![2]);
+    assert!(matches!(
+        h.services.deliver_batch(&early).await[..],
+        [Ok(DeliverOutcome::NotStoredYet)]
+    ));
+    // The attempt's own message, back: attempt 1 is made again and recorded, its retry queued.
+    assert!(matches!(
+        h.services.deliver_batch(&first).await[..],
+        [Ok(DeliverOutcome::Retrying { .. })]
+    ));
+    // Both retry messages come: one makes attempt 2, the other is stale.
+    h.clock.advance(Duration::seconds(5));
+    assert_eq!(h.drain_now().await, 2);
+    let attempts = h.store.attempts(&d.id).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| (a.attempt, a.status_code)).collect::<Vec<_>>(),
+        vec![(1, Some(500)), (2, Some(200))]
+    );
+    assert_eq!(
+        h.sender.requests.lock().unwrap().len(),
+        3,
+        "attempt 1 twice, attempt 2 once"
+    );
+    let stored = h.store.get_delivery(&d.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, DeliveryStatus::Delivered);
+}
+
+#[tokio::test]
+async fn given_an_early_retrys_message_the_queue_lost_then_the_audit_queues_it_again_not_the_sweep() {
+    let h = Harness::new(first_fails());
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![60])).await;
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 0);
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let first = h.queue.take_visible();
+    assert!(matches!(
+        h.services.deliver_batch(&first).await[..],
+        [Ok(DeliverOutcome::Retrying { .. })]
+    ));
+    // A purge: the retry's message, queued before the attempt's write, is gone. The delivery
+    // has no entry for the sweep (it would only duplicate the message in a backlog).
+    h.clock.advance(Duration::seconds(61));
+    assert_eq!(h.queue.take_visible().len(), 1);
+    let mut found = 0;
+    for minute in 2..=80 {
+        h.clock.advance(Duration::minutes(1));
+        let report = h.services.run_scheduler().await.unwrap();
+        assert_eq!(report.requeued, 0, "swept at minute {minute}");
+        assert!(
+            report.audited == 0 || minute >= 60,
+            "audited at minute {minute}, before the hour"
+        );
+        found += report.audited;
+    }
+    assert_eq!(found, 1, "the lost retry queued again by the audit, once");
+    h.drain_now().await;
+    let d = &deliveries(&h, &tenant).await[0];
+    assert_eq!(d.status, DeliveryStatus::Delivered);
 }
 
 #[tokio::test]
@@ -1479,9 +1555,14 @@ async fn given_a_burst_of_attempts_then_endpoint_health_is_saved_every_few_secon
     assert_eq!(stored(&h).await, 12);
 }
 
-/// One subscription with a retry after 60 s, whose first attempt fails and whose retry's
-/// message is then lost (as if a crash took it between the state change and the enqueue).
-async fn a_retry_whose_message_is_lost(h: &Harness, tenant: &Tenant, events: usize) {
+/// A retry due later than `Delivery::QUEUED_RETRY_HORIZON` after its delivery's creation: the
+/// sweep looks after it (an earlier one is the audit's).
+const LATE_RETRY: u64 = 25 * 60;
+
+/// One subscription with a retry after [`LATE_RETRY`], whose first attempt fails and whose
+/// retry's message is then lost (it waits in the scheduler table, the queue's delays being
+/// shorter), the clock moved to its due time.
+async fn a_late_retry_whose_message_is_lost(h: &Harness, tenant: &Tenant, events: usize) {
     for _ in 0..events {
         h.services.ingest(tenant, event("invoice.paid"), None).await.unwrap();
     }
@@ -1489,9 +1570,9 @@ async fn a_retry_whose_message_is_lost(h: &Harness, tenant: &Tenant, events: usi
     for r in h.services.deliver_batch(&first).await {
         assert!(matches!(r.unwrap(), DeliverOutcome::Retrying { .. }));
     }
-    h.clock.advance(Duration::seconds(60));
-    let lost = h.queue.take_visible();
-    assert_eq!(lost.len(), first.len(), "each retry queued, then lost");
+    let lost = std::mem::take(&mut *h.scheduler.items.lock().unwrap());
+    assert_eq!(lost.len(), first.len(), "each retry scheduled, then lost");
+    h.clock.advance(Duration::seconds(LATE_RETRY as i64));
 }
 
 fn first_fails() -> ScriptedSender {
@@ -1501,14 +1582,15 @@ fn first_fails() -> ScriptedSender {
 #[tokio::test]
 async fn given_a_backlog_older_than_the_grace_then_the_sweep_requeues_a_retry_once_until_its_message_had_time() {
     let h = Harness::new(first_fails());
-    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![60])).await;
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![LATE_RETRY])).await;
     h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let first = h.queue.take_visible();
     h.services.deliver_batch(&first).await.into_iter().for_each(|r| {
         r.unwrap();
     });
     // The retry's message waits behind a backlog: nobody takes it.
-    h.clock.advance(Duration::minutes(7));
+    h.clock
+        .advance(Duration::seconds(LATE_RETRY as i64) + Duration::minutes(7));
     assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
     for _ in 0..6 {
         h.clock.advance(Duration::minutes(5));
@@ -1535,12 +1617,16 @@ async fn given_more_stranded_retries_than_a_page_then_one_tick_requeues_them_all
         h.services
             .create_subscription(
                 &tenant,
-                without_breaker(new_sub(&format!("https://a{i}.example.com/"), &["*"], Some(vec![60]))),
+                without_breaker(new_sub(
+                    &format!("https://a{i}.example.com/"),
+                    &["*"],
+                    Some(vec![LATE_RETRY]),
+                )),
             )
             .await
             .unwrap();
     }
-    a_retry_whose_message_is_lost(&h, &tenant, 100).await;
+    a_late_retry_whose_message_is_lost(&h, &tenant, 100).await;
     h.clock.advance(Duration::minutes(6));
     assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1200);
     assert_eq!(h.queue.take_visible().len(), 1200);
@@ -1548,10 +1634,10 @@ async fn given_more_stranded_retries_than_a_page_then_one_tick_requeues_them_all
 }
 
 #[tokio::test]
-async fn given_a_retry_whose_enqueue_was_lost_then_the_sweep_queues_it() {
+async fn given_a_late_retrys_lost_message_then_the_sweep_queues_it() {
     let h = Harness::new(first_fails());
-    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![60])).await;
-    a_retry_whose_message_is_lost(&h, &tenant, 1).await;
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![LATE_RETRY])).await;
+    a_late_retry_whose_message_is_lost(&h, &tenant, 1).await;
     let delivery = deliveries(&h, &tenant).await[0].clone();
     h.clock.advance(Duration::minutes(6));
     assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);

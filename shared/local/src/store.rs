@@ -158,6 +158,18 @@ fn decode_cursor(cursor: &str) -> PortResult<(i64, String)> {
     Ok((at, id.to_owned()))
 }
 
+/// `Delivery::awaits_queued_message`, in SQL: a first attempt as its ingest stored it, or a
+/// retry as its attempt left it (`not_before`, kept in the doc alone, is its next attempt's
+/// time) due within `Delivery::QUEUED_RETRY_HORIZON` of its creation.
+fn awaits_queued_message() -> String {
+    let horizon = Delivery::QUEUED_RETRY_HORIZON.num_nanoseconds().unwrap_or(i64::MAX);
+    format!(
+        "((status = 'pending' AND round = 0 AND next_attempt_at = created_at)
+          OR (status = 'retrying' AND next_attempt_at <= created_at + {horizon}
+              AND json_extract(doc, '$.not_before') IS json_extract(doc, '$.next_attempt_at')))"
+    )
+}
+
 fn query_docs<T: serde::de::DeserializeOwned>(
     conn: &Connection,
     what: &'static str,
@@ -708,26 +720,27 @@ impl Store for LocalBackend {
             query_docs(
                 conn,
                 "delivery",
-                // `Delivery::is_swept`, in SQL (the partial index still applies): not a first
-                // attempt awaiting its message (`Delivery::awaits_first_message`).
-                "SELECT doc FROM deliveries
-                 WHERE status IN ('pending', 'retrying')
-                   AND NOT (status = 'pending' AND round = 0 AND next_attempt_at = created_at)
-                   AND next_attempt_at < ?1
-                 ORDER BY next_attempt_at, id LIMIT ?2",
+                // `Delivery::is_swept`, in SQL (the partial index still applies).
+                &format!(
+                    "SELECT doc FROM deliveries
+                     WHERE status IN ('pending', 'retrying') AND NOT ({})
+                       AND next_attempt_at < ?1
+                     ORDER BY next_attempt_at, id LIMIT ?2",
+                    awaits_queued_message()
+                ),
                 params![before, limit],
             )
         })
         .await
     }
 
-    async fn awaiting_first_message(
+    async fn awaiting_queued_message(
         &self,
         created: std::ops::Range<DateTime<Utc>>,
         after: Option<&str>,
         limit: u32,
     ) -> PortResult<AuditPage> {
-        const WHAT: &str = "audit first attempts";
+        const WHAT: &str = "audit queued messages";
         let (from, to) = (nanos(created.start), nanos(created.end));
         let (after_at, after_id) = match after {
             Some(a) => decode_cursor(a)?,
@@ -736,15 +749,18 @@ impl Store for LocalBackend {
         let limit = limit.max(1);
         let deliveries: Vec<Delivery> = self
             .with_conn(WHAT, move |conn| {
-                // `Delivery::awaits_first_message`, in SQL; the store and the queue are one
-                // database here, so every stored delivery is committed.
+                // The store and the queue are one database here, so every stored delivery
+                // is committed.
                 query_docs(
                     conn,
                     WHAT,
-                    "SELECT doc FROM deliveries
-                     WHERE status = 'pending' AND round = 0 AND next_attempt_at = created_at
-                       AND created_at >= ?1 AND created_at < ?2 AND (created_at, id) > (?3, ?4)
-                     ORDER BY created_at, id LIMIT ?5",
+                    &format!(
+                        "SELECT doc FROM deliveries
+                         WHERE status IN ('pending', 'retrying') AND {}
+                           AND created_at >= ?1 AND created_at < ?2 AND (created_at, id) > (?3, ?4)
+                         ORDER BY created_at, id LIMIT ?5",
+                        awaits_queued_message()
+                    ),
                     params![from, to, after_at, after_id, limit],
                 )
             })

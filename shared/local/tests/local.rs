@@ -555,7 +555,7 @@ async fn an_event_and_its_first_attempts_messages_are_written_together_or_not_at
         ..keyed.clone()
     };
     let delivery = Delivery::new(DeliveryId::for_event(&event.id, &sub.id), &event, sub.id.clone());
-    let tasks = [(hookwise_core::state::first_task(&delivery, start()), 0)];
+    let tasks = [(hookwise_core::state::queued_ahead_task(&delivery, start()), 0)];
     let written = |event: Event| {
         let (backend, delivery, tasks) = (backend.clone(), delivery.clone(), tasks.clone());
         async move { write_one(&backend, &event, &delivery, &tasks).await }
@@ -577,7 +577,7 @@ async fn an_event_and_its_first_attempts_messages_are_written_together_or_not_at
         ..keyed.clone()
     };
     let delivery = Delivery::new(DeliveryId::for_event(&again.id, &sub.id), &again, sub.id.clone());
-    let tasks = [(hookwise_core::state::first_task(&delivery, start()), 0)];
+    let tasks = [(hookwise_core::state::queued_ahead_task(&delivery, start()), 0)];
     assert_eq!(
         write_one(&backend, &again, &delivery, &tasks).await.unwrap(),
         Created::Existing(keyed.id.clone())
@@ -623,7 +623,7 @@ async fn one_failed_event_of_a_batch_undoes_only_its_own_writes() {
         .into_iter()
         .map(|e| {
             let d = Delivery::new(DeliveryId::for_event(&e.id, &sub.id), e, sub.id.clone());
-            let tasks = vec![(hookwise_core::state::first_task(&d, start()), 0)];
+            let tasks = vec![(hookwise_core::state::queued_ahead_task(&d, start()), 0)];
             (e.clone(), vec![d], tasks)
         })
         .collect();

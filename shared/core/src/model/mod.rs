@@ -510,21 +510,45 @@ pub struct Delivery {
 }
 
 impl Delivery {
+    /// How long after its delivery's creation a retry may be due and still wait for the
+    /// message its attempt queued, outside the sweep ([`Self::awaits_queued_retry`]). The
+    /// audit, an hour after the creation, finds one whose message the queue lost: this leaves
+    /// it 40 minutes late by then, however late the queue was.
+    pub const QUEUED_RETRY_HORIZON: chrono::Duration = chrono::Duration::minutes(20);
+
     /// Whether the scheduler's sweep (`Store::overdue_deliveries`) looks after this delivery's
-    /// next message: a retry's and a replay's are queued after the state change that called
-    /// for them, so a crash between the two would leave the delivery waiting for nothing;
-    /// and so is a first attempt's once its next attempt was moved (held, deferred to a
-    /// rate-limit slot, or queued again by the audit). Not a first attempt that waits for
-    /// the message its ingest queued: that is never missing, and the sweep would only
-    /// duplicate it in a backlog; the queue may still lose it (past its retention, or in a
-    /// purge), and the scheduler's audit finds it then ([`Self::awaits_first_message`]).
+    /// next message: a replay's is queued after the state change that called for it, so a
+    /// crash between the two would leave the delivery waiting for nothing; and any attempt's
+    /// once its next attempt was moved (held, deferred to a rate-limit slot, or queued again
+    /// by the sweep or the audit). Not one that waits for the message queued before its state
+    /// was written ([`Self::awaits_queued_message`]): that is never missing, and the sweep
+    /// would only duplicate it in a backlog; the queue may still lose it (past its retention,
+    /// or in a purge), and the scheduler's audit finds it then.
     pub fn is_swept(&self) -> bool {
-        !self.status.is_final() && !self.awaits_first_message()
+        !self.status.is_final() && !self.awaits_queued_message()
+    }
+
+    /// Waiting for a message queued before its state was written: a first attempt's
+    /// ([`Self::awaits_first_message`]) or an early retry's ([`Self::awaits_queued_retry`]).
+    /// The scheduler's audit (`Store::awaiting_queued_message`) looks for these.
+    pub fn awaits_queued_message(&self) -> bool {
+        self.awaits_first_message() || self.awaits_queued_retry()
+    }
+
+    /// A retry still waiting for the message its attempt queued before writing it (retrying,
+    /// its next attempt where that attempt put it, `not_before`, and due within
+    /// [`Self::QUEUED_RETRY_HORIZON`] of the creation, so the audit looks at it after that).
+    /// A later retry is the sweep's, its message queued all the same.
+    pub fn awaits_queued_retry(&self) -> bool {
+        self.status == DeliveryStatus::Retrying
+            && self.next_attempt_at == self.not_before
+            && self
+                .next_attempt_at
+                .is_some_and(|at| at <= self.created_at + Self::QUEUED_RETRY_HORIZON)
     }
 
     /// A first attempt still waiting for the one message its ingest queued (pending, round
-    /// 0, its next attempt where the ingest put it). The audit of first attempts
-    /// (`Store::awaiting_first_message`) looks for these.
+    /// 0, its next attempt where the ingest put it).
     pub fn awaits_first_message(&self) -> bool {
         self.status == DeliveryStatus::Pending && self.round == 0 && self.next_attempt_at == Some(self.created_at)
     }

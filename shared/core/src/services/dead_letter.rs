@@ -185,6 +185,7 @@ impl Services {
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
         let mut change = after_attempt(delivery, task.attempt, now, &outcome, decision, now);
         change.next.held_until = task.held_until_after(now);
+        self.queue_retry_ahead(&change.next, decision).await?;
         match self.ports.store.apply_change(&change).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return Ok(None), // moved on meanwhile

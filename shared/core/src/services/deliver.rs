@@ -16,7 +16,9 @@ use crate::model::*;
 use crate::ports::{DeliveryChange, DeliveryTask, ScheduledTask, WebhookRequest};
 use crate::rate_limit::{self, Arrival, Verdict};
 use crate::signing::signature_header;
-use crate::state::{self, after_attempt, decide, give_up, is_due_attempt, AttemptContext, Decision};
+use crate::state::{
+    self, after_attempt, decide, give_up, is_ahead_of_delivery, is_due_attempt, AttemptContext, Decision,
+};
 use crate::stats::StatsCounts;
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -28,8 +30,9 @@ pub enum DeliverOutcome {
     Dead,
     /// The delivery had moved on (a duplicate or late message): nothing done.
     Stale,
-    /// A first attempt whose delivery is not stored yet: the message is queued again, to
-    /// look once more a little later (see `not_stored_yet`).
+    /// A message come before the state it is for is written (a first attempt's delivery, the
+    /// attempt before a retry): queued again, to look once more a little later (see
+    /// `look_again_later`).
     NotStoredYet,
     /// Over the endpoint's rate limit: queued again for the slot the limiter reserved, not
     /// attempted (and not counted as an attempt).
@@ -58,10 +61,11 @@ const GONE: &str = "the endpoint answered 410 Gone";
 /// messages can come back in half the timeout) is sent back again, at the cost of a receive.
 pub const DISABLE_NOTICE_CLAIM: chrono::Duration = chrono::Duration::seconds(90);
 
-/// How long an ingest may take between queueing a first attempt and storing its delivery: no
-/// longer than the API's own time limit (API Gateway's 30 s; the ingest Lambda's is 15 s).
-/// A first attempt's message younger than this that finds no delivery is queued again.
-pub const INGEST_WINDOW: chrono::Duration = chrono::Duration::seconds(30);
+/// How long after a message is queued the state it is for may still be written: an ingest's
+/// delivery (no longer than the API's own time limit, API Gateway's 30 s; the ingest Lambda's
+/// is 15 s), or the attempt a retry's message follows (the Deliver function's time after its
+/// POST, 20 s). A message younger than this that comes before that state is queued again.
+pub const WRITE_WINDOW: chrono::Duration = chrono::Duration::seconds(30);
 
 /// How long a first attempt's message that finds no delivery is looked at again in the
 /// process, before it is queued again with a delay (see `get_delivery_of`).
@@ -159,6 +163,9 @@ impl Services {
         let Some(delivery) = self.get_delivery_of(task).await? else {
             return self.not_stored_yet(task).await;
         };
+        if is_ahead_of_delivery(&delivery, task) {
+            return self.not_written_yet(task).await;
+        }
         if !is_due_attempt(&delivery, task) {
             return self.finish_stale(&delivery, task).await;
         }
@@ -267,6 +274,7 @@ impl Services {
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
         let mut change = after_attempt(&delivery, task.attempt, started_at, &outcome, decision, now);
         change.next.held_until = task.held_until_after(started_at);
+        self.queue_retry_ahead(&change.next, decision).await?;
         match self.record_attempt(&change, outcome.is_success()).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return self.lost_the_race(task).await,
@@ -401,16 +409,30 @@ impl Services {
         }
     }
 
-    /// After the change is stored: queue the next attempt, or hand a dead one on.
+    /// Queue the retry an attempt decided on (`next`: its delivery as the attempt's change
+    /// leaves it) before the write that records the attempt, as a first attempt's message
+    /// goes before its ingest's writes. Once the write lands, the retry is on its way: the
+    /// delivery needs no entry for the sweep ([`Delivery::awaits_queued_retry`]), and no
+    /// crash after the write can strand it. A crash or an error before the write lands
+    /// leaves the attempt's own message unacked: it comes back, and the attempt is made
+    /// again. The retry's message that comes before the write is sent back for a while
+    /// (`not_written_yet`).
+    pub(super) async fn queue_retry_ahead(&self, next: &Delivery, decision: Decision) -> Result<(), PortError> {
+        match decision {
+            Decision::Retry { at, .. } => {
+                self.schedule_attempt(state::queued_ahead_task(next, self.now()), at)
+                    .await
+            }
+            Decision::Delivered | Decision::Dead => Ok(()),
+        }
+    }
+
+    /// After the change is stored: hand a dead one on (a retry was queued before it:
+    /// `queue_retry_ahead`).
     pub(super) async fn hand_on(&self, delivery: &Delivery, decision: Decision) -> Result<DeliverOutcome> {
         match decision {
             Decision::Delivered => Ok(DeliverOutcome::Delivered),
-            Decision::Retry { at, .. } => {
-                // An error here redelivers the message, and `resume_retry` queues the retry
-                // then (the sweep would, but only once it is overdue).
-                self.schedule_attempt(state::next_task(delivery), at).await?;
-                Ok(DeliverOutcome::Retrying { at })
-            }
+            Decision::Retry { at, .. } => Ok(DeliverOutcome::Retrying { at }),
             Decision::Dead => {
                 self.count_stats(&delivery.subscription_id, self.now(), StatsCounts::dead())
                     .await;
@@ -436,22 +458,17 @@ impl Services {
     }
 
     /// A message that came back after its attempt was recorded (its receiver died, or
-    /// failed, after the state change): queue the retry that attempt decided on, and if the
-    /// attempt was the breaker's probe, move the breaker on its outcome, in case that is what
-    /// did not happen. If it did, the second message is stale on arrival, and the breaker
-    /// has moved on. Only for redelivered messages: a mere duplicate's twin did both.
-    pub(super) async fn resume_retry(&self, task: &DeliveryTask) -> Result<()> {
+    /// failed, after the state change): if the attempt was the breaker's probe, move the
+    /// breaker on its outcome, in case that is what did not happen. If it did, the second
+    /// message is stale on arrival, and the breaker has moved on. (A retry the attempt
+    /// decided on was queued before its write.) Only for redelivered messages: a mere
+    /// duplicate's twin did it.
+    pub(super) async fn resume_probe(&self, task: &DeliveryTask) -> Result<()> {
         let Some(d) = self.ports.store.get_delivery(&task.delivery_id).await? else {
             return Ok(());
         };
         if d.round != task.round || d.attempts != task.attempt {
             return Ok(()); // not the message of the attempt recorded last
-        }
-        if d.status == DeliveryStatus::Retrying {
-            let at = d.next_attempt_at.unwrap_or_else(|| self.now());
-            self.schedule_attempt(state::next_task(&d), at).await?;
-            tracing::info!(delivery_id = %d.id, attempt = task.attempt, %at,
-                "a message came back after its attempt was recorded; its retry is queued again");
         }
         if let Err(error) = self.probe_moved_on(&d).await {
             // The tick tends a breaker that holds attempts.
@@ -553,31 +570,57 @@ impl Services {
 
     /// A message whose delivery is not stored. A first attempt's is queued a moment before
     /// its delivery is stored, and a slow ingest (a batch, a throttled table) may take
-    /// seconds, so one younger than [`INGEST_WINDOW`] is queued again, its delay as long as
-    /// its age so far (at least a second): the copies look at about 1, 2, 4, 8, 16 and 32 s,
-    /// each carrying the first `queued_at`. After the window it is an error: the queue sends
-    /// the message again after its visibility timeout, and after `maxReceiveCount` receives
-    /// hands it to the dead-letter handler, which drops it if its delivery was never stored
-    /// (the ingest failed, and its client had the error) or puts it back on its schedule if
-    /// it was. An ingest that failed costs six copies at most. Any other message without a
-    /// delivery is for one that is gone.
+    /// seconds, so one younger than [`WRITE_WINDOW`] is queued again (`look_again_later`).
+    /// After the window it is an error: the queue sends the message again after its
+    /// visibility timeout, and after `maxReceiveCount` receives hands it to the dead-letter
+    /// handler, which drops it if its delivery was never stored (the ingest failed, and its
+    /// client had the error) or puts it back on its schedule if it was. An ingest that failed
+    /// costs six copies at most. Any other message without a delivery is for one that is gone.
     async fn not_stored_yet(&self, task: &DeliveryTask) -> Result<DeliverOutcome> {
         let Some(queued_at) = task.queued_at.filter(|_| task.round == 0 && task.attempt == 1) else {
             tracing::warn!("queued delivery does not exist; dropping the message");
             return Ok(DeliverOutcome::Stale);
         };
-        let age = self.now() - queued_at;
-        if age < INGEST_WINDOW {
-            let delay = age.num_seconds().max(1) as u32;
-            self.ports.queue.enqueue(&[(task.clone(), delay)]).await?;
-            tracing::debug!(%queued_at, delay, "the delivery is not stored yet; looking again");
-            return Ok(DeliverOutcome::NotStoredYet);
+        if let Some(outcome) = self.look_again_later(task, queued_at).await? {
+            return Ok(outcome);
         }
         Err(PortError::retryable(
             "deliver",
             format!("delivery not stored yet (its message was queued at {queued_at}, before the ingest's write)"),
         )
         .into())
+    }
+
+    /// A retry's message come before the write that records the attempt before it (the
+    /// retry is queued first: `queue_retry_ahead`). One younger than [`WRITE_WINDOW`] is
+    /// queued again (`look_again_later`); an older one is dropped: that write never landed,
+    /// so that attempt's own message was not acked, and it comes back to make the attempt
+    /// again and queue its retry anew. (Were the write to land later still, the delivery
+    /// would wait for a message that is gone: the audit of queued messages, or the sweep,
+    /// finds it.)
+    async fn not_written_yet(&self, task: &DeliveryTask) -> Result<DeliverOutcome> {
+        if let Some(queued_at) = task.queued_at {
+            if let Some(outcome) = self.look_again_later(task, queued_at).await? {
+                return Ok(outcome);
+            }
+        }
+        tracing::info!("a retry's message whose attempt before it was never recorded; dropping it");
+        Ok(DeliverOutcome::Stale)
+    }
+
+    /// A message queued before the state it is for was written, and come before it: while
+    /// younger than [`WRITE_WINDOW`] it is queued again, its delay as long as its age so far
+    /// (at least a second): the copies look at about 1, 2, 4, 8, 16 and 32 s, each carrying
+    /// the first `queued_at`. None once it is older.
+    async fn look_again_later(&self, task: &DeliveryTask, queued_at: DateTime<Utc>) -> Result<Option<DeliverOutcome>> {
+        let age = self.now() - queued_at;
+        if age >= WRITE_WINDOW {
+            return Ok(None);
+        }
+        let delay = age.num_seconds().max(1) as u32;
+        self.ports.queue.enqueue(&[(task.clone(), delay)]).await?;
+        tracing::debug!(%queued_at, delay, "the state this message is for is not written yet; looking again");
+        Ok(Some(DeliverOutcome::NotStoredYet))
     }
 
     /// Dead without an attempt.

@@ -8,7 +8,7 @@ use super::Services;
 use crate::error::{Error, PortError, Result, ValidationError};
 use crate::model::*;
 use crate::ports::{Created, DeliveryPage, DeliveryQuery, EventWrite, StoreWithQueue};
-use crate::state::first_task;
+use crate::state::queued_ahead_task;
 
 pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 /// Events in one `POST /v1/events/batch`.
@@ -259,7 +259,7 @@ impl Services {
             .filter_map(|(plan, _)| plan.as_ref().ok())
             .flat_map(|(_, ds)| ds.iter())
             .filter(|d| named.insert(&d.id))
-            .map(|d| (first_task(d, now), 0))
+            .map(|d| (queued_ahead_task(d, now), 0))
             .collect();
         self.ports.queue.enqueue(&tasks).await
     }
@@ -446,7 +446,7 @@ async fn write_together(
         .enumerate()
         .filter_map(|(i, (plan, seen))| match (plan, seen) {
             (Ok((event, deliveries)), None) => {
-                let tasks = deliveries.iter().map(|d| (first_task(d, now), 0)).collect();
+                let tasks = deliveries.iter().map(|d| (queued_ahead_task(d, now), 0)).collect();
                 Some((i, event, deliveries.as_slice(), tasks))
             }
             _ => None,

@@ -32,7 +32,7 @@ pub use breaker::CIRCUIT_TTL;
 pub use catalogue::{Catalogue, EventTypePatch, NewEventType};
 pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
-pub use deliver::{DeliverOutcome, DISABLE_NOTICE_CLAIM, INGEST_WINDOW};
+pub use deliver::{DeliverOutcome, DISABLE_NOTICE_CLAIM, WRITE_WINDOW};
 pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD_BYTES, PING};
 pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;
@@ -76,12 +76,15 @@ pub struct Config {
     /// visibility timeout, 6 minutes, times 5 receives), so a backlog older than the grace
     /// is not answered with a duplicate message every tick.
     pub requeue_wait: Duration,
-    /// A first attempt still waiting this long after its ingest for the message the ingest
-    /// queued is taken for lost (the queue dropped it past its retention, or in a purge),
-    /// and the scheduler's audit queues it again. Longer than the backlogs the queue is
-    /// expected to hold: in a longer one each such delivery gets one more message, which its
-    /// conditional writes absorb (and from then the sweep looks after it).
-    pub first_attempt_audit_age: Duration,
+    /// A delivery still waiting this long after its creation for a message queued before
+    /// its state was written (its first attempt's, or an early retry's:
+    /// [`crate::model::Delivery::awaits_queued_message`]) is taken for lost (the queue dropped
+    /// it past its retention, or in a purge), and the scheduler's audit queues it again.
+    /// Longer than the backlogs the queue is expected to hold: in a longer one each such
+    /// delivery gets one more message, which its conditional writes absorb (and from then
+    /// the sweep looks after it). Well past `Delivery::QUEUED_RETRY_HORIZON`, so an early
+    /// retry is overdue when the audit looks.
+    pub queued_message_audit_age: Duration,
     /// How long one scheduler tick may go on moving retries and sweeping, page after page
     /// (the Scheduler function has 60 s).
     pub scheduler_budget: Duration,
@@ -128,7 +131,7 @@ impl Default for Config {
             scheduler_horizon: Duration::from_secs(15 * 60),
             sweep_grace: Duration::from_secs(5 * 60),
             requeue_wait: Duration::from_secs(30 * 60),
-            first_attempt_audit_age: Duration::from_secs(60 * 60),
+            queued_message_audit_age: Duration::from_secs(60 * 60),
             scheduler_budget: Duration::from_secs(40),
             scheduler_lease: Duration::from_secs(90),
             scheduler_holder: None,

@@ -31,7 +31,7 @@ const EMAIL_SHARE: std::time::Duration = std::time::Duration::from_secs(10);
 const SWEEP_CONCURRENCY: usize = 16;
 /// Endpoints whose breakers are tended at once.
 const TEND_CONCURRENCY: usize = 8;
-/// The audit of first attempts takes on a new range of creation times once this much has
+/// The audit of queued messages takes on a new range of creation times once this much has
 /// gathered: each range costs a query per tenant and listing shard on DynamoDB.
 const AUDIT_EVERY: Duration = Duration::minutes(10);
 
@@ -228,7 +228,7 @@ impl Services {
         }
     }
 
-    /// [`Self::audit_first_attempts`], best effort: what fails is logged and counted, and the
+    /// [`Self::audit_queued_messages`], best effort: what fails is logged and counted, and the
     /// next tick goes on from the place saved (the digests after it still go out). Not where
     /// one database holds the store and the queue (`Ports::store_with_queue`): no message is
     /// lost there, and the audit would only duplicate a backlog's.
@@ -236,25 +236,25 @@ impl Services {
         if self.ports.store_with_queue.is_some() {
             return 0;
         }
-        self.audit_first_attempts(until).await.unwrap_or_else(|error| {
+        self.audit_queued_messages(until).await.unwrap_or_else(|error| {
             self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
-            tracing::warn!(%error, "the audit of first attempts failed; the next tick goes on from where it stopped");
+            tracing::warn!(%error, "the audit of queued messages failed; the next tick goes on from where it stopped");
             0
         })
     }
 
-    /// The audit of first attempts: a first attempt still waiting, `first_attempt_audit_age`
-    /// after its ingest, for the message its ingest queued
-    /// ([`crate::model::Delivery::awaits_first_message`]) lost it to the queue (past its
-    /// retention after a long outage, or in a purge); it is queued again, and marked, so the
-    /// sweep looks after it from then on (as a retry: again every `requeue_wait` while it
+    /// The audit of queued messages: a first attempt, or an early retry, still waiting
+    /// `queued_message_audit_age` after its creation for the message queued before its state
+    /// was written ([`crate::model::Delivery::awaits_queued_message`]) lost it to the queue
+    /// (past its retention after a long outage, or in a purge); it is queued again, and
+    /// marked, so the sweep looks after it from then on (again every `requeue_wait` while it
     /// stays overdue). Each delivery is looked at once: ranges of creation time, at least
     /// [`AUDIT_EVERY`] long, each audited page by page, the place reached saved after each
     /// page. The first tick starts the audit at its own cutoff: what was stored an hour or more
     /// before it (by an older build, which held and deferred first attempts without moving
     /// them) is not audited.
-    async fn audit_first_attempts(&self, until: Instant) -> Result<usize> {
-        let age = Duration::from_std(self.config.first_attempt_audit_age).unwrap_or(Duration::hours(1));
+    async fn audit_queued_messages(&self, until: Instant) -> Result<usize> {
+        let age = Duration::from_std(self.config.queued_message_audit_age).unwrap_or(Duration::hours(1));
         let cutoff = self.now() - age;
         let scheduler = &self.ports.scheduler;
         let mut position = match scheduler.audit_position().await? {
@@ -280,7 +280,7 @@ impl Services {
             let page = self
                 .ports
                 .store
-                .awaiting_first_message(position.from..position.to, position.after.as_deref(), PAGE)
+                .awaiting_queued_message(position.from..position.to, position.after.as_deref(), PAGE)
                 .await?;
             requeued += self.requeue(&page.deliveries).await?;
             position = match page.next {
@@ -297,10 +297,7 @@ impl Services {
             scheduler.save_audit_position(&position).await?;
         }
         if requeued > 0 {
-            tracing::warn!(
-                requeued,
-                "first attempts whose message the queue lost were queued again"
-            );
+            tracing::warn!(requeued, "attempts whose message the queue lost were queued again");
         }
         Ok(requeued)
     }

@@ -89,7 +89,7 @@ macro_rules! store_contract_tests {
             list_deliveries_clamps_the_page_size,
             a_cursor_the_store_did_not_hand_out_is_refused,
             overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_the_time,
-            first_attempts_awaiting_their_message_are_found_by_creation_time_a_page_at_a_time,
+            deliveries_awaiting_a_queued_message_are_found_by_creation_time_a_page_at_a_time,
             a_dead_notice_is_recorded_once_per_round,
             an_owners_email_is_claimed_once_then_not_again_within_the_window,
             a_claim_never_finished_is_taken_over_once_stale,
@@ -1339,7 +1339,7 @@ pub async fn overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_th
     let mut fx = Fixture::new();
     let a = fx.stored_tenant(b).await;
     let cut = t0() + chrono::Duration::hours(1);
-    let subs = fx.sub_ids(8);
+    let subs = fx.sub_ids(10);
     let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
     let with_due = |d: &Delivery, due: DateTime<Utc>| Delivery {
         next_attempt_at: Some(due),
@@ -1375,6 +1375,12 @@ pub async fn overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_th
         Some(attempt(&ds[1], 0, 1, 500, t0())),
     )
     .await;
+    // Retrying as its attempt left it, due soon after the creation: its message was queued
+    // before its write, so the sweep has nothing to look after (ds[8]); due later than
+    // `Delivery::QUEUED_RETRY_HORIZON` after it, the sweep looks after it (ds[9]).
+    let failed_attempt = |d: &Delivery| Some(attempt(d, 0, 1, 500, t0()));
+    change(b, &ds[8], failed(&ds[8], t0(), 1), failed_attempt(&ds[8])).await;
+    let late_retry = change(b, &ds[9], failed(&ds[9], t0(), 30), failed_attempt(&ds[9])).await;
     // Pending, due exactly at the cut and after it: not yet.
     change(b, &ds[2], with_due(&ds[2], cut), None).await;
     change(b, &ds[3], with_due(&ds[3], cut + minutes(1)), None).await;
@@ -1403,7 +1409,8 @@ pub async fn overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_th
         sorted(vec![
             pending_due.id.clone(),
             retrying_due.id.clone(),
-            moved_due.id.clone()
+            moved_due.id.clone(),
+            late_retry.id.clone(),
         ])
     );
     assert!(
@@ -1420,17 +1427,18 @@ pub async fn overdue_deliveries_are_the_retrying_and_replayed_ones_due_before_th
     .is_empty());
 }
 
-pub async fn first_attempts_awaiting_their_message_are_found_by_creation_time_a_page_at_a_time(
-    b: &dyn ContractBackend,
-) {
+pub async fn deliveries_awaiting_a_queued_message_are_found_by_creation_time_a_page_at_a_time(b: &dyn ContractBackend) {
     let mut fx = Fixture::new();
     let (a, z) = (fx.stored_tenant(b).await, fx.stored_tenant(b).await);
     let range = t0()..t0() + minutes(30);
-    let subs = fx.sub_ids(5);
+    let subs = fx.sub_ids(7);
     let (_, ds) = fx.stored_event(b, &a.id, t0(), &subs).await;
-    // Awaiting: ds[0], ds[1] as stored, and another tenant's, later in the range.
+    // Awaiting: ds[0], ds[1] as stored, and another tenant's, later in the range; ds[4],
+    // retrying soon after its creation as its attempt left it (its retry's message queued
+    // before its write).
     let (_, theirs) = fx.stored_event(b, &z.id, t0() + minutes(5), &subs[..1]).await;
-    // Not: its next attempt moved (held, deferred, queued again), delivered, retrying.
+    // Not: its next attempt moved (held, deferred, queued again), delivered, a retry due
+    // past `Delivery::QUEUED_RETRY_HORIZON` (the sweep's), a retry moved.
     let moved = Delivery {
         next_attempt_at: Some(t0() + minutes(40)),
         ..ds[2].clone()
@@ -1438,25 +1446,31 @@ pub async fn first_attempts_awaiting_their_message_are_found_by_creation_time_a_
     change(b, &ds[2], moved, None).await;
     let delivered = finished(&ds[3], DeliveryStatus::Delivered, t0());
     change(b, &ds[3], delivered, Some(attempt(&ds[3], 0, 1, 200, t0()))).await;
-    change(
-        b,
-        &ds[4],
-        failed(&ds[4], t0(), 1),
-        Some(attempt(&ds[4], 0, 1, 500, t0())),
-    )
-    .await;
+    let failed_attempt = |d: &Delivery| Some(attempt(d, 0, 1, 500, t0()));
+    let retrying = change(b, &ds[4], failed(&ds[4], t0(), 1), failed_attempt(&ds[4])).await;
+    change(b, &ds[5], failed(&ds[5], t0(), 30), failed_attempt(&ds[5])).await;
+    let moved_retry = Delivery {
+        next_attempt_at: Some(t0() + minutes(40)),
+        ..failed(&ds[6], t0(), 1)
+    };
+    change(b, &ds[6], moved_retry, failed_attempt(&ds[6])).await;
     // Outside the range: created at its end, and just before its start.
     fx.stored_event(b, &a.id, range.end, &subs[..1]).await;
     fx.stored_event(b, &a.id, t0() - chrono::Duration::seconds(1), &subs[..1])
         .await;
 
-    let expected = sorted(vec![ds[0].id.clone(), ds[1].id.clone(), theirs[0].id.clone()]);
+    let expected = sorted(vec![
+        ds[0].id.clone(),
+        ds[1].id.clone(),
+        retrying.id.clone(),
+        theirs[0].id.clone(),
+    ]);
     for limit in [1, 2, 100] {
         let (mut found, mut after, mut pages) = (Vec::new(), None, 0);
         loop {
             let page = b
                 .store()
-                .awaiting_first_message(range.clone(), after.as_deref(), limit)
+                .awaiting_queued_message(range.clone(), after.as_deref(), limit)
                 .await
                 .expect("an audit page");
             found.extend(

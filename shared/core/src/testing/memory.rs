@@ -432,7 +432,7 @@ impl Store for MemoryStore {
             .cloned()
             .collect())
     }
-    async fn awaiting_first_message(
+    async fn awaiting_queued_message(
         &self,
         created: std::ops::Range<DateTime<Utc>>,
         after: Option<&str>,
@@ -449,7 +449,7 @@ impl Store for MemoryStore {
         let mut found: Vec<Delivery> = lock(&self.data)
             .deliveries
             .iter()
-            .filter(|d| created.contains(&d.created_at) && d.awaits_first_message())
+            .filter(|d| created.contains(&d.created_at) && d.awaits_queued_message())
             .cloned()
             .collect();
         found.sort_by_key(|d| (d.created_at, d.id.to_string()));

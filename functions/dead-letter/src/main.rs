@@ -7,7 +7,8 @@ use hookwise_aws::FunctionConfig;
 use hookwise_core::ports::NoSender;
 use lambda_runtime::{run, service_fn, tracing, Error, LambdaEvent};
 
-#[tokio::main]
+// One thread, as every function here: why, in docs/aws.md#start-up.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     tracing::init_default_subscriber();
     let config = FunctionConfig::from_env()?;

@@ -6,7 +6,8 @@ use hookwise_aws::FunctionConfig;
 use hookwise_core::ports::NoSender;
 use lambda_http::{run, tracing, Error};
 
-#[tokio::main]
+// One thread, as every function here: why, in docs/aws.md#start-up.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Error> {
     tracing::init_default_subscriber();
     // Once per container: SDK clients and adapters; the Router shares them across requests.

@@ -32,7 +32,7 @@
 //! | `by-tenant`        | `gsi_tenant` = `{tenant}#{shard}`   | `gsi_created` = `{created_at}#{id}` |
 //! | `by-tenant-status` | `gsi_tenant_status` = `{tenant}#{status}#{shard}` | `gsi_created`, only while retrying or dead |
 //! | `by-subscription`  | `gsi_subscription` = `{tenant}#{sub}#{shard}` | `gsi_created`   |
-//! | `overdue`          | `gsi_due_shard` = `DUE#{0..7}`      | `gsi_due` = `{next_attempt_at}#{id}`, only while retrying, or pending after a replay |
+//! | `overdue`          | `gsi_due_shard` = `DUE#{0..7}`      | `gsi_due` = `{next_attempt_at}#{id}`, only while the sweep looks after it (`Delivery::is_swept`) |
 //!
 //! `{shard}` is one of [`LISTING_SHARDS`], by delivery id; an older build wrote these keys
 //! without it, and listings read that key as one more shard (`listing_keys`).

@@ -413,7 +413,7 @@ pub struct AuditPage {
     pub next: Option<String>,
 }
 
-/// How far the audit of first attempts has got: every delivery created before `from` is
+/// How far the audit of queued messages has got: every delivery created before `from` is
 /// audited; the range `from..to` is being audited, up to `after` (an [`AuditPage::next`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditPosition {
@@ -452,7 +452,7 @@ pub trait SchedulerTable: Send + Sync {
     /// Give the lease back at `now`, if `holder` still holds it (else nothing changes).
     async fn end_lease(&self, holder: &str, now: DateTime<Utc>) -> PortResult<()>;
 
-    /// Where the audit of first attempts has got to; `None` before its first tick.
+    /// Where the audit of queued messages has got to; `None` before its first tick.
     async fn audit_position(&self) -> PortResult<Option<AuditPosition>>;
     /// Store it (only the tick holding the lease writes it).
     async fn save_audit_position(&self, position: &AuditPosition) -> PortResult<()>;

@@ -80,6 +80,13 @@ pub fn is_due_attempt(delivery: &Delivery, task: &DeliveryTask) -> bool {
         && delivery.attempts + 1 == task.attempt
 }
 
+/// A retry whose message could not be queued before its attempt's write: its next attempt
+/// a moment past its time (`not_before` stays where the schedule put it), which leaves it to
+/// the sweep (`Delivery::is_swept`), as a moved attempt is.
+pub fn leave_to_the_sweep(next: &mut Delivery) {
+    next.next_attempt_at = next.next_attempt_at.map(|at| at + Duration::milliseconds(1));
+}
+
 /// A message for a later attempt than the one its delivery waits for, in the same round: a
 /// retry's, queued before the write that records the attempt before it, come before that
 /// write landed (or that write failed, and that attempt is to be made again).

@@ -1132,49 +1132,78 @@ async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_to
 }
 
 #[tokio::test]
-async fn given_a_retry_that_could_not_be_queued_then_its_attempt_is_not_recorded_and_is_made_again() {
+async fn given_a_retry_that_could_not_be_queued_then_its_attempt_is_recorded_once_and_the_sweep_queues_it() {
     use hookwise_core::ports::QueueMessage;
     use hookwise_core::services::{Disposition, QueueRole};
     use std::sync::atomic::Ordering;
-    let h = Harness::new(ScriptedSender::always(500));
-    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![10, 10])).await;
+    let h = Harness::new(first_fails());
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![10])).await;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let d = &ingested.deliveries[0];
     let task = h.queue.take_visible().remove(0);
-    let message = |receive_count| QueueMessage {
+    let message = QueueMessage {
         message_id: "m-1".into(),
-        task: Ok(task.clone()),
+        task: Ok(task),
         redriven: false,
-        receive_count,
+        receive_count: 1,
     };
 
-    // Attempt 1 fails, and queueing its retry (before the attempt's write) fails: nothing is
-    // recorded, and the message must come back.
+    // Attempt 1 fails, and queueing its retry (before the attempt's write) fails: the attempt
+    // is recorded all the same, its message done, and its retry left to the sweep.
     h.queue.failing_enqueues.store(1, Ordering::SeqCst);
     assert_eq!(
-        h.services
-            .handle_messages(QueueRole::Delivery, &[message(1)], None)
-            .await,
-        vec![Disposition::Redeliver]
-    );
-    let d = &ingested.deliveries[0];
-    assert_eq!(h.store.get_delivery(&d.id).await.unwrap().unwrap().attempts, 0);
-    assert_eq!(h.queue.pending(), 0, "the retry was not queued");
-
-    // Back again: the attempt is made again, recorded once, and its retry queued once.
-    assert_eq!(
-        h.services
-            .handle_messages(QueueRole::Delivery, &[message(2)], None)
-            .await,
+        h.services.handle_messages(QueueRole::Delivery, &[message], None).await,
         vec![Disposition::Done]
     );
-    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "attempt 1, POSTed twice");
     assert_eq!(h.store.attempts(&d.id).await.unwrap().len(), 1);
-    h.clock.advance(Duration::seconds(11));
-    let queued = h.queue.take_visible();
+    assert_eq!(h.queue.pending(), 0, "the retry was not queued");
+    let stored = h.store.get_delivery(&d.id).await.unwrap().unwrap();
+    assert!(stored.is_swept(), "the sweep looks after it: {stored:?}");
+
+    // The sweep queues it once overdue (5 minutes' grace), and attempt 1 is not made again.
+    h.clock.advance(Duration::seconds(10) + Duration::minutes(6));
+    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
+    h.drain_now().await;
+    let attempts = h.store.attempts(&d.id).await.unwrap();
     assert_eq!(
-        queued.iter().map(|t| (&t.delivery_id, t.attempt)).collect::<Vec<_>>(),
-        vec![(&d.id, 2)]
+        attempts.iter().map(|a| (a.attempt, a.status_code)).collect::<Vec<_>>(),
+        vec![(1, Some(500)), (2, Some(200))]
     );
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "one POST an attempt");
+}
+
+#[tokio::test]
+async fn given_a_retrys_message_ahead_of_its_attempts_write_past_the_window_then_the_queue_redelivers_it() {
+    // The write that would record the attempt before it never lands (its worker died), and
+    // the retry's message keeps coming back: after WRITE_WINDOW it is an error, which the
+    // queue redelivers until the dead-letter handler decides (no copy queued for ever).
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![1])).await;
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let first = h.queue.take_visible();
+    h.store.failing_delivery_writes.store(1, Ordering::SeqCst);
+    assert!(h.services.deliver_batch(&first).await[0].is_err());
+    let mut copies = 0;
+    let mut last = None;
+    for _ in 0..60 {
+        h.clock.advance(Duration::seconds(2));
+        let tasks = h.queue.take_visible();
+        if tasks.is_empty() {
+            continue;
+        }
+        let results = h.services.deliver_batch(&tasks).await;
+        match &results[..] {
+            [Ok(DeliverOutcome::NotStoredYet)] => copies += 1,
+            [result] => {
+                last = Some(result.is_err());
+                break;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(copies >= 1, "it looked again first");
+    assert_eq!(last, Some(true), "then an error, for the queue to redeliver");
 }
 
 #[tokio::test]

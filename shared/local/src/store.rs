@@ -720,14 +720,16 @@ impl Store for LocalBackend {
             query_docs(
                 conn,
                 "delivery",
-                // `Delivery::is_swept`, in SQL (the partial index still applies).
-                &format!(
-                    "SELECT doc FROM deliveries
-                     WHERE status IN ('pending', 'retrying') AND NOT ({})
-                       AND next_attempt_at < ?1
-                     ORDER BY next_attempt_at, id LIMIT ?2",
-                    awaits_queued_message()
-                ),
+                // `Delivery::is_swept`, in SQL (the partial index still applies), but for
+                // early retries (`Delivery::awaits_queued_retry`): here no audit runs (one
+                // database holds the queue, which loses nothing, and the audit would only
+                // duplicate a backlog), so the sweep is their backstop, for a retry an older
+                // build wrote and died before queueing.
+                "SELECT doc FROM deliveries
+                 WHERE status IN ('pending', 'retrying')
+                   AND NOT (status = 'pending' AND round = 0 AND next_attempt_at = created_at)
+                   AND next_attempt_at < ?1
+                 ORDER BY next_attempt_at, id LIMIT ?2",
                 params![before, limit],
             )
         })

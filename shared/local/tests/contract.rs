@@ -56,6 +56,9 @@ impl ContractBackend for Sqlite {
     fn store(&self) -> &dyn Store {
         &self.backend
     }
+    fn sweeps_early_retries(&self) -> bool {
+        true
+    }
     fn queue(&self) -> &dyn DeliveryQueue {
         &self.backend
     }

@@ -1203,7 +1203,7 @@ async fn a_secret_stored_in_plain_text_by_an_older_build_signs_and_is_sealed_on_
 
 #[tokio::test]
 async fn a_backlog_older_than_the_audits_hour_gets_no_duplicate_messages_here() {
-    // The queue is in the store's database and loses nothing: the audit of first attempts,
+    // The queue is in the store's database and loses nothing: the audit of queued messages,
     // which would queue a copy of each first attempt still waiting an hour on, does not run.
     let (clock, config) = clocked();
     let backend = LocalBackend::open_temp_with(config).unwrap();

@@ -49,7 +49,7 @@ impl Services {
                 continue; // a copy of a message in this batch
             }
             let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
-                if task.queued_at.is_some() {
+                if task.queued_at.is_some() && task.round == 0 && task.attempt == 1 {
                     tracing::warn!(delivery_id = %task.delivery_id, queued_at = ?task.queued_at,
                         "a first attempt's delivery was never stored (its ingest failed, and its client had the error); dropping the message");
                 }
@@ -185,7 +185,7 @@ impl Services {
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
         let mut change = after_attempt(delivery, task.attempt, now, &outcome, decision, now);
         change.next.held_until = task.held_until_after(now);
-        self.queue_retry_ahead(&change.next, decision).await?;
+        self.queue_retry_ahead(&mut change, decision).await;
         match self.ports.store.apply_change(&change).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return Ok(None), // moved on meanwhile

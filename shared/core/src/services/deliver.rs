@@ -274,7 +274,7 @@ impl Services {
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
         let mut change = after_attempt(&delivery, task.attempt, started_at, &outcome, decision, now);
         change.next.held_until = task.held_until_after(started_at);
-        self.queue_retry_ahead(&change.next, decision).await?;
+        self.queue_retry_ahead(&mut change, decision).await;
         match self.record_attempt(&change, outcome.is_success()).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return self.lost_the_race(task).await,
@@ -350,7 +350,7 @@ impl Services {
     /// send, or send the message back to arrive shortly before its slot in the backlog, which
     /// is returned. A message back early (the queue delays in whole seconds) goes back again,
     /// its slot kept. A deferred delivery has its next attempt moved to its slot first, so
-    /// neither the sweep nor the audit of first attempts queues it again while it waits.
+    /// neither the sweep nor the audit of queued messages queues it again while it waits.
     async fn wait_for_slot(
         &self,
         sub: &Subscription,
@@ -409,21 +409,24 @@ impl Services {
         }
     }
 
-    /// Queue the retry an attempt decided on (`next`: its delivery as the attempt's change
-    /// leaves it) before the write that records the attempt, as a first attempt's message
-    /// goes before its ingest's writes. Once the write lands, the retry is on its way: the
-    /// delivery needs no entry for the sweep ([`Delivery::awaits_queued_retry`]), and no
-    /// crash after the write can strand it. A crash or an error before the write lands
-    /// leaves the attempt's own message unacked: it comes back, and the attempt is made
-    /// again. The retry's message that comes before the write is sent back for a while
-    /// (`not_written_yet`).
-    pub(super) async fn queue_retry_ahead(&self, next: &Delivery, decision: Decision) -> Result<(), PortError> {
-        match decision {
-            Decision::Retry { at, .. } => {
-                self.schedule_attempt(state::queued_ahead_task(next, self.now()), at)
-                    .await
-            }
-            Decision::Delivered | Decision::Dead => Ok(()),
+    /// Queue the retry an attempt decided on before the write that records the attempt
+    /// (`change`), as a first attempt's message goes before its ingest's writes. Once the
+    /// write lands, the retry is on its way: the delivery needs no entry for the sweep
+    /// ([`Delivery::awaits_queued_retry`]), and no crash after the write can strand it. A
+    /// crash before the write lands leaves the attempt's own message unacked: it comes back,
+    /// and the attempt is made again. A retry's message that comes before the write is sent
+    /// back for a while (`not_written_yet`). One that cannot be queued (the queue failed, or
+    /// its answer was lost) leaves the retry to the sweep ([`state::leave_to_the_sweep`]):
+    /// the attempt is recorded all the same, not made a second time.
+    pub(super) async fn queue_retry_ahead(&self, change: &mut DeliveryChange, decision: Decision) {
+        let Decision::Retry { at, .. } = decision else {
+            return;
+        };
+        let task = state::queued_ahead_task(&change.next, self.now());
+        if let Err(error) = self.schedule_attempt(task, at).await {
+            self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
+            tracing::warn!(%error, %at, "could not queue a retry before its attempt's write; the sweep queues it once overdue");
+            state::leave_to_the_sweep(&mut change.next);
         }
     }
 
@@ -593,19 +596,25 @@ impl Services {
 
     /// A retry's message come before the write that records the attempt before it (the
     /// retry is queued first: `queue_retry_ahead`). One younger than [`WRITE_WINDOW`] is
-    /// queued again (`look_again_later`); an older one is dropped: that write never landed,
-    /// so that attempt's own message was not acked, and it comes back to make the attempt
-    /// again and queue its retry anew. (Were the write to land later still, the delivery
-    /// would wait for a message that is gone: the audit of queued messages, or the sweep,
-    /// finds it.)
+    /// queued again (`look_again_later`). After the window it is an error, as a first
+    /// attempt's is: the queue sends it again after its visibility timeout, and after
+    /// `maxReceiveCount` receives hands it to the dead-letter handler, which puts it back on
+    /// its schedule if the write has landed by then, or drops it if not (that attempt's own
+    /// message, never acked, makes the attempt again and queues its retry anew). A message
+    /// ahead of its delivery without a `queued_at` (an older build's) is dropped.
     async fn not_written_yet(&self, task: &DeliveryTask) -> Result<DeliverOutcome> {
-        if let Some(queued_at) = task.queued_at {
-            if let Some(outcome) = self.look_again_later(task, queued_at).await? {
-                return Ok(outcome);
-            }
+        let Some(queued_at) = task.queued_at else {
+            tracing::info!("a message for a later attempt than its delivery's next; dropping it");
+            return Ok(DeliverOutcome::Stale);
+        };
+        if let Some(outcome) = self.look_again_later(task, queued_at).await? {
+            return Ok(outcome);
         }
-        tracing::info!("a retry's message whose attempt before it was never recorded; dropping it");
-        Ok(DeliverOutcome::Stale)
+        Err(PortError::retryable(
+            "deliver",
+            format!("the attempt before this retry is not recorded yet (the retry was queued at {queued_at}, before that attempt's write)"),
+        )
+        .into())
     }
 
     /// A message queued before the state it is for was written, and come before it: while

@@ -78,7 +78,7 @@ pub struct MemoryStore {
     pub lost_delivery_answers: std::sync::atomic::AtomicU32,
     /// The next this many `finish_digest` calls fail (retryable), writing nothing.
     pub failing_digest_finishes: std::sync::atomic::AtomicU32,
-    /// The next this many pages of the audit of first attempts fail (retryable).
+    /// The next this many pages of the audit of queued messages fail (retryable).
     pub failing_audits: std::sync::atomic::AtomicU32,
     /// Lookups of API keys so far.
     pub api_key_reads: std::sync::atomic::AtomicU32,
@@ -794,7 +794,7 @@ pub struct MemoryScheduler {
     pub holding: Mutex<std::collections::BTreeMap<SubscriptionId, TenantId>>,
     /// The scheduler's lease: its holder, and until when.
     pub lease: Mutex<Option<(String, DateTime<Utc>)>>,
-    /// Where the audit of first attempts has got to.
+    /// Where the audit of queued messages has got to.
     pub audit: Mutex<Option<AuditPosition>>,
     pub crash: Arc<CrashPoint>,
 }

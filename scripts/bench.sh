@@ -7,9 +7,12 @@
 #                              its memory idle and under that load
 #   scripts/bench-latency.sh   ingest-to-first-POST latency under open-loop load, on
 #                              `hookwise dev` and on `hookwise dev --aws` (DynamoDB Local, moto)
+#   scripts/bench-growth.sh    the local figures again with 1 000 000 deliveries stored, side
+#                              by side with an empty store, and GET /v1/deliveries' p99
 #   scripts/bench-lambda.sh    each Lambda function's start-up and memory against a
 #                              lambda_runtime hello-world, on an emulated Runtime API, and
 #                              the binaries' sizes
+#   scripts/bench-cost.sh      the cost meter: dollars per million events by profile
 # then scripts/bench-table.py prints the table (machine, date, figures, goals).
 # The release builds use fat LTO, as `sam build` does: the first run takes a while.
 # Usage: scripts/bench.sh            (from the repository root or anywhere in it)
@@ -28,7 +31,11 @@ echo "== local delivery throughput and memory" >&2
 HOOKWISE_BENCH_JSON="$out/delivery.json" scripts/bench-delivery.sh >&2
 echo "== delivery latency under open-loop load" >&2
 HOOKWISE_BENCH_JSON="$out/latency.json" scripts/bench-latency.sh >&2
+echo "== growth: the same with 1 000 000 deliveries stored" >&2
+HOOKWISE_BENCH_JSON="$out/growth.json" scripts/bench-growth.sh >&2
 echo "== Lambda start-up, memory and size" >&2
 scripts/bench-lambda.sh --json "$out/lambda.json" >&2
+echo "== cost per million events" >&2
+HOOKWISE_BENCH_JSON="$out/cost.json" scripts/bench-cost.sh >&2
 
 python3 scripts/bench-table.py "$out"

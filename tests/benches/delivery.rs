@@ -17,50 +17,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hookwise_tests::bench::{env_usize, ingest, proc_mb, run_bounded, BATCH, IDLE};
 use hookwise_tests::{Dev, Receiver, TempDir};
 use serde_json::{json, Value};
-use tokio::sync::Semaphore;
-
-/// Events in one batch request (the API's largest).
-const BATCH: usize = 100;
-/// How long the idle process is left alone before its memory is read.
-const IDLE: Duration = Duration::from_secs(2);
-
-/// Run `n` calls of `make(i)` with at most `bound` in flight.
-async fn run_bounded<F, Fut>(n: usize, bound: usize, make: F)
-where
-    F: Fn(usize) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let permits = Arc::new(Semaphore::new(bound));
-    let mut handles = Vec::with_capacity(n);
-    for i in 0..n {
-        let permit = permits.clone().acquire_owned().await.expect("semaphore open");
-        let fut = make(i);
-        handles.push(tokio::spawn(async move {
-            fut.await;
-            drop(permit);
-        }));
-    }
-    for h in handles {
-        h.await.expect("task");
-    }
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-/// A `/proc/<pid>/status` figure in MB (`VmRSS`, `VmHWM`).
-fn proc_mb(pid: u32, field: &str) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc/<pid>/status");
-    let kb: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {field} in /proc/{pid}/status"));
-    kb / 1024.0
-}
 
 /// One run through `hookwise dev`.
 struct Run {
@@ -223,32 +182,9 @@ async fn through_hookwise(n: usize, concurrency: usize, per_request: usize) -> R
     api.subscribe(json!({"url": rx.url("/hook")})).await;
     tokio::time::sleep(IDLE).await;
     let idle_mb = proc_mb(dev.pid(), "VmRSS");
-    let requests = n.div_ceil(per_request);
     let start = Instant::now();
-    run_bounded(requests, concurrency, |r| {
-        let api = api.clone();
-        let events = (r * per_request..n.min((r + 1) * per_request))
-            .map(|i| json!({"type": "bench.tick", "payload": {"i": i}}))
-            .collect::<Vec<_>>();
-        async move {
-            if per_request == 1 {
-                let event = events.into_iter().next().expect("one event");
-                let (status, body) = api.post("/v1/events", event).await;
-                assert_eq!(status, 202, "{body}");
-            } else {
-                let (status, body) = api.post("/v1/events/batch", json!({"events": events})).await;
-                assert_eq!(status, 202, "{body}");
-                let refused = body["results"]
-                    .as_array()
-                    .expect("results")
-                    .iter()
-                    .filter(|r| r.get("id").is_none())
-                    .count();
-                assert_eq!(refused, 0, "{body}");
-            }
-        }
-    })
-    .await;
+    // Run 0: the receiver here counts every POST, whatever the run.
+    ingest(&api, 0, n, per_request, concurrency).await;
     let ingested = start.elapsed();
     rx.wait_count(n, Duration::from_secs(600)).await;
     let delivered = start.elapsed();

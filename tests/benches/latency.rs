@@ -18,25 +18,14 @@
 //! HOOKWISE_LATENCY_LOG (the AWS runs' log filter); HOOKWISE_BENCH_JSON=FILE also writes the
 //! figures.
 
-use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Duration;
 
-use axum::body::Bytes;
-use axum::http::StatusCode;
 use hookwise_aws::AwsClients;
+use hookwise_tests::bench::{open_loop, percentile, round_trips, Arrivals, OpenLoop, DRAIN, WARM_UP};
 use hookwise_tests::{hookwise_bin, Api, Dev, TempDir};
 use serde_json::{json, Value};
-
-/// Past the last send, how long the deliveries still due are waited for.
-const DRAIN: Duration = Duration::from_secs(60);
-/// Sent first at the measured rate and not counted: connections, caches and the SQLite
-/// page cache warm up, and so do the emulators (DynamoDB Local's JVM takes some seconds to
-/// reach its pace: in a 15 s run the AWS path delivered 17, 54, 110, 166 and 225 events in
-/// its first seconds at 200 a second, then caught up).
-const WARM_UP: Duration = Duration::from_secs(10);
 
 fn env_or(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
@@ -50,155 +39,38 @@ fn rates(name: &str, default: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Latencies in milliseconds, sorted: the nearest-rank percentile.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
+/// One rate's figures, as a line.
+fn print(figures: &OpenLoop, backend: &str) {
+    let l = &figures.latencies;
+    println!(
+        "{backend}, {} events/s: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms \
+         ({} sent, {} refused, {} delivered; sender at most {:.1} ms late)",
+        figures.rate,
+        percentile(l, 50.0),
+        percentile(l, 95.0),
+        percentile(l, 99.0),
+        l.last().copied().unwrap_or(f64::NAN),
+        figures.sent,
+        figures.refused,
+        figures.delivered,
+        figures.send_lag_max_ms,
+    );
 }
 
-/// What the receiver saw: each event's latency by its index in the run.
-#[derive(Clone, Default)]
-struct Seen(Arc<Mutex<HashMap<u64, f64>>>);
-
-/// A receiver that answers 200 at once and notes each event's first arrival.
-async fn receiver(seen: Seen) -> String {
-    let app = axum::Router::new().fallback(move |body: Bytes| {
-        let seen = seen.clone();
-        async move {
-            let arrived = SystemTime::now();
-            if let Ok(envelope) = serde_json::from_slice::<Value>(&body) {
-                let accepted = envelope["timestamp"]
-                    .as_str()
-                    .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
-                let index = envelope["data"]["i"].as_u64();
-                if let (Some(accepted), Some(index)) = (accepted, index) {
-                    let accepted = SystemTime::from(accepted);
-                    let ms = arrived
-                        .duration_since(accepted)
-                        .map(|d| d.as_secs_f64() * 1000.0)
-                        .unwrap_or(0.0);
-                    seen.0.lock().unwrap().entry(index).or_insert(ms);
-                }
-            }
-            StatusCode::OK
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    format!("http://{addr}/hook")
-}
-
-/// One rate's figures, of the events after the warm-up.
-struct Figures {
-    rate: u32,
-    sent: usize,
-    /// Answered other than 202 (a 503 when a store or queue call timed out).
-    refused: usize,
-    delivered: usize,
-    /// How late the sender itself was at its worst (the offered load held if this is small).
-    send_lag_max_ms: f64,
-    latencies: Vec<f64>,
-}
-
-impl Figures {
-    fn json(&self) -> Value {
-        let l = &self.latencies;
-        json!({
-            "rate": self.rate,
-            "sent": self.sent,
-            "refused": self.refused,
-            "delivered": self.delivered,
-            "send_lag_max_ms": self.send_lag_max_ms,
-            "p50_ms": percentile(l, 50.0),
-            "p95_ms": percentile(l, 95.0),
-            "p99_ms": percentile(l, 99.0),
-            "max_ms": l.last().copied().unwrap_or(f64::NAN),
-        })
-    }
-
-    fn print(&self, backend: &str) {
-        let l = &self.latencies;
-        println!(
-            "{backend}, {} events/s: p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms \
-             ({} sent, {} refused, {} delivered; sender at most {:.1} ms late)",
-            self.rate,
-            percentile(l, 50.0),
-            percentile(l, 95.0),
-            percentile(l, 99.0),
-            l.last().copied().unwrap_or(f64::NAN),
-            self.sent,
-            self.refused,
-            self.delivered,
-            self.send_lag_max_ms,
-        );
-    }
-}
-
-/// Send at `rate` a second for `seconds` (after a warm-up at that rate that is not counted),
-/// each event at its own instant, and wait for their deliveries.
-async fn open_loop(api: &Api, seen: &Seen, rate: u32, seconds: u64) -> Figures {
-    let warm_up = (rate as u64 * WARM_UP.as_secs()) as usize;
-    let counted = (rate as u64 * seconds) as usize;
-    let total = warm_up + counted;
-    let gap = Duration::from_secs_f64(1.0 / rate as f64);
-    let refused = Arc::new(Mutex::new(0usize));
-    let mut lag_max = Duration::ZERO;
-    let mut sends = Vec::with_capacity(total);
-    let start = tokio::time::Instant::now() + Duration::from_millis(100);
-    for i in 0..total {
-        let due = start + gap * i as u32;
-        tokio::time::sleep_until(due).await;
-        lag_max = lag_max.max(due.elapsed());
-        let (api, refused) = (api.clone(), refused.clone());
-        sends.push(tokio::spawn(async move {
-            let (status, _) = api
-                .post("/v1/events", json!({"type": "bench.tick", "payload": {"i": i}}))
-                .await;
-            if status != 202 && i >= warm_up {
-                *refused.lock().unwrap() += 1;
-            }
-        }));
-    }
-    for s in sends {
-        s.await.expect("a send");
-    }
-    let accepted = counted - *refused.lock().unwrap();
-    let waited = Instant::now();
-    let counted_seen = |seen: &HashMap<u64, f64>| seen.keys().filter(|i| **i >= warm_up as u64).count();
-    while counted_seen(&seen.0.lock().unwrap()) < accepted && waited.elapsed() < DRAIN {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let mut seen = std::mem::take(&mut *seen.0.lock().unwrap());
-    let mut latencies: Vec<f64> = (warm_up as u64..total as u64).filter_map(|i| seen.remove(&i)).collect();
-    latencies.sort_by(f64::total_cmp);
-    let refused = *refused.lock().unwrap();
-    Figures {
-        rate,
-        sent: counted,
-        refused,
-        delivered: latencies.len(),
-        send_lag_max_ms: lag_max.as_secs_f64() * 1000.0,
-        latencies,
-    }
+/// Send at `rate` a second for `seconds` after the warm-up (`WARM_UP`, not counted), each
+/// event at its own instant, and wait for their deliveries: run `run` of the receiver's.
+async fn measure(api: &Api, arrivals: &Arrivals, run: u64, rate: u32, seconds: u64) -> OpenLoop {
+    let periods = (WARM_UP, Duration::from_secs(seconds));
+    open_loop(api, arrivals, run, rate, periods, DRAIN, || {}).await
 }
 
 /// Round trips of `call`, one at a time: p50 and p99 in milliseconds.
-async fn round_trips<F, Fut>(n: usize, call: F) -> (f64, f64)
+async fn p50_p99<F, Fut>(n: usize, call: F) -> (f64, f64)
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let mut took = Vec::with_capacity(n);
-    for _ in 0..n {
-        let start = Instant::now();
-        call().await;
-        took.push(start.elapsed().as_secs_f64() * 1000.0);
-    }
-    took.sort_by(f64::total_cmp);
+    let took = round_trips(0, n, call).await;
     (percentile(&took, 50.0), percentile(&took, 99.0))
 }
 
@@ -285,8 +157,10 @@ impl Drop for DevAws {
 async fn main() {
     let seconds: u64 = env_or("HOOKWISE_LATENCY_SECONDS", "60").parse().expect("seconds");
     let mut out = json!({"seconds": seconds, "dev": [], "aws": null});
-    let seen = Seen::default();
-    let url = receiver(seen.clone()).await;
+    let arrivals = Arrivals::start().await;
+    let url = &arrivals.url;
+    // Each open loop is a run of its own, so a late POST of an earlier one is not counted.
+    let mut run = 0;
 
     println!("open-loop load, one event per request, {seconds} s per rate after a {} s warm-up; latency from acceptance to the first POST's arrival", WARM_UP.as_secs());
     for rate in rates("HOOKWISE_LATENCY_RATES", "200,1000") {
@@ -295,8 +169,9 @@ async fn main() {
         let dev = Dev::start(&dir.0, &[]);
         let api = dev.api();
         api.subscribe(json!({"url": url})).await;
-        let figures = open_loop(&api, &seen, rate, seconds).await;
-        figures.print("hookwise dev (SQLite)");
+        run += 1;
+        let figures = measure(&api, &arrivals, run, rate, seconds).await;
+        print(&figures, "hookwise dev (SQLite)");
         out["dev"].as_array_mut().unwrap().push(figures.json());
     }
 
@@ -325,8 +200,9 @@ async fn main() {
             dev.api.subscribe(json!({"url": url})).await;
             // The emulators' own round trips, one call at a time, before the load.
             let (emulators, said) = emulator_round_trips(&dynamodb, &sqs, &dev).await;
-            let figures = open_loop(&dev.api, &seen, rate, seconds).await;
-            figures.print(&format!("hookwise dev --aws (DynamoDB Local, {name})"));
+            run += 1;
+            let figures = measure(&dev.api, &arrivals, run, rate, seconds).await;
+            print(&figures, &format!("hookwise dev --aws (DynamoDB Local, {name})"));
             println!("  {said}");
             let mut run = figures.json();
             run["sqs"] = json!(name);
@@ -351,7 +227,7 @@ async fn emulator_round_trips(dynamodb: &str, sqs: &str, dev: &DevAws) -> (Value
     let queues = AwsClients::for_endpoint(sqs, None).await;
     let key = aws_sdk_dynamodb::types::AttributeValue::S("none".into());
     let failed = std::cell::Cell::new(0);
-    let (get50, get99) = round_trips(200, || async {
+    let (get50, get99) = p50_p99(200, || async {
         let sent = ddb
             .dynamodb
             .get_item()
@@ -365,7 +241,7 @@ async fn emulator_round_trips(dynamodb: &str, sqs: &str, dev: &DevAws) -> (Value
         }
     })
     .await;
-    let (sqs50, sqs99) = round_trips(200, || async {
+    let (sqs50, sqs99) = p50_p99(200, || async {
         let sent = queues.sqs.get_queue_attributes().queue_url(&dev.queue_url).send().await;
         if sent.is_err() {
             failed.set(failed.get() + 1);

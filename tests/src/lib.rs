@@ -1,6 +1,7 @@
 //! Helpers for the end-to-end tests: start the real `hookwise dev` binary, a real receiving
 //! HTTP server on 127.0.0.1 that records what it got, and a small API client.
 
+pub mod bench;
 pub mod fault_proxy;
 pub mod iam_policy;
 

@@ -350,41 +350,33 @@ async fn run(profile: &Profile, logs: &LogBytes) -> Option<Figures> {
                 result.expect("ingested");
             }
             billed.add(start.elapsed(), 1);
-            deliver_until(
-                &env,
-                &services,
-                &ok,
-                profile.events as u64 * per_event,
-                batch,
-                &mut billed,
-            )
-            .await;
         }
         Arrival::Burst => {
             for i in 0..profile.events {
                 ingest_one(&services, &key, event(i), i, &mut billed).await;
             }
-            deliver_until(
-                &env,
-                &services,
-                &ok,
-                profile.events as u64 * per_event,
-                batch,
-                &mut billed,
-            )
-            .await;
         }
         Arrival::Trickle { per_second, .. } => {
             let start = Instant::now();
             for i in 0..profile.events {
                 tokio::time::sleep_until((start + Duration::from_secs_f64(i as f64 / per_second)).into()).await;
                 ingest_one(&services, &key, event(i), i, &mut billed).await;
-                if (i + 1) % batch == 0 || i + 1 == profile.events {
+                if (i + 1) % batch == 0 {
                     deliver_until(&env, &services, &ok, (i as u64 + 1) * per_event, batch, &mut billed).await;
                 }
             }
         }
     }
+    // What is not delivered yet: a burst's, a batch's (all of it), a trickle's last batch.
+    deliver_until(
+        &env,
+        &services,
+        &ok,
+        profile.events as u64 * per_event,
+        batch,
+        &mut billed,
+    )
+    .await;
     // The scheduler's audit of queued messages reads each delivery once, an hour on: what it
     // reads for this run's (`Services::audit_queued_messages`, page by page).
     let before_audit = counter.snapshot();

@@ -1132,7 +1132,7 @@ async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_to
 }
 
 #[tokio::test]
-async fn given_a_retry_that_could_not_be_queued_then_its_attempt_is_recorded_once_and_the_sweep_queues_it() {
+async fn given_a_retry_that_could_not_be_queued_then_its_attempt_is_recorded_once_and_its_message_queues_it() {
     use hookwise_core::ports::QueueMessage;
     use hookwise_core::services::{Disposition, QueueRole};
     use std::sync::atomic::Ordering;
@@ -1141,35 +1141,69 @@ async fn given_a_retry_that_could_not_be_queued_then_its_attempt_is_recorded_onc
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
     let d = &ingested.deliveries[0];
     let task = h.queue.take_visible().remove(0);
-    let message = QueueMessage {
+    let message = |receive_count| QueueMessage {
         message_id: "m-1".into(),
-        task: Ok(task),
+        task: Ok(task.clone()),
         redriven: false,
-        receive_count: 1,
+        receive_count,
     };
 
     // Attempt 1 fails, and queueing its retry (before the attempt's write) fails: the attempt
-    // is recorded all the same, its message done, and its retry left to the sweep.
+    // is recorded all the same, left to the sweep, and the message comes back.
     h.queue.failing_enqueues.store(1, Ordering::SeqCst);
     assert_eq!(
-        h.services.handle_messages(QueueRole::Delivery, &[message], None).await,
-        vec![Disposition::Done]
+        h.services
+            .handle_messages(QueueRole::Delivery, &[message(1)], None)
+            .await,
+        vec![Disposition::Redeliver]
     );
     assert_eq!(h.store.attempts(&d.id).await.unwrap().len(), 1);
     assert_eq!(h.queue.pending(), 0, "the retry was not queued");
     let stored = h.store.get_delivery(&d.id).await.unwrap().unwrap();
-    assert!(stored.is_swept(), "the sweep looks after it: {stored:?}");
+    assert!(stored.is_swept(), "the sweep looks after it meanwhile: {stored:?}");
 
-    // The sweep queues it once overdue (5 minutes' grace), and attempt 1 is not made again.
-    h.clock.advance(Duration::seconds(10) + Duration::minutes(6));
-    assert_eq!(h.services.run_scheduler().await.unwrap().requeued, 1);
-    h.drain_now().await;
+    // Back: stale, it queues the retry; attempt 1 is not made again.
+    assert_eq!(
+        h.services
+            .handle_messages(QueueRole::Delivery, &[message(2)], None)
+            .await,
+        vec![Disposition::Done]
+    );
+    h.clock.advance(Duration::seconds(11));
+    assert_eq!(h.drain_now().await, 1);
     let attempts = h.store.attempts(&d.id).await.unwrap();
     assert_eq!(
         attempts.iter().map(|a| (a.attempt, a.status_code)).collect::<Vec<_>>(),
         vec![(1, Some(500)), (2, Some(200))]
     );
     assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "one POST an attempt");
+}
+
+#[tokio::test]
+async fn given_a_dead_letter_batch_with_a_retrys_message_ahead_of_its_attempts_then_the_attempts_own_is_rescheduled() {
+    // A retry's message is queued before its attempt's write; when that write never landed,
+    // both may reach the dead-letter queue together, the retry's first. It must not hide the
+    // attempt's own message, the one that makes the attempt again.
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(first_fails());
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![1])).await;
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let d = &ingested.deliveries[0];
+    let first = h.queue.take_visible();
+    h.store.failing_delivery_writes.store(1, Ordering::SeqCst);
+    assert!(h.services.deliver_batch(&first).await[0].is_err());
+    h.clock.advance(Duration::seconds(2));
+    let ahead = h.queue.take_visible();
+    assert_eq!(ahead.iter().map(|t| t.attempt).collect::<Vec<_>>(), vec![2]);
+    h.services
+        .handle_dead_letters(&[ahead[0].clone(), first[0].clone()])
+        .await
+        .unwrap();
+    assert_eq!(h.drain_now().await, 1, "attempt 1's message, back on its schedule");
+    h.clock.advance(Duration::seconds(5));
+    h.drain_now().await;
+    let stored = h.store.get_delivery(&d.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, DeliveryStatus::Delivered);
 }
 
 #[tokio::test]

@@ -196,7 +196,7 @@ impl Services {
     /// breaker released (`released`) goes on with the release. Best effort (an error is
     /// logged and counted: the delivery is recorded, and the scheduler's tick tends a breaker
     /// that holds attempts), but for a probe's move: that error is returned, so its message
-    /// comes back and its outcome moves the breaker then (`resume_probe`), for a half-open
+    /// comes back and its outcome moves the breaker then (`resume_retry`), for a half-open
     /// breaker whose probe is done may hold nothing the tick would tend it for.
     pub(super) async fn after_attempt_breaker(
         &self,

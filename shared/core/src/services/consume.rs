@@ -89,7 +89,7 @@ impl Services {
                         self.metrics.count(outcome_metric(outcome), 1);
                     }
                     let result = match outcome {
-                        Ok(DeliverOutcome::Stale) if *redelivered => self.resume_probe(task).await,
+                        Ok(DeliverOutcome::Stale) if *redelivered => self.resume_retry(task).await,
                         Ok(_) => Ok(()),
                         Err(e) => Err(e),
                     };

@@ -45,8 +45,10 @@ impl Services {
         let mut seen = std::collections::HashSet::new();
         let mut to_tell = Vec::new();
         for task in tasks {
-            if !seen.insert((&task.delivery_id, task.round)) {
-                continue; // a copy of a message in this batch
+            // A copy of a message in this batch. (Another attempt's message is not: a retry's,
+            // queued before its attempt's write, may come with that attempt's own.)
+            if !seen.insert((&task.delivery_id, task.round, task.attempt)) {
+                continue;
             }
             let Some(delivery) = store.get_delivery(&task.delivery_id).await? else {
                 if task.queued_at.is_some() && task.round == 0 && task.attempt == 1 {
@@ -185,7 +187,9 @@ impl Services {
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
         let mut change = after_attempt(delivery, task.attempt, now, &outcome, decision, now);
         change.next.held_until = task.held_until_after(now);
-        self.queue_retry_ahead(&mut change, decision).await;
+        if let Err(error) = self.queue_retry_ahead(&mut change, decision).await {
+            tracing::warn!(%error, delivery_id = %delivery.id, "could not queue the retry of an attempt counted as failed; the sweep queues it once overdue");
+        }
         match self.ports.store.apply_change(&change).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return Ok(None), // moved on meanwhile

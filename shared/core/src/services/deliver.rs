@@ -274,7 +274,9 @@ impl Services {
         let decision = decide(&sub.retry_policy, &outcome, ctx, now, &mut *self.rng());
         let mut change = after_attempt(&delivery, task.attempt, started_at, &outcome, decision, now);
         change.next.held_until = task.held_until_after(started_at);
-        self.queue_retry_ahead(&mut change, decision).await;
+        // A retry that could not be queued: its error, returned last, brings the message back
+        // once the attempt is recorded, and `resume_retry` queues the retry then.
+        let queued = self.queue_retry_ahead(&mut change, decision).await;
         match self.record_attempt(&change, outcome.is_success()).await {
             Ok(()) => {}
             Err(PortError::ConditionFailed(_)) => return self.lost_the_race(task).await,
@@ -310,6 +312,7 @@ impl Services {
             self.disable_if_failing(sub, health.last_success_at, tenant.as_ref(), now)
                 .await?;
         }
+        queued?;
         Ok(handed)
     }
 
@@ -416,18 +419,22 @@ impl Services {
     /// crash before the write lands leaves the attempt's own message unacked: it comes back,
     /// and the attempt is made again. A retry's message that comes before the write is sent
     /// back for a while (`not_written_yet`). One that cannot be queued (the queue failed, or
-    /// its answer was lost) leaves the retry to the sweep ([`state::leave_to_the_sweep`]):
-    /// the attempt is recorded all the same, not made a second time.
-    pub(super) async fn queue_retry_ahead(&self, change: &mut DeliveryChange, decision: Decision) {
+    /// its answer was lost) leaves the retry to the sweep ([`state::leave_to_the_sweep`]), and
+    /// its error is the caller's: the attempt is recorded all the same, not made again.
+    pub(super) async fn queue_retry_ahead(
+        &self,
+        change: &mut DeliveryChange,
+        decision: Decision,
+    ) -> Result<(), PortError> {
         let Decision::Retry { at, .. } = decision else {
-            return;
+            return Ok(());
         };
         let task = state::queued_ahead_task(&change.next, self.now());
-        if let Err(error) = self.schedule_attempt(task, at).await {
-            self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
-            tracing::warn!(%error, %at, "could not queue a retry before its attempt's write; the sweep queues it once overdue");
+        let queued = self.schedule_attempt(task, at).await;
+        if queued.is_err() {
             state::leave_to_the_sweep(&mut change.next);
         }
+        queued
     }
 
     /// After the change is stored: hand a dead one on (a retry was queued before it:
@@ -461,17 +468,23 @@ impl Services {
     }
 
     /// A message that came back after its attempt was recorded (its receiver died, or
-    /// failed, after the state change): if the attempt was the breaker's probe, move the
-    /// breaker on its outcome, in case that is what did not happen. If it did, the second
-    /// message is stale on arrival, and the breaker has moved on. (A retry the attempt
-    /// decided on was queued before its write.) Only for redelivered messages: a mere
-    /// duplicate's twin did it.
-    pub(super) async fn resume_probe(&self, task: &DeliveryTask) -> Result<()> {
+    /// failed, after the state change): queue the retry that attempt decided on (in case its
+    /// queueing failed: `queue_retry_ahead`), and if the attempt was the breaker's probe, move
+    /// the breaker on its outcome, in case that is what did not happen. If it did, the second
+    /// message is stale on arrival, and the breaker has moved on. Only for redelivered
+    /// messages: a mere duplicate's twin did both.
+    pub(super) async fn resume_retry(&self, task: &DeliveryTask) -> Result<()> {
         let Some(d) = self.ports.store.get_delivery(&task.delivery_id).await? else {
             return Ok(());
         };
         if d.round != task.round || d.attempts != task.attempt {
             return Ok(()); // not the message of the attempt recorded last
+        }
+        if d.status == DeliveryStatus::Retrying {
+            let at = d.next_attempt_at.unwrap_or_else(|| self.now());
+            self.schedule_attempt(state::next_task(&d), at).await?;
+            tracing::info!(delivery_id = %d.id, attempt = task.attempt, %at,
+                "a message came back after its attempt was recorded; its retry is queued again");
         }
         if let Err(error) = self.probe_moved_on(&d).await {
             // The tick tends a breaker that holds attempts.

@@ -174,15 +174,7 @@ impl Arrivals {
 
     /// Wait until `n` POSTs of the current run have arrived; fail after `within`.
     pub async fn wait_posts(&self, n: usize, within: Duration) {
-        let start = Instant::now();
-        while self.posts() < n {
-            assert!(
-                start.elapsed() < within,
-                "{} of {n} arrived after {within:?}",
-                self.posts()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        crate::wait_for_count(n, within, Duration::from_millis(20), || self.posts()).await;
     }
 
     /// How many of events `from..to` of the current run have arrived.

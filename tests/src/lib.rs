@@ -490,15 +490,7 @@ impl Receiver {
     }
 
     pub async fn wait_count(&self, n: usize, within: Duration) {
-        let start = Instant::now();
-        while self.count() < n {
-            assert!(
-                start.elapsed() < within,
-                "received {} requests after {within:?}, wanted {n}",
-                self.count()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_for_count(n, within, Duration::from_millis(50), || self.count()).await;
     }
 
     pub fn hits(&self) -> u32 {
@@ -518,5 +510,14 @@ impl Receiver {
             })
             .max()
             .unwrap_or(0)
+    }
+}
+
+/// Wait until `count()` reaches `n`, looking every `every`; fail after `within`.
+pub async fn wait_for_count(n: usize, within: Duration, every: Duration, count: impl Fn() -> usize) {
+    let start = Instant::now();
+    while count() < n {
+        assert!(start.elapsed() < within, "{} of {n} arrived after {within:?}", count());
+        tokio::time::sleep(every).await;
     }
 }

@@ -597,14 +597,8 @@ impl Services {
             tracing::warn!("queued delivery does not exist; dropping the message");
             return Ok(DeliverOutcome::Stale);
         };
-        if let Some(outcome) = self.look_again_later(task, queued_at).await? {
-            return Ok(outcome);
-        }
-        Err(PortError::retryable(
-            "deliver",
-            format!("delivery not stored yet (its message was queued at {queued_at}, before the ingest's write)"),
-        )
-        .into())
+        self.look_again_later(task, queued_at, "delivery not stored yet", "the ingest's write")
+            .await
     }
 
     /// A retry's message come before the write that records the attempt before it (the
@@ -620,29 +614,35 @@ impl Services {
             tracing::info!("a message for a later attempt than its delivery's next; dropping it");
             return Ok(DeliverOutcome::Stale);
         };
-        if let Some(outcome) = self.look_again_later(task, queued_at).await? {
-            return Ok(outcome);
-        }
-        Err(PortError::retryable(
-            "deliver",
-            format!("the attempt before this retry is not recorded yet (the retry was queued at {queued_at}, before that attempt's write)"),
+        self.look_again_later(
+            task,
+            queued_at,
+            "the attempt before this retry is not recorded yet",
+            "that attempt's write",
         )
-        .into())
+        .await
     }
 
-    /// A message queued before the state it is for was written, and come before it: while
-    /// younger than [`WRITE_WINDOW`] it is queued again, its delay as long as its age so far
-    /// (at least a second): the copies look at about 1, 2, 4, 8, 16 and 32 s, each carrying
-    /// the first `queued_at`. None once it is older.
-    async fn look_again_later(&self, task: &DeliveryTask, queued_at: DateTime<Utc>) -> Result<Option<DeliverOutcome>> {
+    /// A message queued before the state it is for was written (`what`, by `write`), and come
+    /// before it: while younger than [`WRITE_WINDOW`] it is queued again, its delay as long as
+    /// its age so far (at least a second): the copies look at about 1, 2, 4, 8, 16 and 32 s,
+    /// each carrying the first `queued_at`. Once it is older, a retryable error.
+    async fn look_again_later(
+        &self,
+        task: &DeliveryTask,
+        queued_at: DateTime<Utc>,
+        what: &str,
+        write: &str,
+    ) -> Result<DeliverOutcome> {
         let age = self.now() - queued_at;
         if age >= WRITE_WINDOW {
-            return Ok(None);
+            let why = format!("{what} (its message was queued at {queued_at}, before {write})");
+            return Err(PortError::retryable("deliver", why).into());
         }
         let delay = age.num_seconds().max(1) as u32;
         self.ports.queue.enqueue(&[(task.clone(), delay)]).await?;
         tracing::debug!(%queued_at, delay, "the state this message is for is not written yet; looking again");
-        Ok(Some(DeliverOutcome::NotStoredYet))
+        Ok(DeliverOutcome::NotStoredYet)
     }
 
     /// Dead without an attempt.

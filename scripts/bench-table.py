@@ -57,7 +57,13 @@ def latency_rows(latency: dict) -> list:
 
     rows = [row("hookwise dev", run, 1000, "p99", 25) for run in latency["dev"]]
     for run in (latency.get("aws") or {}).get("runs", []):
-        rows.append(row(f"hookwise dev --aws ({run['sqs']})", run, 200, "p95", 124))
+        label, figures, goal, met = row(f"hookwise dev --aws ({run['sqs']})", run, 200, "p95", 124)
+        if run["sqs"].startswith("moto"):
+            # moto's SQS falls behind at this rate (its SendMessage takes longer than the SDK's
+            # 5 s, and the events are refused): the run shows the emulator's limit, and the
+            # AWS path's goal is judged on LocalStack's SQS.
+            figures, goal, met = f"{figures} (moto's SQS does not sustain this rate)", "", ""
+        rows.append((label, figures, goal, met))
         e = run["emulators"]
         rows.append(
             (
@@ -224,13 +230,17 @@ def main() -> int:
     # seed's per-delivery method, Python against Rust) and what the algorithm buys (that
     # method against hookwise storm's cohorts, which model the queue, so their figures differ).
     runs = storm["runs"]
-    for label, key in (("hookwise storm (cohorts)", "hookwise"), ("seed's method, Rust", "seed_rust"), ("seed's Python", "seed_python")):
+    for label, key, seconds in (
+        ("hookwise storm (cohorts)", "hookwise", "hookwise_seconds"),
+        ("seed's method, Rust", "seed_rust", "seed_rust_seconds"),
+        ("seed's Python", "seed_python", "python_seconds"),
+    ):
         f = storm[key]
         attempts = "?" if f["attempts"] is None else f"{f['attempts']:,}"
         rows.append(
             (
                 f"storm, {label}",
-                f"{storm[key + '_seconds']:.3f} s (best of {runs}): peak {f['peak']:,}/s, {attempts} attempts, "
+                f"{storm[seconds]:.3f} s (best of {runs}): peak {f['peak']:,}/s, {attempts} attempts, "
                 f"{f['delivered']:,} delivered, drain {f['drain']} s",
                 "",
                 "",

@@ -16,8 +16,8 @@
 //!   `GET /v1/deliveries` (the first page), the same filtered by the seeded subscription, by
 //!   `status=dead`, and by both (the dashboard's filters), and `GET /v1/subscriptions` (each
 //!   subscription's counts of its latest deliveries); p50 and p99. They come after the
-//!   throughput runs, so the empty store has full pages to answer too (but no dead delivery:
-//!   its `status=dead` answers are empty);
+//!   throughput runs and after 60 deliveries made dead on each store alike, so the empty
+//!   store has full pages to answer too, its `status=dead` ones included;
 //! - latency as `benches/latency.rs` measures it: an open-loop load at HOOKWISE_GROWTH_RATE
 //!   (1000) events a second for HOOKWISE_GROWTH_SECONDS (30) after a 10 s warm-up, from the
 //!   event's acceptance to its arrival; p50, p95, p99;
@@ -34,11 +34,13 @@ use hookwise_tests::bench::{
     copy_data_dir, env_usize, ingest, open_loop, percentile, proc_mb, round_trips, Arrivals, OpenLoop, BATCH, DRAIN,
     IDLE, WARM_UP,
 };
-use hookwise_tests::{Api, Dev, TempDir};
+use hookwise_tests::{Api, Dev, Receiver, TempDir};
 use serde_json::{json, Map, Value};
 
 /// Untimed requests before each read's timed ones.
 const READ_WARM_UP: usize = 10;
+/// Dead deliveries made on each store before the reads: more than a page.
+const DEAD: usize = 60;
 /// The goal: each figure within this factor of the empty store's.
 const GOAL: f64 = 1.5;
 
@@ -121,6 +123,51 @@ impl Backend {
         .await;
         self.set(&format!("{key}_p50_ms"), percentile(&took, 50.0));
         self.set(&format!("{key}_p99_ms"), percentile(&took, 99.0));
+    }
+
+    /// `n` dead deliveries of the seeded subscription, made alike on both stores, so that
+    /// each `status=dead` listing compares a full page with a full page (the empty store has
+    /// no dead delivery of its own): the subscription points at a receiver that answers 429,
+    /// with no retries, `n` events go out in one batch and each delivery is waited for until
+    /// dead, then it points back at the bench's receiver with the seed's policy (`standard`).
+    /// A 429 is not a failure to the circuit breaker (the endpoint is up), which a closed
+    /// port's would be: its breaker would then hold the latency run's first attempts.
+    async fn make_dead(&self, n: usize) {
+        let throttling = Receiver::start(0).await;
+        throttling.answer_with(429);
+        let subscription = format!("/v1/subscriptions/{}", self.subscription);
+        let patch = |body: Value| async {
+            let (status, answer) = self
+                .api
+                .call(reqwest::Method::PATCH, &subscription, Some(body), &[])
+                .await;
+            assert_eq!(status, 200, "{answer}");
+        };
+        patch(json!({"url": throttling.url("/slow-down"), "retry_policy": {"schedule_seconds": []}})).await;
+        let events: Vec<Value> = (0..n)
+            .map(|i| json!({"type": "bench.dead", "payload": {"i": i}}))
+            .collect();
+        let (status, body) = self.api.post("/v1/events/batch", json!({"events": events})).await;
+        assert_eq!(status, 202, "{body}");
+        let ids: Vec<String> = body["results"]
+            .as_array()
+            .expect("results")
+            .iter()
+            .map(|r| r["deliveries"][0]["id"].as_str().expect("a delivery").to_owned())
+            .collect();
+        let start = Instant::now();
+        for id in &ids {
+            loop {
+                let (status, delivery) = self.api.get(&format!("/v1/deliveries/{id}")).await;
+                assert_eq!(status, 200, "{delivery}");
+                if delivery["status"] == "dead" {
+                    break;
+                }
+                assert!(start.elapsed() < Duration::from_secs(60), "{id} not dead: {delivery}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        patch(json!({"url": self.arrivals.url, "retry_policy": "standard"})).await;
     }
 
     /// Events `0..n` of `run` through the API, `per_request` at a time, and their deliveries:
@@ -263,9 +310,10 @@ async fn main() {
     }
 
     // After the throughput runs, so the empty store's listings have full pages to answer
-    // too (of its recent deliveries; it has no dead one).
+    // too: of its recent deliveries, and of the dead ones made here.
     eprintln!("reads, {requests} each, one at a time");
     for b in &mut backends {
+        b.make_dead(DEAD).await;
         let sub = b.subscription.clone();
         b.reads("deliveries", "/v1/deliveries", requests).await;
         b.reads(

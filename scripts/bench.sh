@@ -6,7 +6,8 @@
 #   scripts/bench-delivery.sh  `hookwise dev` end to end against a bare reqwest loop, and
 #                              its memory idle and under that load
 #   scripts/bench-latency.sh   ingest-to-first-POST latency under open-loop load, on
-#                              `hookwise dev` and on `hookwise dev --aws` (DynamoDB Local, moto)
+#                              `hookwise dev` and on `hookwise dev --aws` (DynamoDB Local, with
+#                              LocalStack's SQS and then moto's)
 #   scripts/bench-growth.sh    the local figures again with 1 000 000 deliveries stored, side
 #                              by side with an empty store, and GET /v1/deliveries' p99
 #   scripts/bench-lambda.sh    each Lambda function's start-up and memory against a
@@ -19,8 +20,11 @@
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-out="$(mktemp -d)"
-trap 'rm -rf "$out"' EXIT
+# The figures stay in target/bench/*.json: `scripts/bench-table.py target/bench` prints the
+# table again.
+out="$root/target/bench"
+mkdir -p "$out"
+rm -f "$out"/*.json
 
 echo "== building the release binaries" >&2
 cargo build --release --locked -p hookwise-cli >&2

@@ -129,19 +129,20 @@ impl Backend {
     /// each `status=dead` listing compares a full page with a full page (the empty store has
     /// no dead delivery of its own): the subscription points at a receiver that answers 429,
     /// with no retries, `n` events go out in one batch and each delivery is waited for until
-    /// dead, then it points back at the bench's receiver with the seed's policy (`standard`).
-    /// A 429 is not a failure to the circuit breaker (the endpoint is up), which a closed
-    /// port's would be: its breaker would then hold the latency run's first attempts.
-    async fn make_dead(&self, n: usize) {
+    /// dead; then the subscription gets its URL and policy back, and one event of `run` is
+    /// delivered to end the endpoint's run of failures. A 429 never opens the circuit
+    /// breaker (the endpoint is up), where a closed port's failures would, and it would then
+    /// hold the latency run's first attempts.
+    async fn make_dead(&self, n: usize, run: u64) {
         let throttling = Receiver::start(0).await;
         throttling.answer_with(429);
-        let subscription = format!("/v1/subscriptions/{}", self.subscription);
+        let path = format!("/v1/subscriptions/{}", self.subscription);
+        let (status, before) = self.api.get(&path).await;
+        assert_eq!(status, 200, "{before}");
         let patch = |body: Value| async {
-            let (status, answer) = self
-                .api
-                .call(reqwest::Method::PATCH, &subscription, Some(body), &[])
-                .await;
+            let (status, answer) = self.api.call(reqwest::Method::PATCH, &path, Some(body), &[]).await;
             assert_eq!(status, 200, "{answer}");
+            answer
         };
         patch(json!({"url": throttling.url("/slow-down"), "retry_policy": {"schedule_seconds": []}})).await;
         let events: Vec<Value> = (0..n)
@@ -167,7 +168,15 @@ impl Backend {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
-        patch(json!({"url": self.arrivals.url, "retry_policy": "standard"})).await;
+        let after = patch(json!({"url": before["url"], "retry_policy": before["retry_policy"]})).await;
+        assert_eq!(
+            (&after["url"], &after["retry_policy"]),
+            (&before["url"], &before["retry_policy"]),
+            "the subscription as it was"
+        );
+        self.throughput(run, 1, 1, 1).await;
+        // The dead-letter handling of the `n` (their notices) runs in the background.
+        tokio::time::sleep(IDLE).await;
     }
 
     /// Events `0..n` of `run` through the API, `per_request` at a time, and their deliveries:
@@ -313,7 +322,8 @@ async fn main() {
     // too: of its recent deliveries, and of the dead ones made here.
     eprintln!("reads, {requests} each, one at a time");
     for b in &mut backends {
-        b.make_dead(DEAD).await;
+        run += 1;
+        b.make_dead(DEAD, run).await;
         let sub = b.subscription.clone();
         b.reads("deliveries", "/v1/deliveries", requests).await;
         b.reads(

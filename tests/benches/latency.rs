@@ -11,6 +11,11 @@
 //! emails then printed), then on moto's (the signing key is moto's KMS in both). For each,
 //! the emulators' own round trip is measured before the load (a DynamoDB `GetItem` and an
 //! SQS `GetQueueAttributes`, one at a time), so the reader can see what part is theirs.
+//! Before the first, the emulators are warmed by an uncounted run of their own (on tables of
+//! its own): cold, DynamoDB Local's JVM gave a run's first 10-20 s a backlog of seconds
+//! (each second's slowest event 3.7 s, falling to 27 ms by the ninth second after the
+//! warm-up), where a fresh `hookwise dev --aws` on warm emulators has none. Each run prints
+//! the slowest event of each second, so the reader sees whether a tail is a transient.
 //!
 //! `scripts/bench-latency.sh` builds the release binary and runs this. Settings:
 //! HOOKWISE_LATENCY_RATES (`200,1000`, events a second), HOOKWISE_LATENCY_SECONDS (60 each),
@@ -55,7 +60,12 @@ fn print(figures: &OpenLoop, backend: &str) {
         figures.delivered,
         figures.send_lag_max_ms,
     );
+    let slowest: Vec<String> = figures.slowest_by_second.iter().map(|ms| format!("{ms:.0}")).collect();
+    println!("  the slowest event of each second sent, ms: {}", slowest.join(" "));
 }
+
+/// How long the uncounted run that warms the emulators sends for, after its own `WARM_UP`.
+const EMULATORS_WARM_UP: Duration = Duration::from_secs(20);
 
 /// Send at `rate` a second for `seconds` after the warm-up (`WARM_UP`, not counted), each
 /// event at its own instant, and wait for their deliveries: run `run` of the receiver's.
@@ -194,8 +204,19 @@ async fn main() {
     let chosen = env_or("HOOKWISE_LATENCY_SQS", "localstack,moto");
     mixes.retain(|(_, label, _)| chosen.split(',').any(|c| c.trim() == *label));
     let mut runs = Vec::new();
+    let aws_rates = rates("HOOKWISE_LATENCY_AWS_RATES", "200");
+    if let (Some((name, label, sqs)), Some(&rate)) = (mixes.first(), aws_rates.first()) {
+        let dev = DevAws::start(&dynamodb, sqs, &moto, &format!("{label}warm"));
+        dev.api.subscribe(json!({"url": url})).await;
+        run += 1;
+        measure(&dev.api, &arrivals, run, rate, EMULATORS_WARM_UP.as_secs()).await;
+        println!(
+            "(the emulators warmed first: {rate}/s for {} s through a hookwise dev --aws of its own, on {name}, not counted)",
+            (WARM_UP + EMULATORS_WARM_UP).as_secs()
+        );
+    }
     for (name, label, sqs) in mixes {
-        for rate in rates("HOOKWISE_LATENCY_AWS_RATES", "200") {
+        for &rate in &aws_rates {
             let dev = DevAws::start(&dynamodb, &sqs, &moto, label);
             dev.api.subscribe(json!({"url": url})).await;
             // The emulators' own round trips, one call at a time, before the load.

@@ -194,6 +194,20 @@ impl Arrivals {
         l.sort_by(f64::total_cmp);
         l
     }
+
+    /// The longest latency among each `per` consecutive events of `from..to` that arrived
+    /// (each second's, at `per` events a second), in sending order.
+    fn slowest_by_group(&self, from: u64, to: u64, per: u64) -> Vec<f64> {
+        let seen = self.seen.lock().unwrap();
+        (from..to)
+            .step_by(per.max(1) as usize)
+            .map(|start| {
+                (start..(start + per).min(to))
+                    .filter_map(|i| seen.get(&i).copied())
+                    .fold(0.0, f64::max)
+            })
+            .collect()
+    }
 }
 
 /// Events `0..n` of run `run`, `per_request` to a request (1: `POST /v1/events`; more: the
@@ -232,6 +246,9 @@ pub struct OpenLoop {
     pub send_lag_max_ms: f64,
     /// Sorted, in milliseconds.
     pub latencies: Vec<f64>,
+    /// The longest latency of the events sent in each second, in order: where the tail is
+    /// (a start-up transient, or pauses all through).
+    pub slowest_by_second: Vec<f64>,
 }
 
 impl OpenLoop {
@@ -247,6 +264,7 @@ impl OpenLoop {
             "p95_ms": percentile(l, 95.0),
             "p99_ms": percentile(l, 99.0),
             "max_ms": l.last().copied().unwrap_or(f64::NAN),
+            "slowest_by_second_ms": self.slowest_by_second.iter().map(|ms| ms.round()).collect::<Vec<_>>(),
         })
     }
 }
@@ -307,6 +325,7 @@ pub async fn open_loop(
         refused,
         delivered: latencies.len(),
         send_lag_max_ms: lag_max.as_secs_f64() * 1000.0,
+        slowest_by_second: arrivals.slowest_by_group(from, to, rate as u64),
         latencies,
     }
 }

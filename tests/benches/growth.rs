@@ -156,17 +156,8 @@ impl Backend {
             .iter()
             .map(|r| r["deliveries"][0]["id"].as_str().expect("a delivery").to_owned())
             .collect();
-        let start = Instant::now();
         for id in &ids {
-            loop {
-                let (status, delivery) = self.api.get(&format!("/v1/deliveries/{id}")).await;
-                assert_eq!(status, 200, "{delivery}");
-                if delivery["status"] == "dead" {
-                    break;
-                }
-                assert!(start.elapsed() < Duration::from_secs(60), "{id} not dead: {delivery}");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+            self.api.wait_status(id, "dead", Duration::from_secs(60)).await;
         }
         let after = patch(json!({"url": before["url"], "retry_policy": before["retry_policy"]})).await;
         assert_eq!(

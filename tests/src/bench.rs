@@ -149,9 +149,7 @@ impl Arrivals {
                 StatusCode::OK
             }
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let addr = crate::serve_on_loopback(app).await;
         Self {
             run,
             seen,

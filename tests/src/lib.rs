@@ -449,9 +449,7 @@ impl Receiver {
                 }
             }
         });
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        let addr = serve_on_loopback(app).await;
         Self {
             addr,
             got,
@@ -511,6 +509,14 @@ impl Receiver {
             .max()
             .unwrap_or(0)
     }
+}
+
+/// Serve `app` on a free port of 127.0.0.1 in the background: its address.
+pub async fn serve_on_loopback(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
 }
 
 /// Wait until `count()` reaches `n`, looking every `every`; fail after `within`.

@@ -263,9 +263,7 @@ async fn endpoint(fail_first: bool) -> (String, Arc<Mutex<HashSet<String>>>, Arc
             }
         })
     };
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/hook", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let url = format!("http://{}/hook", hookwise_tests::serve_on_loopback(app).await);
     (url, seen, ok)
 }
 

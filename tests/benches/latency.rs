@@ -15,11 +15,14 @@
 //! its own): cold, DynamoDB Local's JVM gave a run's first 10-20 s a backlog of seconds
 //! (each second's slowest event 3.7 s, falling to 27 ms by the ninth second after the
 //! warm-up), where a fresh `hookwise dev --aws` on warm emulators has none. Each run prints
-//! the slowest event of each second, so the reader sees whether a tail is a transient.
+//! the slowest event of each second, so the reader sees whether a tail is a transient, and
+//! the cores each process used while it sent (Hookwise, this bench, each emulator) and how
+//! busy the machine was, so the reader sees whether a tail is Hookwise's or a saturated
+//! emulator's. The AWS path runs at 50/s too, the other rate Convoy publishes.
 //!
 //! `scripts/bench-latency.sh` builds the release binary and runs this. Settings:
 //! HOOKWISE_LATENCY_RATES (`200,1000`, events a second), HOOKWISE_LATENCY_SECONDS (60 each),
-//! HOOKWISE_LATENCY_AWS_RATES (`200`), HOOKWISE_LATENCY_SQS (`localstack,moto`),
+//! HOOKWISE_LATENCY_AWS_RATES (`50,200`), HOOKWISE_LATENCY_SQS (`localstack,moto`),
 //! HOOKWISE_LATENCY_LOG (the AWS runs' log filter); HOOKWISE_BENCH_JSON=FILE also writes the
 //! figures.
 
@@ -29,6 +32,7 @@ use std::time::Duration;
 
 use hookwise_aws::AwsClients;
 use hookwise_tests::bench::{open_loop, percentile, round_trips, Arrivals, OpenLoop, DRAIN, WARM_UP};
+use hookwise_tests::cpu::{pids_matching, CpuMeter, CpuShares};
 use hookwise_tests::{hookwise_bin, Api, Dev, TempDir};
 use serde_json::{json, Value};
 
@@ -69,10 +73,40 @@ const EMULATORS_WARM_UP: Duration = Duration::from_secs(20);
 
 /// Send at `rate` a second for `seconds` after the warm-up (`WARM_UP`, not counted), each
 /// event at its own instant, and wait for their deliveries: run `run` of the receiver's.
-async fn measure(api: &Api, arrivals: &Arrivals, run: u64, rate: u32, seconds: u64) -> OpenLoop {
+/// The CPU of the `watched` processes is read over the sending (warm-up included: the same
+/// rate), not the drain.
+async fn measure(
+    api: &Api,
+    arrivals: &Arrivals,
+    (run, rate, seconds): (u64, u32, u64),
+    watched: Vec<(String, Vec<u32>)>,
+) -> (OpenLoop, CpuShares) {
     let periods = (WARM_UP, Duration::from_secs(seconds));
-    open_loop(api, arrivals, run, rate, periods, DRAIN, || {}).await
+    let meter = CpuMeter::start(watched);
+    let mut shares = None;
+    let figures = open_loop(api, arrivals, run, rate, periods, DRAIN, || shares = Some(meter.read())).await;
+    (figures, shares.expect("read once the last event was sent"))
 }
+
+/// This process (the load and the receiver) and `hookwise`, then the emulators whose command
+/// lines hold these `needles`, as `(label, pids)`.
+fn watched(hookwise: u32, emulators: &[(&str, &str)]) -> Vec<(String, Vec<u32>)> {
+    let mut watched = vec![
+        ("hookwise".to_owned(), vec![hookwise]),
+        ("the bench (load, receiver)".to_owned(), vec![std::process::id()]),
+    ];
+    watched.extend(
+        emulators
+            .iter()
+            .map(|(label, needle)| (label.to_string(), pids_matching(needle))),
+    );
+    watched
+}
+
+/// Each emulator by its command line (scripts/aws-test-services.sh, scripts/localstack.sh).
+const DYNAMODB_LOCAL: (&str, &str) = ("DynamoDB Local", "DynamoDBLocal.jar");
+const LOCALSTACK: (&str, &str) = ("LocalStack", "localstack.runtime.main");
+const MOTO: (&str, &str) = ("moto", "moto_server");
 
 /// Round trips of `call`, one at a time: p50 and p99 in milliseconds.
 async fn p50_p99<F, Fut>(n: usize, call: F) -> (f64, f64)
@@ -180,9 +214,12 @@ async fn main() {
         let api = dev.api();
         api.subscribe(json!({"url": url})).await;
         run += 1;
-        let figures = measure(&api, &arrivals, run, rate, seconds).await;
+        let (figures, cpu) = measure(&api, &arrivals, (run, rate, seconds), watched(dev.pid(), &[])).await;
         print(&figures, "hookwise dev (SQLite)");
-        out["dev"].as_array_mut().unwrap().push(figures.json());
+        println!("  {}", cpu.line());
+        let mut figures = figures.json();
+        figures["cpu"] = cpu.json();
+        out["dev"].as_array_mut().unwrap().push(figures);
     }
 
     let (dynamodb, moto) = (
@@ -204,12 +241,13 @@ async fn main() {
     let chosen = env_or("HOOKWISE_LATENCY_SQS", "localstack,moto");
     mixes.retain(|(_, label, _)| chosen.split(',').any(|c| c.trim() == *label));
     let mut runs = Vec::new();
-    let aws_rates = rates("HOOKWISE_LATENCY_AWS_RATES", "200");
-    if let (Some((name, label, sqs)), Some(&rate)) = (mixes.first(), aws_rates.first()) {
+    let aws_rates = rates("HOOKWISE_LATENCY_AWS_RATES", "50,200");
+    if let (Some((name, label, sqs)), Some(&rate)) = (mixes.first(), aws_rates.iter().max()) {
         let dev = DevAws::start(&dynamodb, sqs, &moto, &format!("{label}warm"));
         dev.api.subscribe(json!({"url": url})).await;
         run += 1;
-        measure(&dev.api, &arrivals, run, rate, EMULATORS_WARM_UP.as_secs()).await;
+        let warm = (run, rate, EMULATORS_WARM_UP.as_secs());
+        measure(&dev.api, &arrivals, warm, Vec::new()).await;
         println!(
             "(the emulators warmed first: {rate}/s for {} s through a hookwise dev --aws of its own, on {name}, not counted)",
             (WARM_UP + EMULATORS_WARM_UP).as_secs()
@@ -220,14 +258,22 @@ async fn main() {
             let dev = DevAws::start(&dynamodb, &sqs, &moto, label);
             dev.api.subscribe(json!({"url": url})).await;
             // The emulators' own round trips, one call at a time, before the load.
-            let (emulators, said) = emulator_round_trips(&dynamodb, &sqs, &dev).await;
+            let (emulators_alone, said) = emulator_round_trips(&dynamodb, &sqs, &dev).await;
             run += 1;
-            let figures = measure(&dev.api, &arrivals, run, rate, seconds).await;
+            let emulators: &[(&str, &str)] = if label == "localstack" {
+                &[DYNAMODB_LOCAL, LOCALSTACK, MOTO]
+            } else {
+                &[DYNAMODB_LOCAL, MOTO]
+            };
+            let watched = watched(dev.child.id(), emulators);
+            let (figures, cpu) = measure(&dev.api, &arrivals, (run, rate, seconds), watched).await;
             print(&figures, &format!("hookwise dev --aws (DynamoDB Local, {name})"));
             println!("  {said}");
+            println!("  {}", cpu.line());
             let mut run = figures.json();
             run["sqs"] = json!(name);
-            run["emulators"] = emulators;
+            run["emulators"] = emulators_alone;
+            run["cpu"] = cpu.json();
             runs.push(run);
         }
     }

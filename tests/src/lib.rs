@@ -2,6 +2,7 @@
 //! HTTP server on 127.0.0.1 that records what it got, and a small API client.
 
 pub mod bench;
+pub mod cpu;
 pub mod fault_proxy;
 pub mod iam_policy;
 

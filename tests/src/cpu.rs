@@ -1,0 +1,201 @@
+//! Where a machine's CPU goes during a stretch of a benchmark, from `/proc`: each watched
+//! process's cores (its user and system time, all threads and living children, over the wall
+//! time) and the whole machine's busy share. The latency bench puts it beside each run, so a
+//! reader can see whether a tail is Hookwise's or an emulator's saturated core.
+
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+/// Linux reports `/proc` times in clock ticks of `USER_HZ`, which is 100 on every
+/// architecture it exposes to user space.
+const USER_HZ: f64 = 100.0;
+
+/// The processes whose command line contains `needle` (not this process).
+pub fn pids_matching(needle: &str) -> Vec<u32> {
+    let me = std::process::id();
+    all_pids()
+        .into_iter()
+        .filter(|&pid| pid != me)
+        .filter(|&pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).replace('\0', " ").contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn all_pids() -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .map(|dir| dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// The fields of `/proc/<pid>/stat` after the command name (which may hold spaces): the
+/// state is `[0]`, the parent `[1]`, user time `[11]`, system time `[12]`.
+fn stat_fields(pid: u32) -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    Some(rest.split_whitespace().map(|f| f.parse().unwrap_or(0)).collect())
+}
+
+/// User and system ticks of `roots` and their descendants alive now.
+fn ticks_of_tree(roots: &[u32]) -> u64 {
+    let stats: Vec<(u32, Vec<u64>)> = all_pids()
+        .into_iter()
+        .filter_map(|pid| Some((pid, stat_fields(pid)?)))
+        .collect();
+    let mut tree: Vec<u32> = roots.to_vec();
+    let mut grew = true;
+    while grew {
+        grew = false;
+        for (pid, fields) in &stats {
+            let parent = fields.get(1).copied().unwrap_or(0) as u32;
+            if tree.contains(&parent) && !tree.contains(pid) {
+                tree.push(*pid);
+                grew = true;
+            }
+        }
+    }
+    stats
+        .iter()
+        .filter(|(pid, _)| tree.contains(pid))
+        .map(|(_, f)| f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0))
+        .sum()
+}
+
+/// The machine's busy and total ticks, all cores (the first line of `/proc/stat`).
+fn machine_ticks() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .take(8) // user nice system idle iowait irq softirq steal (guest time is in user)
+        .map(|f| f.parse().unwrap_or(0))
+        .collect();
+    let total: u64 = ticks.iter().sum();
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// Counting from [`CpuMeter::start`].
+pub struct CpuMeter {
+    started: Instant,
+    machine: (u64, u64),
+    watched: Vec<(String, Vec<u32>, u64)>,
+}
+
+/// What a [`CpuMeter`] read: cores each watched process used, on average, and how busy the
+/// whole machine was.
+#[derive(Debug, Clone)]
+pub struct CpuShares {
+    pub seconds: f64,
+    pub cores: usize,
+    pub machine_busy: f64,
+    pub processes: Vec<(String, f64)>,
+}
+
+impl CpuMeter {
+    /// Watch these processes, each a label and its pids (a label without pids is left out).
+    pub fn start(watched: Vec<(String, Vec<u32>)>) -> Self {
+        Self {
+            started: Instant::now(),
+            machine: machine_ticks(),
+            watched: watched
+                .into_iter()
+                .filter(|(_, pids)| !pids.is_empty())
+                .map(|(label, pids)| {
+                    let ticks = ticks_of_tree(&pids);
+                    (label, pids, ticks)
+                })
+                .collect(),
+        }
+    }
+
+    /// The shares since the start.
+    pub fn read(&self) -> CpuShares {
+        let seconds = self.started.elapsed().as_secs_f64();
+        let (busy, total) = machine_ticks();
+        let (busy0, total0) = self.machine;
+        CpuShares {
+            seconds,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            machine_busy: (busy - busy0) as f64 / (total - total0).max(1) as f64,
+            processes: self
+                .watched
+                .iter()
+                .map(|(label, pids, ticks0)| {
+                    let used = ticks_of_tree(pids).saturating_sub(*ticks0) as f64 / USER_HZ;
+                    (label.clone(), used / seconds)
+                })
+                .collect(),
+        }
+    }
+}
+
+impl CpuShares {
+    pub fn json(&self) -> Value {
+        json!({
+            "seconds": self.seconds,
+            "cores": self.cores,
+            "machine_busy": self.machine_busy,
+            "processes": self.processes.iter().map(|(l, c)| json!({"process": l, "cores": c})).collect::<Vec<_>>(),
+        })
+    }
+
+    /// `the machine's 2 cores 84% busy: LocalStack 0.95 core, ...`
+    pub fn line(&self) -> String {
+        let each: Vec<String> = self
+            .processes
+            .iter()
+            .map(|(label, cores)| format!("{label} {cores:.2}"))
+            .collect();
+        format!(
+            "the machine's {} cores {:.0}% busy; cores used by {}",
+            self.cores,
+            self.machine_busy * 100.0,
+            each.join(", ")
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_busy_thread_counts_as_about_a_core_and_an_idle_child_as_none() {
+        let mut sleeper = std::process::Command::new("sleep").arg("5").spawn().expect("sleep");
+        let meter = CpuMeter::start(vec![
+            ("me".into(), vec![std::process::id()]),
+            ("sleeper".into(), vec![sleeper.id()]),
+            ("nobody".into(), vec![]),
+        ]);
+        let spin = Instant::now();
+        let mut x = 0u64;
+        while spin.elapsed().as_millis() < 500 {
+            x = std::hint::black_box(x.wrapping_add(1));
+        }
+        let shares = meter.read();
+        sleeper.kill().ok();
+        sleeper.wait().ok();
+        let names: Vec<&str> = shares.processes.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(names, ["me", "sleeper"], "a label without pids is left out");
+        // A shared machine may steal time, and the tick is 10 ms: loose bounds.
+        assert!(shares.processes[0].1 > 0.5, "{shares:?}");
+        assert!(shares.processes[1].1 < 0.1, "{shares:?}");
+        assert!(shares.machine_busy > 0.0 && shares.machine_busy <= 1.0, "{shares:?}");
+    }
+
+    #[test]
+    fn finds_a_process_by_its_command_line() {
+        let mut child = std::process::Command::new("sleep").arg("7.25").spawn().expect("sleep");
+        let found = pids_matching("sleep 7.25");
+        child.kill().ok();
+        child.wait().ok();
+        assert!(found.contains(&child.id()), "{found:?}");
+    }
+}

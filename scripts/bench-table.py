@@ -59,7 +59,8 @@ def latency_rows(latency: dict) -> list:
         """Where the CPU went while the run sent: the machine, then each process's cores."""
         c = run["cpu"]
         each = ", ".join(f"{p['process']} {p['cores']:.2f}" for p in c["processes"])
-        return ("  its CPU while sending", f"{c['cores']} cores {c['machine_busy']:.0%} busy; cores used: {each}", "", "")
+        machine = f"{c['cores']} cores {c['machine_busy']:.0%} busy ({c['machine_steal']:.0%} stolen by the host)"
+        return ("  its CPU while sending", f"{machine}; cores used: {each}", "", "")
 
     rows = []
     for run in latency["dev"]:

@@ -1,6 +1,7 @@
 //! Where a machine's CPU goes during a stretch of a benchmark, from `/proc`: each watched
 //! process's cores (its user and system time, all threads and living children, over the wall
-//! time) and the whole machine's busy share. The latency bench puts it beside each run, so a
+//! time), the whole machine's busy share, and the share its hypervisor gave to other guests
+//! (steal: on a shared host, time this machine wanted and did not get). The latency bench puts it beside each run, so a
 //! reader can see whether a tail is Hookwise's or an emulator's saturated core.
 
 use std::time::Instant;
@@ -64,8 +65,8 @@ fn ticks_of_tree(roots: &[u32]) -> u64 {
         .sum()
 }
 
-/// The machine's busy and total ticks, all cores (the first line of `/proc/stat`).
-fn machine_ticks() -> (u64, u64) {
+/// The machine's busy, stolen and total ticks, all cores (the first line of `/proc/stat`).
+fn machine_ticks() -> (u64, u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let ticks: Vec<u64> = stat
         .lines()
@@ -78,13 +79,14 @@ fn machine_ticks() -> (u64, u64) {
         .collect();
     let total: u64 = ticks.iter().sum();
     let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
-    (total - idle, total)
+    let steal = ticks.get(7).copied().unwrap_or(0);
+    (total - idle - steal, steal, total)
 }
 
 /// Counting from [`CpuMeter::start`].
 pub struct CpuMeter {
     started: Instant,
-    machine: (u64, u64),
+    machine: (u64, u64, u64),
     watched: Vec<(String, Vec<u32>, u64)>,
 }
 
@@ -95,6 +97,7 @@ pub struct CpuShares {
     pub seconds: f64,
     pub cores: usize,
     pub machine_busy: f64,
+    pub machine_steal: f64,
     pub processes: Vec<(String, f64)>,
 }
 
@@ -118,12 +121,14 @@ impl CpuMeter {
     /// The shares since the start.
     pub fn read(&self) -> CpuShares {
         let seconds = self.started.elapsed().as_secs_f64();
-        let (busy, total) = machine_ticks();
-        let (busy0, total0) = self.machine;
+        let (busy, steal, total) = machine_ticks();
+        let (busy0, steal0, total0) = self.machine;
+        let total = (total - total0).max(1) as f64;
         CpuShares {
             seconds,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            machine_busy: (busy - busy0) as f64 / (total - total0).max(1) as f64,
+            machine_busy: (busy - busy0) as f64 / total,
+            machine_steal: (steal - steal0) as f64 / total,
             processes: self
                 .watched
                 .iter()
@@ -142,11 +147,12 @@ impl CpuShares {
             "seconds": self.seconds,
             "cores": self.cores,
             "machine_busy": self.machine_busy,
+            "machine_steal": self.machine_steal,
             "processes": self.processes.iter().map(|(l, c)| json!({"process": l, "cores": c})).collect::<Vec<_>>(),
         })
     }
 
-    /// `the machine's 2 cores 84% busy: LocalStack 0.95 core, ...`
+    /// `the machine's 2 cores 84% busy (1% stolen); cores used by LocalStack 0.95, ...`
     pub fn line(&self) -> String {
         let each: Vec<String> = self
             .processes
@@ -154,9 +160,10 @@ impl CpuShares {
             .map(|(label, cores)| format!("{label} {cores:.2}"))
             .collect();
         format!(
-            "the machine's {} cores {:.0}% busy; cores used by {}",
+            "the machine's {} cores {:.0}% busy ({:.0}% stolen); cores used by {}",
             self.cores,
             self.machine_busy * 100.0,
+            self.machine_steal * 100.0,
             each.join(", ")
         )
     }

@@ -9,7 +9,8 @@
 #   source scripts/aws-test-services.sh && aws_services_start && ...; aws_services_stop
 #
 # Exports HOOKWISE_TEST_MOTO_URL, HOOKWISE_TEST_DYNAMODB_LOCAL_URL and
-# HOOKWISE_TEST_REQUIRE_AWS=1 (so the tests fail, rather than skip, if a URL is missing).
+# HOOKWISE_TEST_REQUIRE_AWS=1 (so the tests fail, rather than skip, if a URL is missing), and
+# HOOKWISE_TEST_MOTO_PID, HOOKWISE_TEST_DYNAMODB_LOCAL_PID.
 
 _aws_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 AWS_SERVICES_DIR="${AWS_SERVICES_DIR:-$_aws_root/.hookwise/aws-test-services}"
@@ -70,6 +71,8 @@ aws_services_start() {
   export HOOKWISE_TEST_MOTO_URL="http://127.0.0.1:$moto_port"
   export HOOKWISE_TEST_DYNAMODB_LOCAL_URL="http://127.0.0.1:$ddb_port"
   export HOOKWISE_TEST_REQUIRE_AWS=1
+  # The pids are for the latency bench's CPU figures (java runs in place of its subshell).
+  export HOOKWISE_TEST_MOTO_PID="$AWS_SERVICES_MOTO_PID" HOOKWISE_TEST_DYNAMODB_LOCAL_PID="$AWS_SERVICES_DDB_PID"
   _aws_log "moto server on port $moto_port (pid $AWS_SERVICES_MOTO_PID), DynamoDB Local on port $ddb_port (pid $AWS_SERVICES_DDB_PID)"
 }
 

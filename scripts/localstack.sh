@@ -10,7 +10,7 @@
 #   source scripts/localstack.sh && localstack_start && ...; localstack_stop
 #
 # Exports HOOKWISE_TEST_LOCALSTACK_URL and HOOKWISE_TEST_REQUIRE_LOCALSTACK=1 (so the test
-# fails, rather than skips, if the URL is missing).
+# fails, rather than skips, if the URL is missing), and HOOKWISE_TEST_LOCALSTACK_PID.
 #
 # Why only SQS, and why this version:
 # - LocalStack 4.14.0 (February 2026) is the last release of the free Community edition.
@@ -252,6 +252,8 @@ os.execv(sys.executable, [sys.executable, "-m", "localstack.runtime.main"])' \
 
   export HOOKWISE_TEST_LOCALSTACK_URL="$url"
   export HOOKWISE_TEST_REQUIRE_LOCALSTACK=1
+  # The pid is for the latency bench's CPU figures (the Python exec'd in place of the launcher).
+  export HOOKWISE_TEST_LOCALSTACK_PID="$LOCALSTACK_PID"
   _ls_log "LocalStack $LOCALSTACK_VERSION (SQS) on port $port (pid $LOCALSTACK_PID), ready in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
 }
 

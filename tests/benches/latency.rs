@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use hookwise_aws::AwsClients;
 use hookwise_tests::bench::{open_loop, percentile, round_trips, Arrivals, OpenLoop, DRAIN, WARM_UP};
-use hookwise_tests::cpu::{pids_matching, CpuMeter, CpuShares};
+use hookwise_tests::cpu::{CpuMeter, CpuShares};
 use hookwise_tests::{hookwise_bin, Api, Dev, TempDir};
 use serde_json::{json, Value};
 
@@ -88,25 +88,28 @@ async fn measure(
     (figures, shares.expect("read once the last event was sent"))
 }
 
-/// This process (the load and the receiver) and `hookwise`, then the emulators whose command
-/// lines hold these `needles`, as `(label, pids)`.
+/// `hookwise` and this process (the load and the receiver), then the emulators named, each a
+/// label and the variable holding its pid (exported by scripts/aws-test-services.sh and
+/// scripts/localstack.sh), as `(label, pids)`.
 fn watched(hookwise: u32, emulators: &[(&str, &str)]) -> Vec<(String, Vec<u32>)> {
     let mut watched = vec![
         ("hookwise".to_owned(), vec![hookwise]),
-        ("the bench (load, receiver)".to_owned(), vec![std::process::id()]),
+        ("the bench (load and receiver)".to_owned(), vec![std::process::id()]),
     ];
-    watched.extend(
-        emulators
-            .iter()
-            .map(|(label, needle)| (label.to_string(), pids_matching(needle))),
-    );
+    for (label, variable) in emulators {
+        let pid = std::env::var(variable)
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("{variable}: run under the scripts that start the emulators"));
+        watched.push((label.to_string(), vec![pid]));
+    }
     watched
 }
 
-/// Each emulator by its command line (scripts/aws-test-services.sh, scripts/localstack.sh).
-const DYNAMODB_LOCAL: (&str, &str) = ("DynamoDB Local", "DynamoDBLocal.jar");
-const LOCALSTACK: (&str, &str) = ("LocalStack", "localstack.runtime.main");
-const MOTO: (&str, &str) = ("moto", "moto_server");
+/// Each emulator's label and the variable holding its pid.
+const DYNAMODB_LOCAL: (&str, &str) = ("DynamoDB Local", "HOOKWISE_TEST_DYNAMODB_LOCAL_PID");
+const LOCALSTACK: (&str, &str) = ("LocalStack", "HOOKWISE_TEST_LOCALSTACK_PID");
+const MOTO: (&str, &str) = ("moto", "HOOKWISE_TEST_MOTO_PID");
 
 /// Round trips of `call`, one at a time: p50 and p99 in milliseconds.
 async fn p50_p99<F, Fut>(n: usize, call: F) -> (f64, f64)

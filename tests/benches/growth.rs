@@ -12,10 +12,11 @@
 //!   at HOOKWISE_BENCH_CONCURRENCY (32) requests at a time, one per request and then 100 per
 //!   request, from the first ingest request to the last delivery; HOOKWISE_BENCH_ROUNDS (3)
 //!   rounds, the median round by ratio;
-//! - reads, one request at a time, 10 untimed then HOOKWISE_GROWTH_REQUESTS (200) timed:
-//!   `GET /v1/deliveries` (the first page), the same filtered by the seeded subscription, by
-//!   `status=dead`, and by both (the dashboard's filters), and `GET /v1/subscriptions` (each
-//!   subscription's counts of its latest deliveries); p50 and p99. They come after the
+//! - reads, one request at a time, 10 untimed then HOOKWISE_GROWTH_REQUESTS (1000) timed, in
+//!   5 rounds the two stores take in turn: `GET /v1/deliveries` (the first page), the same
+//!   filtered by the seeded subscription, by `status=dead`, and by both (the dashboard's
+//!   filters), and `GET /v1/subscriptions` (each subscription's counts of its latest
+//!   deliveries); p50 and p99. They come after the
 //!   throughput runs and after 60 deliveries made dead on each store alike, so the empty
 //!   store has full pages to answer too, its `status=dead` ones included;
 //! - latency as `benches/latency.rs` measures it: an open-loop load at HOOKWISE_GROWTH_RATE
@@ -39,6 +40,29 @@ use serde_json::{json, Map, Value};
 
 /// Untimed requests before each read's timed ones.
 const READ_WARM_UP: usize = 10;
+/// The reads are timed in rounds, the stores taking turns, so a noisy moment of the machine
+/// falls on both alike rather than on one store's whole series (a p99 of a few hundred
+/// sub-millisecond reads is its few slowest).
+const READ_ROUNDS: usize = 5;
+
+/// The listings read, by figure: the first page of deliveries, the same filtered by the
+/// seeded subscription, by `status=dead` and by both (the dashboard's filters), and the
+/// subscriptions with each one's counts of its latest deliveries.
+fn listings(subscription: &str) -> [(&'static str, String); 5] {
+    [
+        ("deliveries", "/v1/deliveries".to_owned()),
+        (
+            "deliveries_by_subscription",
+            format!("/v1/deliveries?subscription_id={subscription}"),
+        ),
+        ("deliveries_dead", "/v1/deliveries?status=dead".to_owned()),
+        (
+            "deliveries_by_subscription_dead",
+            format!("/v1/deliveries?subscription_id={subscription}&status=dead"),
+        ),
+        ("subscriptions", "/v1/subscriptions".to_owned()),
+    ]
+}
 /// Dead deliveries made on each store before the reads: more than a page.
 const DEAD: usize = 60;
 /// The goal: each figure within this factor of the empty store's.
@@ -113,16 +137,14 @@ impl Backend {
         self.figures[key].as_f64().unwrap_or(f64::NAN)
     }
 
-    /// p50 and p99 of `GET path`, one request at a time.
-    async fn reads(&mut self, key: &str, path: &str, n: usize) {
+    /// Round trips of `GET path`, one request at a time, after `warm_up` untimed ones.
+    async fn reads(&self, path: &str, warm_up: usize, n: usize) -> Vec<f64> {
         let api = &self.api;
-        let took = round_trips(READ_WARM_UP, n, || async move {
+        round_trips(warm_up, n, || async move {
             let (status, body) = api.get(path).await;
             assert_eq!(status, 200, "GET {path}: {body}");
         })
-        .await;
-        self.set(&format!("{key}_p50_ms"), percentile(&took, 50.0));
-        self.set(&format!("{key}_p99_ms"), percentile(&took, 99.0));
+        .await
     }
 
     /// `n` dead deliveries of the seeded subscription, made alike on both stores, so that
@@ -268,7 +290,7 @@ async fn main() {
     let n = env_usize("HOOKWISE_BENCH_EVENTS", 10_000);
     let concurrency = env_usize("HOOKWISE_BENCH_CONCURRENCY", 32);
     let rounds = env_usize("HOOKWISE_BENCH_ROUNDS", 3).max(1);
-    let requests = env_usize("HOOKWISE_GROWTH_REQUESTS", 200);
+    let requests = env_usize("HOOKWISE_GROWTH_REQUESTS", 1000);
     let rate = env_usize("HOOKWISE_GROWTH_RATE", 1000) as u32;
     let seconds = env_usize("HOOKWISE_GROWTH_SECONDS", 30) as u64;
 
@@ -311,26 +333,25 @@ async fn main() {
 
     // After the throughput runs, so the empty store's listings have full pages to answer
     // too: of its recent deliveries, and of the dead ones made here.
-    eprintln!("reads, {requests} each, one at a time");
+    eprintln!("reads, {requests} each, one at a time, in {READ_ROUNDS} rounds the stores take in turn");
     for b in &mut backends {
         run += 1;
         b.make_dead(DEAD, run).await;
-        let sub = b.subscription.clone();
-        b.reads("deliveries", "/v1/deliveries", requests).await;
-        b.reads(
-            "deliveries_by_subscription",
-            &format!("/v1/deliveries?subscription_id={sub}"),
-            requests,
-        )
-        .await;
-        b.reads("deliveries_dead", "/v1/deliveries?status=dead", requests).await;
-        b.reads(
-            "deliveries_by_subscription_dead",
-            &format!("/v1/deliveries?subscription_id={sub}&status=dead"),
-            requests,
-        )
-        .await;
-        b.reads("subscriptions", "/v1/subscriptions", requests).await;
+    }
+    for (i, (key, _)) in listings("").iter().enumerate() {
+        let mut took = vec![Vec::new(); backends.len()];
+        for round in 0..READ_ROUNDS {
+            let warm_up = if round == 0 { READ_WARM_UP } else { 0 };
+            for (b, took) in backends.iter().zip(&mut took) {
+                let path = &listings(&b.subscription)[i].1;
+                took.extend(b.reads(path, warm_up, requests / READ_ROUNDS).await);
+            }
+        }
+        for (b, mut took) in backends.iter_mut().zip(took) {
+            took.sort_by(f64::total_cmp);
+            b.set(&format!("{key}_p50_ms"), percentile(&took, 50.0));
+            b.set(&format!("{key}_p99_ms"), percentile(&took, 99.0));
+        }
     }
 
     eprintln!("open-loop load, {rate}/s for {seconds} s after {} s", WARM_UP.as_secs());

@@ -85,7 +85,7 @@ aws_services_stop() {
       kill -9 "$pid" 2>/dev/null || true
     fi
   done
-  unset AWS_SERVICES_MOTO_PID AWS_SERVICES_DDB_PID
+  unset AWS_SERVICES_MOTO_PID AWS_SERVICES_DDB_PID HOOKWISE_TEST_MOTO_PID HOOKWISE_TEST_DYNAMODB_LOCAL_PID
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

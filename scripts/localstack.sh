@@ -272,7 +272,7 @@ localstack_stop() {
     [[ -f "$LOCALSTACK_RUN_DIR/localstack.log" ]] && mv -f "$LOCALSTACK_RUN_DIR/localstack.log" "$LOCALSTACK_DIR/last-run.log"
     rm -rf "$LOCALSTACK_RUN_DIR"
   fi
-  unset LOCALSTACK_PID LOCALSTACK_RUN_DIR
+  unset LOCALSTACK_PID LOCALSTACK_RUN_DIR HOOKWISE_TEST_LOCALSTACK_PID
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

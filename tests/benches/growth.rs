@@ -38,7 +38,7 @@ use hookwise_tests::bench::{
 use hookwise_tests::{Api, Dev, Receiver, TempDir};
 use serde_json::{json, Map, Value};
 
-/// Untimed requests before each read's timed ones.
+/// Untimed requests before a listing's first round of timed ones.
 const READ_WARM_UP: usize = 10;
 /// The reads are timed in rounds, the stores taking turns, so a noisy moment of the machine
 /// falls on both alike rather than on one store's whole series (a p99 of a few hundred
@@ -290,7 +290,10 @@ async fn main() {
     let n = env_usize("HOOKWISE_BENCH_EVENTS", 10_000);
     let concurrency = env_usize("HOOKWISE_BENCH_CONCURRENCY", 32);
     let rounds = env_usize("HOOKWISE_BENCH_ROUNDS", 3).max(1);
-    let requests = env_usize("HOOKWISE_GROWTH_REQUESTS", 1000);
+    // Whole rounds: what is printed is what is timed.
+    let requests = env_usize("HOOKWISE_GROWTH_REQUESTS", 1000)
+        .max(1)
+        .next_multiple_of(READ_ROUNDS);
     let rate = env_usize("HOOKWISE_GROWTH_RATE", 1000) as u32;
     let seconds = env_usize("HOOKWISE_GROWTH_SECONDS", 30) as u64;
 

@@ -6,8 +6,8 @@
 //! millisecond) to the arrival of its first POST (the receiver's clock: the same machine's).
 //!
 //! Backends: `hookwise dev` (SQLite, `synchronous=FULL`), and `hookwise dev --aws` with its
-//! tables on DynamoDB Local when run under `scripts/aws-test-services.sh` (its URLs in the
-//! environment): its queues on LocalStack's SQS (under `scripts/localstack.sh` too, its
+//! tables on DynamoDB Local when run under `scripts/aws-test-services.sh` (its URLs and pids
+//! in the environment): its queues on LocalStack's SQS (under `scripts/localstack.sh` too, its
 //! emails then printed), then on moto's (the signing key is moto's KMS in both). For each,
 //! the emulators' own round trip is measured before the load (a DynamoDB `GetItem` and an
 //! SQS `GetQueueAttributes`, one at a time), so the reader can see what part is theirs.

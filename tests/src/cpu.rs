@@ -95,12 +95,12 @@ impl CpuMeter {
         let seconds = self.started.elapsed().as_secs_f64();
         let (busy, steal, total) = machine_ticks();
         let (busy0, steal0, total0) = self.machine;
-        let total = (total - total0).max(1) as f64;
+        let total = total.saturating_sub(total0).max(1) as f64;
         CpuShares {
             seconds,
             cores: machine_cores(),
-            machine_busy: (busy - busy0) as f64 / total,
-            machine_steal: (steal - steal0) as f64 / total,
+            machine_busy: busy.saturating_sub(busy0) as f64 / total,
+            machine_steal: steal.saturating_sub(steal0) as f64 / total,
             processes: self
                 .watched
                 .iter()
@@ -148,9 +148,10 @@ mod tests {
 
     #[test]
     fn a_busy_thread_counts_and_a_busy_child_counts_as_its_own_not_its_parents() {
-        // An idle shell whose child spins (for 3 s at most, whatever becomes of this test).
+        // An idle shell whose child spins, for a second: about as long as the test, and it
+        // ends by itself whatever becomes of the test (killing the shell leaves it running).
         let mut parent = Command::new("sh")
-            .args(["-c", "timeout 3 sh -c 'while :; do :; done' & wait"])
+            .args(["-c", "timeout 1 sh -c 'while :; do :; done' & wait"])
             .spawn()
             .expect("sh");
         std::thread::sleep(std::time::Duration::from_millis(100));
@@ -175,8 +176,7 @@ mod tests {
             shares.processes[1].1 < 0.1,
             "an idle parent of a spinning child: {shares:?}"
         );
-        assert!(shares.machine_busy > 0.2, "two spinning processes: {shares:?}");
-        assert_eq!(shares.cores, machine_cores());
-        assert!(shares.cores >= 1);
+        // At least this thread's core, whatever the machine's size.
+        assert!(shares.machine_busy * shares.cores as f64 > 0.5, "{shares:?}");
     }
 }

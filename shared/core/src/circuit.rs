@@ -287,6 +287,12 @@ pub fn ramp_offset(n: u64) -> u32 {
     k
 }
 
+/// When the `n`-th held delivery (from 0) is released on the ramp of a breaker closed at
+/// `since`: the start of its second ([`ramp_offset`]).
+pub fn ramp_at(since: DateTime<Utc>, n: u64) -> DateTime<Utc> {
+    since + Duration::seconds(ramp_offset(n).into())
+}
+
 /// How many the ramp has released by the end of its second `k`: 10 · (2^(k+1) − 1).
 pub fn ramp_released_through(k: u32) -> u64 {
     RAMP_START_PER_SECOND.saturating_mul((1u64 << (k + 1).min(62)) - 1)

@@ -73,6 +73,14 @@ pub fn seconds(s: Seconds) -> Duration {
     Duration::milliseconds((s * 1000.0).round() as i64)
 }
 
+/// The delay, in the queue's whole seconds, that makes a message queued at `now` visible at
+/// `at` and never before it: rounded up (0 when `at` has come).
+pub fn delay_until(now: DateTime<Utc>, at: DateTime<Utc>) -> u64 {
+    (at - now)
+        .to_std()
+        .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0))
+}
+
 /// Whether `task` is the attempt the delivery is waiting for.
 pub fn is_due_attempt(delivery: &Delivery, task: &DeliveryTask) -> bool {
     matches!(delivery.status, DeliveryStatus::Pending | DeliveryStatus::Retrying)
@@ -85,6 +93,14 @@ pub fn is_due_attempt(delivery: &Delivery, task: &DeliveryTask) -> bool {
 /// the sweep (`Delivery::is_swept`), as a moved attempt is.
 pub fn leave_to_the_sweep(next: &mut Delivery) {
     next.next_attempt_at = next.next_attempt_at.map(|at| at + Duration::milliseconds(1));
+}
+
+/// Whether `delivery`'s retry is the one [`leave_to_the_sweep`] left: its message was not
+/// queued.
+pub fn is_left_to_the_sweep(delivery: &Delivery) -> bool {
+    delivery.status == DeliveryStatus::Retrying
+        && delivery.next_attempt_at.is_some()
+        && delivery.next_attempt_at == delivery.not_before.map(|at| at + Duration::milliseconds(1))
 }
 
 /// A message for a later attempt than the one its delivery waits for, in the same round: a
@@ -138,6 +154,39 @@ pub fn after_attempt(
         next,
         attempt: Some(record),
     }
+}
+
+/// A 2xx whose write lost to another change of its delivery in the same round: another copy
+/// of its message recorded the same attempt as failed (retrying, or dead), or a later attempt
+/// came first. A 2xx is final, so the delivery is delivered all the same, over whatever was
+/// recorded. The success is logged as the round's next attempt: the log holds each POST once,
+/// in the order recorded (an attempt's number is its key in every store). `None` when there is
+/// nothing to override: delivered already, or replayed since (a new round).
+pub fn success_over(stored: &Delivery, lost: &DeliveryChange, now: DateTime<Utc>) -> Option<DeliveryChange> {
+    let success = lost.attempt.as_ref()?;
+    if stored.round != success.round || stored.status == DeliveryStatus::Delivered {
+        return None;
+    }
+    let attempt = stored.attempts + 1;
+    let next = Delivery {
+        status: DeliveryStatus::Delivered,
+        attempts: attempt,
+        next_attempt_at: None,
+        not_before: None,
+        last_status_code: success.status_code,
+        last_error: None,
+        updated_at: now,
+        ..stored.clone()
+    };
+    Some(DeliveryChange {
+        expected: Expected::of(stored),
+        next,
+        attempt: Some(Attempt {
+            attempt,
+            next_attempt_at: None,
+            ..success.clone()
+        }),
+    })
 }
 
 /// Dead without another attempt: the subscription is gone or disabled, or the event is gone.

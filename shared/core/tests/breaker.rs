@@ -148,8 +148,22 @@ async fn given_a_failing_endpoint_then_the_breaker_holds_its_attempts_probes_onc
 
 #[tokio::test]
 async fn given_an_open_breaker_then_what_it_released_goes_out_on_a_ramp_without_a_rate_limit() {
+    released_on_the_ramp(None).await;
+}
+
+/// The release a few milliseconds after the closing, as on any real clock (the scheduler
+/// table's reads take time): each second still gets its share, none a second early.
+#[tokio::test]
+async fn given_a_release_a_moment_after_the_closing_then_no_second_of_the_ramp_comes_early() {
+    released_on_the_ramp(Some(Duration::milliseconds(7))).await;
+}
+
+async fn released_on_the_ramp(scheduler_latency: Option<Duration>) {
     let (sender, up) = switchable();
     let h = Harness::new(sender);
+    if let Some(latency) = scheduler_latency {
+        *h.scheduler.latency.lock().unwrap() = Some((h.clock.clone(), latency));
+    }
     let (tenant, _) = h.tenant("owner@example.com").await;
     let breaker = CircuitBreaker {
         failure_threshold: 1,
@@ -1090,4 +1104,68 @@ async fn another_process_delivered_once(
         assert_eq!(b.deliver(&task).await.unwrap(), DeliverOutcome::Delivered);
     }
     (h, b, up, tenant, sub)
+}
+
+/// A subscription deleted by another process while its breaker holds attempts: this process,
+/// its copy still within the lookup's time to live, neither probes the deleted endpoint nor
+/// holds the attempts again; they die unattempted.
+#[tokio::test]
+async fn given_a_subscription_deleted_by_another_process_while_held_then_no_probe_is_posted_and_none_is_held_again() {
+    use rand::SeedableRng;
+    let (sender, _up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let breaker = CircuitBreaker {
+        failure_threshold: 1,
+        probe_interval_seconds: 5,
+        ..CircuitBreaker::on()
+    };
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![600; 5], None, breaker))
+        .await
+        .unwrap()
+        .subscription;
+    for _ in 0..3 {
+        h.services.ingest(&tenant, event(), None).await.unwrap();
+    }
+    h.drain_now().await;
+    let posts = |h: &Harness| h.sender.requests.lock().unwrap().len();
+    assert_eq!(posts(&h), 1, "the first failure opens the breaker; the rest are held");
+    let other = hookwise_core::services::Services::new(
+        h.services.ports().clone(),
+        Default::default(),
+        rand::rngs::StdRng::seed_from_u64(9),
+    );
+    other.delete_subscription(&tenant, &sub.id).await.unwrap();
+
+    // Within the lookup's 30 s: the probe time (5 s) comes, and the tick lets go of the held.
+    h.run_for(Duration::seconds(20), Duration::seconds(1)).await;
+    assert_eq!(posts(&h), 1, "no POST to a deleted subscription's endpoint");
+    assert!(h.scheduler.held.lock().unwrap().is_empty(), "nothing held again");
+    let states = |all: Vec<Delivery>| {
+        let mut states: Vec<_> = all.iter().map(|d| (d.status, d.attempts)).collect();
+        states.sort_by_key(|(_, attempts)| *attempts);
+        states
+    };
+    assert_eq!(
+        states(deliveries(&h, &tenant).await),
+        [
+            (DeliveryStatus::Dead, 0),
+            (DeliveryStatus::Dead, 0),
+            (DeliveryStatus::Retrying, 1)
+        ],
+        "the held died unattempted; the one attempted waits for its retry"
+    );
+    // Its retry dies on arrival too.
+    h.run_for(Duration::seconds(700), Duration::seconds(10)).await;
+    assert_eq!(posts(&h), 1);
+    assert_eq!(
+        states(deliveries(&h, &tenant).await),
+        [
+            (DeliveryStatus::Dead, 0),
+            (DeliveryStatus::Dead, 0),
+            (DeliveryStatus::Dead, 1)
+        ]
+    );
 }

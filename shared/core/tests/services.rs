@@ -8,6 +8,7 @@ use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, SendOutcome, Store};
 use hookwise_core::services::{
     Config, DeliverOutcome, KeyRef, NewEvent, NewSubscription, Services, TenantPatch, DISABLE_NOTICE_CLAIM,
+    EARLY_COPY_LAG,
 };
 use hookwise_core::signing;
 use hookwise_core::testing::memory::{run_until_waiting, status_outcome, Harness, ScriptedSender};
@@ -385,23 +386,115 @@ async fn given_a_retrys_message_before_its_time_then_it_goes_back_until_then_and
     h.clock.advance(Duration::seconds(20));
     assert_eq!(h.services.deliver(&retry).await.unwrap(), DeliverOutcome::Early { at });
     assert_eq!(h.sender.requests.lock().unwrap().len(), 1, "no attempt before its time");
-    let back = h.queue.messages();
+    let mut back = h.queue.messages();
+    back.sort_by_key(|(_, visible)| *visible);
     assert_eq!(back.len(), 2, "the copy went back beside the message meant for then");
+    assert!(back.iter().all(|(task, _)| *task == retry), "{back:?}");
+    // Not side by side with the message meant for then: two workers would POST it at once.
+    assert_eq!(back[0].1, at, "{back:?}");
     assert!(
-        back.iter().all(|(task, visible)| *task == retry && *visible >= at),
-        "both come at the retry's time: {back:?}"
+        back[1].1 >= at + EARLY_COPY_LAG,
+        "the copy comes after the lag: {back:?}"
     );
 
-    // Then: one attempt, on time; the second copy is stale.
+    // Then: one attempt, on time, by the message meant for then; the copy, after it, is stale.
     h.clock.set(at);
     let outcomes = h.services.deliver_batch(&h.queue.take_visible()).await;
+    assert_eq!(outcomes.len(), 1, "{outcomes:?}");
     assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "{outcomes:?}");
+    h.clock.set(at + EARLY_COPY_LAG);
+    let outcomes = h.services.deliver_batch(&h.queue.take_visible()).await;
+    assert!(matches!(outcomes[..], [Ok(DeliverOutcome::Stale)]), "{outcomes:?}");
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2);
     let (_, attempts) = h
         .services
         .get_delivery(&tenant, &ingested.deliveries[0].id)
         .await
         .unwrap();
     assert_eq!(attempts[1].started_at, at);
+}
+
+/// Answers 200, but only once `go` is notified: a second worker's POST of the same attempt,
+/// held until the first worker has written its outcome.
+struct TwoHundredAfter {
+    go: std::sync::Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl hookwise_core::ports::Sender for TwoHundredAfter {
+    async fn send(&self, _request: hookwise_core::ports::WebhookRequest) -> SendOutcome {
+        self.go.notified().await;
+        status_outcome(200)
+    }
+}
+
+/// Two workers handle two copies of one attempt at once: one's POST gets 503 and is recorded
+/// first (dead, with retries off; retrying with a schedule), the other's gets 200 and its write
+/// loses. The 2xx is final: the delivery ends delivered, both POSTs are in its log, the
+/// success counts in the endpoint's health, and the dead-letter handler tells no one.
+async fn two_workers_one_attempt(schedule: Option<Vec<u64>>, retries_on: bool) {
+    let h = Harness::new(ScriptedSender::always(503));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", schedule).await;
+    if !retries_on {
+        h.services
+            .set_tenant_retries(&tenant.id, RetriesSetting::Off)
+            .await
+            .unwrap();
+    }
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let d = &ingested.deliveries[0];
+    let task = h.queue.take_visible().remove(0);
+    let go = std::sync::Arc::new(tokio::sync::Notify::new());
+    let ports = hookwise_core::services::Ports {
+        sender: std::sync::Arc::new(TwoHundredAfter { go: go.clone() }),
+        ..h.services.ports().clone()
+    };
+    let second = Services::new(ports, Config::default(), rand::SeedableRng::seed_from_u64(7));
+
+    // The second worker reads the delivery first and waits at its POST; the first makes the
+    // attempt (503) and records it; then the second's POST gets 200.
+    let (late, early) = tokio::join!(second.deliver(&task), async {
+        let outcome = h.services.deliver(&task).await;
+        go.notify_one();
+        outcome
+    });
+    assert!(
+        matches!(early, Ok(DeliverOutcome::Dead | DeliverOutcome::Retrying { .. })),
+        "{early:?}"
+    );
+    assert_eq!(late.unwrap(), DeliverOutcome::Delivered);
+
+    let stored = h.store.get_delivery(&d.id).await.unwrap().unwrap();
+    assert_eq!(stored.status, DeliveryStatus::Delivered, "{stored:?}");
+    let attempts = h.store.attempts(&d.id).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| (a.attempt, a.status_code)).collect::<Vec<_>>(),
+        vec![(1, Some(503)), (2, Some(200))],
+        "each POST logged once, the success last"
+    );
+    assert_eq!(stored.attempts, 2);
+    let health = h.store.endpoint_health(&d.subscription_id).await.unwrap();
+    assert!(
+        health.last_success_at.is_some(),
+        "the 2xx is in the endpoint's health: {health:?}"
+    );
+
+    // Whatever the first worker queued (its retry, or the dead letter) finds it delivered.
+    h.clock.advance(Duration::hours(1));
+    h.run_for(Duration::seconds(120), Duration::seconds(10)).await;
+    let after = h.store.get_delivery(&d.id).await.unwrap().unwrap();
+    assert_eq!(after.status, DeliveryStatus::Delivered);
+    assert!(h.mailer.sent.lock().unwrap().is_empty(), "no one is told of a death");
+}
+
+#[tokio::test]
+async fn given_two_copies_of_a_last_attempt_at_once_when_one_gets_503_and_one_200_then_it_is_delivered_not_dead() {
+    two_workers_one_attempt(None, false).await;
+}
+
+#[tokio::test]
+async fn given_two_copies_of_an_attempt_at_once_when_one_gets_503_and_one_200_then_it_is_delivered_not_retried() {
+    two_workers_one_attempt(Some(vec![60, 600]), true).await;
 }
 
 #[tokio::test]

@@ -35,7 +35,7 @@ use crate::error::{PortError, Result};
 use crate::metrics;
 use crate::model::{Delivery, DeliveryStatus, Subscription, SubscriptionId, SubscriptionStatus, TenantId};
 use crate::ports::{DeliveryTask, Holding, ScheduledTask};
-use crate::state::seconds;
+use crate::state::{self, seconds};
 
 /// How long a process keeps an endpoint's breaker state before reading it again: another
 /// process's opening or closing is seen within this.
@@ -526,12 +526,11 @@ impl Services {
             .map(|(i, item)| {
                 let delay = match sub.rate_limit_per_second {
                     Some(_) => 0,
-                    None => {
-                        let at = circuit.since
-                            + chrono::Duration::seconds(circuit::ramp_offset(circuit.released + i as u64).into());
-                        (at - now).num_seconds().max(0) as u32
-                    }
+                    // Rounded up: `now` is a little past `since`, and a delay rounded down
+                    // would bring each second's share a second early.
+                    None => state::delay_until(now, circuit::ramp_at(circuit.since, circuit.released + i as u64)),
                 };
+                let delay = u32::try_from(delay).unwrap_or(u32::MAX);
                 (item.task.clone(), delay.min(self.ports.queue.max_delay_seconds()))
             })
             .collect();

@@ -67,6 +67,11 @@ pub const DISABLE_NOTICE_CLAIM: chrono::Duration = chrono::Duration::seconds(90)
 /// POST, 20 s). A message younger than this that comes before that state is queued again.
 pub const WRITE_WINDOW: chrono::Duration = chrono::Duration::seconds(30);
 
+/// How long after its attempt's time a message that came early is queued to arrive again
+/// (`too_early`): longer than a Deliver call lives (60 s), so the message meant for that time
+/// has been handled when it comes.
+pub const EARLY_COPY_LAG: chrono::Duration = chrono::Duration::seconds(90);
+
 /// How long a first attempt's message that finds no delivery is looked at again in the
 /// process, before it is queued again with a delay (see `get_delivery_of`).
 pub const FRESH_LOOK: chrono::Duration = chrono::Duration::milliseconds(500);
@@ -203,7 +208,20 @@ impl Services {
         let mut failures = health.consecutive_failures();
         let mut waited = false;
         let (circuit, probe) = loop {
-            match self.gate(&sub, task, failures, gives_up_at).await? {
+            let gate = self.gate(&sub, task, failures, gives_up_at).await?;
+            // The breaker's work on a copy of the subscription this process kept: a DELETE or
+            // a disabling in another process stops it now, not once the copy expires.
+            let breakers_work = match &gate {
+                Gate::Attempt { probe, .. } => *probe,
+                Gate::Hold | Gate::ProbeAt { .. } => task.held_until.is_some(),
+            };
+            if breakers_work {
+                if let Some(why) = self.no_longer_active(&sub).await? {
+                    self.forget_subscription(&sub.tenant_id, &sub.id);
+                    return self.abandon(&delivery, task, why).await;
+                }
+            }
+            match gate {
                 Gate::Hold => return self.hold(&sub, &delivery, task, gives_up_at, None).await,
                 Gate::ProbeAt { at, claim } => {
                     return self.hold(&sub, &delivery, task, gives_up_at, Some((at, claim))).await
@@ -279,6 +297,16 @@ impl Services {
         let queued = self.queue_retry_ahead(&mut change, decision).await;
         match self.record_attempt(&change, outcome.is_success()).await {
             Ok(()) => {}
+            // A 2xx is final: recorded over what another copy of this message wrote.
+            Err(PortError::ConditionFailed(_)) if outcome.is_success() => {
+                match self.record_success_over(&change).await? {
+                    Some(over) => change = over,
+                    None => {
+                        self.record_health(&sub, HealthSample { at: now, success: true }).await;
+                        return self.lost_the_race(task).await;
+                    }
+                }
+            }
             Err(PortError::ConditionFailed(_)) => return self.lost_the_race(task).await,
             Err(e) => return Err(e.into()),
         }
@@ -347,6 +375,47 @@ impl Services {
                 other => return other,
             }
         }
+    }
+
+    /// Why `sub`, read now from the store, takes no more attempts (deleted, or disabled), or
+    /// `None` while it is active. Asked before a probe's POST and before a released attempt is
+    /// held again: the copy this process keeps may be up to its time to live old.
+    async fn no_longer_active(&self, sub: &Subscription) -> Result<Option<&'static str>> {
+        let stored = self.ports.store.get_subscription(&sub.tenant_id, &sub.id).await?;
+        Ok(match stored {
+            None => Some("the subscription was deleted"),
+            Some(s) if s.status != SubscriptionStatus::Active => Some("the subscription is disabled"),
+            Some(_) => None,
+        })
+    }
+
+    /// A 2xx whose write lost to another change of its delivery (another copy of its message,
+    /// handled at the same time, recorded the attempt as failed, perhaps dead): recorded over
+    /// it ([`state::success_over`]) on a fresh read, so a delivery the endpoint answered 2xx is
+    /// never left retrying or dead. The change written, or `None` when there was nothing to
+    /// override (delivered already, or replayed since).
+    async fn record_success_over(&self, lost: &DeliveryChange) -> Result<Option<DeliveryChange>> {
+        for _ in 0..3 {
+            let Some(stored) = self.ports.store.get_delivery(&lost.next.id).await? else {
+                return Ok(None);
+            };
+            let Some(over) = state::success_over(&stored, lost, self.now()) else {
+                return Ok(None);
+            };
+            match self.record_attempt(&over, true).await {
+                Ok(()) => {
+                    tracing::warn!(
+                        was = stored.status.as_str(),
+                        attempts = stored.attempts,
+                        "a 2xx whose write lost to another copy of its message; recorded as delivered over it"
+                    );
+                    return Ok(Some(over));
+                }
+                Err(PortError::ConditionFailed(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(PortError::retryable("record a delivered attempt", "its delivery kept changing").into())
     }
 
     /// Under the endpoint's rate limit ([`rate_limit`]): wait here for the attempt's turn to
@@ -456,10 +525,7 @@ impl Services {
 
     /// On the queue with a delay if the queue can hold it that long, else in the scheduler table.
     pub(super) async fn schedule_attempt(&self, task: DeliveryTask, at: DateTime<Utc>) -> Result<(), PortError> {
-        // Whole seconds, rounded up to the nanosecond: never visible before `at`.
-        let delay = (at - self.now())
-            .to_std()
-            .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0));
+        let delay = state::delay_until(self.now(), at);
         if delay <= u64::from(self.ports.queue.max_delay_seconds()) {
             self.ports.queue.enqueue(&[(task, delay as u32)]).await
         } else {
@@ -480,7 +546,9 @@ impl Services {
         if d.round != task.round || d.attempts != task.attempt {
             return Ok(()); // not the message of the attempt recorded last
         }
-        if d.status == DeliveryStatus::Retrying {
+        // Queued again only where its queueing failed: a message the queue took is not lost,
+        // and a second copy of one attempt is two workers POSTing it at once.
+        if d.status == DeliveryStatus::Retrying && state::is_left_to_the_sweep(&d) {
             let at = d.next_attempt_at.unwrap_or_else(|| self.now());
             self.schedule_attempt(state::next_task(&d), at).await?;
             tracing::info!(delivery_id = %d.id, attempt = task.attempt, %at,
@@ -540,11 +608,13 @@ impl Services {
     }
 
     /// A message for the attempt its delivery waits for, come before that attempt's time (a
-    /// copy sent again at once, an operator's redrive of the dead-letter queue): it goes back
-    /// to arrive then, unattempted. Where it was a copy, the message meant for then is on its
-    /// way too, and whichever of the two comes second is stale.
+    /// copy sent again at once, an operator's redrive of the dead-letter queue): it goes back,
+    /// unattempted, to arrive [`EARLY_COPY_LAG`] after that time. The message meant for then is
+    /// on its way too, and is handled first: the copy, stale by then, costs a receive, and two
+    /// workers never POST one attempt at once. Should that message have been lost, the copy
+    /// makes the attempt, late by the lag.
     async fn too_early(&self, task: &DeliveryTask, at: DateTime<Utc>) -> Result<DeliverOutcome> {
-        self.schedule_attempt(task.clone(), at).await?;
+        self.schedule_attempt(task.clone(), at + EARLY_COPY_LAG).await?;
         tracing::debug!(%at, "a message came before its attempt's time; it goes back until then");
         Ok(DeliverOutcome::Early { at })
     }

@@ -457,6 +457,54 @@ async fn given_a_dead_letter_whose_telling_fails_then_the_owner_is_emailed_anywa
     assert_eq!(h.mailer.sent.lock().unwrap().len(), 1);
 }
 
+/// A dead-letter batch that comes back (its telling failed) puts the attempts the queue gave up
+/// on back on their schedule once, not once per receive: two copies of one attempt would be
+/// two workers POSTing it.
+#[tokio::test]
+async fn given_a_dead_letter_batch_that_comes_back_then_an_attempt_the_queue_gave_up_on_is_queued_once() {
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(ScriptedSender::new(|url, _| match url.contains("down") {
+        true => status_outcome(503),
+        false => status_outcome(200),
+    }));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let down = subscribe(&h, &tenant, new_sub("https://down.example.com/", &["*"], vec![])).await;
+    subscribe(
+        &h,
+        &tenant,
+        new_sub("https://up.example.com/", &["invoice.*"], vec![60]),
+    )
+    .await;
+    subscribe(&h, &tenant, new_sub(OPS, &["hookwise.delivery.dead"], vec![1])).await;
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let to_down = |t: &DeliveryTask| {
+        ingested
+            .deliveries
+            .iter()
+            .any(|d| d.id == t.delivery_id && d.subscription_id == down.id)
+    };
+    let (down, up): (Vec<_>, Vec<_>) = h.queue.take_visible().into_iter().partition(to_down);
+    h.services.deliver(&down[0]).await.unwrap();
+    // The dead one, and the up endpoint's first attempt as if the queue had given up on it.
+    let mut batch = h.queue.take_dead();
+    batch.push(up[0].clone());
+
+    // Its telling's write fails twice: the batch comes back twice, then is handled.
+    h.store.failing_event_writes.store(2, Ordering::SeqCst);
+    let mut receives = 0;
+    while h.services.handle_dead_letters(&batch).await.is_err() {
+        receives += 1;
+        assert!(receives < 5, "the batch keeps failing");
+    }
+    let queued = h
+        .queue
+        .messages()
+        .into_iter()
+        .filter(|(t, _)| t.delivery_id == up[0].delivery_id)
+        .count();
+    assert_eq!(queued, 1, "the given-up attempt queued once, not once per receive");
+}
+
 #[tokio::test]
 async fn given_an_auto_disabling_whose_telling_fails_then_its_email_is_sent_all_the_same() {
     use std::sync::atomic::Ordering;

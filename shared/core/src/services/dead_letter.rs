@@ -44,6 +44,8 @@ impl Services {
         let mut owners = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
         let mut to_tell = Vec::new();
+        // Attempts the queue gave up on, put back on their schedule last (below).
+        let mut again = Vec::new();
         for task in tasks {
             // A copy of a message in this batch. (Another attempt's message is not: a retry's,
             // queued before its attempt's write, may come with that attempt's own.)
@@ -80,18 +82,12 @@ impl Services {
                 // schedule it goes, due now or when it was due, counted.
                 let due = delivery.next_attempt_at.unwrap_or(self.now()).max(self.now());
                 // A held attempt's give-up time goes with it (its own, or the delivery's).
-                let again = DeliveryTask {
+                let task = DeliveryTask {
                     redrives: task.redrives + 1,
                     held_until: task.held_until.or(delivery.held_until),
                     ..next_task(&delivery)
                 };
-                self.schedule_attempt(again, due).await?;
-                tracing::warn!(
-                    delivery_id = %delivery.id, event_id = %delivery.event_id, tenant_id = %delivery.tenant_id,
-                    attempt = task.attempt, %due,
-                    "the queue gave up on this delivery's message after failed receives; it is back on its schedule"
-                );
-                report.rescheduled += 1;
+                again.push((task, due, delivery));
                 continue;
             }
             if delivery.status != DeliveryStatus::Dead {
@@ -144,10 +140,22 @@ impl Services {
                 untold.get_or_insert(error);
             }
         }
-        match untold {
-            Some(error) => Err(error),
-            None => Ok(report),
+        if let Some(error) = untold {
+            return Err(error);
         }
+        // Last, once nothing else can send the batch back: a batch that came back after its
+        // attempts were queued would queue each a second time, and two copies of one
+        // attempt are two POSTs.
+        for (task, due, delivery) in again {
+            self.schedule_attempt(task.clone(), due).await?;
+            tracing::warn!(
+                delivery_id = %delivery.id, event_id = %delivery.event_id, tenant_id = %delivery.tenant_id,
+                attempt = task.attempt, %due,
+                "the queue gave up on this delivery's message after failed receives; it is back on its schedule"
+            );
+            report.rescheduled += 1;
+        }
+        Ok(report)
     }
 
     /// An attempt whose messages the queue gave up on [`MAX_REDRIVES`] times, recorded as a

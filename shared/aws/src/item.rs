@@ -228,7 +228,16 @@ pub(crate) fn health_from_attr(item: &Item, name: &str) -> Result<EndpointHealth
     Ok(EndpointHealth {
         samples,
         last_success_at,
+        version: health_version(item),
     })
+}
+
+/// The saves an endpoint's health item has had (0: none, or saved before versions were kept).
+pub(crate) fn health_version(item: &Item) -> u64 {
+    match item.get("version") {
+        Some(AttributeValue::N(v)) => v.parse().unwrap_or(0),
+        _ => 0,
+    }
 }
 
 fn samples_last_success(samples: &[HealthSample]) -> Option<DateTime<Utc>> {

@@ -84,8 +84,8 @@ use crate::config::AwsConfig;
 use crate::counter::RequestCounter;
 use crate::error::{classify, classify_transaction, TxFailure};
 use crate::item::{
-    attribute_size, corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, n, payload_attr, s,
-    sortable_time, spread, take_payload, to_item, to_json, Item,
+    attribute_size, corrupt, from_item, from_json, get_n, get_s, health_from_attr, health_to_attr, health_version, n,
+    payload_attr, s, sortable_time, spread, take_payload, to_item, to_json, Item,
 };
 use crate::lazy_client::LazyClient;
 use crate::recent::RecentEvents;
@@ -2061,7 +2061,11 @@ impl Store for DynamoStore {
         // rather than holding up deliveries.
         Ok(health_from_attr(&item, "samples").unwrap_or_else(|err| {
             tracing::warn!(error = %err, subscription = %sub, "endpoint health does not decode; starting afresh");
-            EndpointHealth::default()
+            // Its version kept: the next save goes over it.
+            EndpointHealth {
+                version: health_version(&item),
+                ..EndpointHealth::default()
+            }
         }))
     }
 
@@ -2070,9 +2074,16 @@ impl Store for DynamoStore {
         if let Some(nanos) = health.last_success_at.and_then(|at| at.timestamp_nanos_opt()) {
             item.insert("last_success".to_owned(), n(nanos));
         }
+        item.insert("version".to_owned(), n(health.version + 1));
+        // Over the version read only (0: none, or one saved before versions were kept).
+        let condition = match health.version {
+            0 => Condition::new("attribute_not_exists(#version)"),
+            v => Condition::new("#version = :version").value(":version", n(v)),
+        }
+        .name("#version", "version");
         self.put_item(
             with_key(item, &health_key(sub), "endpoint_health"),
-            None,
+            Some(condition),
             "save endpoint health",
         )
         .await

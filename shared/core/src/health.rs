@@ -22,6 +22,11 @@ pub struct EndpointHealth {
     pub samples: Vec<HealthSample>,
     #[serde(default)]
     pub last_success_at: Option<DateTime<Utc>>,
+    /// The saves it has had, as read (0: none). A save is written only over the version it
+    /// was read at (`Store::save_endpoint_health`), so two processes' saves never undo one
+    /// another's samples.
+    #[serde(default)]
+    pub version: u64,
 }
 
 impl EndpointHealth {

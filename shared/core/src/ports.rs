@@ -194,6 +194,8 @@ pub trait Store: Send + Sync {
     async fn put_circuit(&self, sub: &SubscriptionId, circuit: &Circuit, read: Option<&Circuit>) -> PortResult<()>;
 
     async fn endpoint_health(&self, sub: &SubscriptionId) -> PortResult<EndpointHealth>;
+    /// Written only over the copy `health` was read from (its `version`; 0: none stored), as
+    /// the next version: `ConditionFailed` if another save came first (read it again, merge).
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()>;
 
     /// Add `counts` to the endpoint's stored statistics, each to the bucket starting when it

@@ -874,14 +874,36 @@ impl Store for LocalBackend {
 
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
         let id = sub.to_string();
-        let doc = to_json("endpoint health", health)?;
+        let read = health.version as i64;
+        let doc = to_json(
+            "endpoint health",
+            &EndpointHealth {
+                version: health.version + 1,
+                ..health.clone()
+            },
+        )?;
         self.with_conn("save endpoint health", move |conn| {
-            conn.prepare_cached(
-                "INSERT INTO endpoint_health (subscription_id, doc) VALUES (?1, ?2)
-                 ON CONFLICT (subscription_id) DO UPDATE SET doc = excluded.doc",
-            )
-            .and_then(|mut s| s.execute([&id, &doc]))
-            .map_err(|e| db_err("save endpoint health", e))?;
+            // Over the version read only (0: none, or one saved before versions were kept).
+            let sql = match read {
+                0 => {
+                    "INSERT INTO endpoint_health (subscription_id, doc) VALUES (?1, ?2)
+                     ON CONFLICT (subscription_id) DO UPDATE SET doc = excluded.doc
+                       WHERE coalesce(json_extract(endpoint_health.doc, '$.version'), 0) = ?3"
+                }
+                _ => {
+                    "UPDATE endpoint_health SET doc = ?2
+                     WHERE subscription_id = ?1 AND coalesce(json_extract(doc, '$.version'), 0) = ?3"
+                }
+            };
+            let written = conn
+                .prepare_cached(sql)
+                .and_then(|mut s| s.execute(params![id, doc, read]))
+                .map_err(|e| db_err("save endpoint health", e))?;
+            if written == 0 {
+                return Err(PortError::ConditionFailed(format!(
+                    "the endpoint health of {id} was saved since it was read"
+                )));
+            }
             Ok(())
         })
         .await

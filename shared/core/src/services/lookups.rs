@@ -28,7 +28,7 @@ use chrono::{DateTime, Utc};
 use super::operational::{FailureRun, Operational};
 use super::Services;
 use crate::auth::hash_api_key;
-use crate::error::Result;
+use crate::error::{PortError, Result};
 use crate::health::{EndpointHealth, HealthSample};
 use crate::metrics;
 use crate::model::*;
@@ -37,6 +37,8 @@ use crate::model::*;
 const MAX_ENTRIES: usize = 10_000;
 /// The most often one process saves one endpoint's health.
 pub const HEALTH_SAVE_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+/// Tries of a save of endpoint health whose read another process's save overtook.
+const HEALTH_SAVE_TRIES: u32 = 3;
 
 /// An endpoint's health as this process knows it: read at `read_at`, with the samples it
 /// recorded since its last save (`unsaved`, in `health` too).
@@ -338,38 +340,48 @@ impl Services {
             _ => return Ok(()),
         };
         let saved = async {
-            let mut stored = self.ports.store.endpoint_health(id).await?;
-            let failures = stored.consecutive_failures();
-            let run = FailureRun {
-                failures,
-                // The run's first failure (the window's first, if the run is longer).
-                failing_since: stored
-                    .samples
-                    .get(stored.samples.len() - failures as usize)
-                    .map(|s| s.at),
-                after_success: stored.last_success_at,
-            };
-            stored.merge(&unsaved);
-            let mut recovered = None;
-            if failures > 0 && stored.consecutive_failures() == 0 {
-                // Once stored, the success tells every process the breaker is closed (none
-                // reads it), so it is made so before: an open breaker nobody reads would
-                // stay open, for the next failure to find past its probe time and re-open.
-                self.close_after_success(sub).await?;
-                // The first success after the run's last failure.
-                let last_failure = stored.samples.iter().filter(|s| !s.success).map(|s| s.at).max();
-                let first_success = stored
-                    .samples
-                    .iter()
-                    .filter(|s| s.success && last_failure.is_none_or(|f| s.at > f))
-                    .map(|s| s.at)
-                    .min();
-                if failures >= sub.circuit_breaker.failure_threshold {
-                    recovered = first_success.map(|at| Operational::recovered(sub, run, at));
+            for _ in 0..HEALTH_SAVE_TRIES {
+                let mut stored = self.ports.store.endpoint_health(id).await?;
+                let failures = stored.consecutive_failures();
+                let run = FailureRun {
+                    failures,
+                    // The run's first failure (the window's first, if the run is longer).
+                    failing_since: stored
+                        .samples
+                        .get(stored.samples.len() - failures as usize)
+                        .map(|s| s.at),
+                    after_success: stored.last_success_at,
+                };
+                stored.merge(&unsaved);
+                let mut recovered = None;
+                if failures > 0 && stored.consecutive_failures() == 0 {
+                    // Once stored, the success tells every process the breaker is closed (none
+                    // reads it), so it is made so before: an open breaker nobody reads would
+                    // stay open, for the next failure to find past its probe time and re-open.
+                    self.close_after_success(sub).await?;
+                    // The first success after the run's last failure.
+                    let last_failure = stored.samples.iter().filter(|s| !s.success).map(|s| s.at).max();
+                    let first_success = stored
+                        .samples
+                        .iter()
+                        .filter(|s| s.success && last_failure.is_none_or(|f| s.at > f))
+                        .map(|s| s.at)
+                        .min();
+                    if failures >= sub.circuit_breaker.failure_threshold {
+                        recovered = first_success.map(|at| Operational::recovered(sub, run, at));
+                    }
+                }
+                match self.ports.store.save_endpoint_health(id, &stored).await {
+                    Ok(()) => {
+                        stored.version += 1;
+                        return Ok((stored, recovered));
+                    }
+                    // Another process saved first: its samples are read, and these merged in, again.
+                    Err(PortError::ConditionFailed(_)) => {}
+                    Err(e) => return Err(e.into()),
                 }
             }
-            self.ports.store.save_endpoint_health(id, &stored).await?;
-            Ok::<_, crate::Error>((stored, recovered))
+            Err::<_, crate::Error>(PortError::retryable("save endpoint health", "other saves kept coming first").into())
         };
         match saved.await {
             Ok((stored, recovered)) => {

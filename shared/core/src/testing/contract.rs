@@ -2248,14 +2248,49 @@ pub async fn endpoint_health_starts_empty_and_round_trips(b: &dyn ContractBacken
         success: false,
     });
     b.store().save_endpoint_health(&sub, &health).await.expect("save");
-    assert_eq!(b.store().endpoint_health(&sub).await.expect("read"), health);
+    let read = b.store().endpoint_health(&sub).await.expect("read");
+    assert_eq!(
+        read,
+        EndpointHealth {
+            version: 1,
+            ..health.clone()
+        }
+    );
 
+    // A save over a copy read before another save is refused: it would undo that save's
+    // samples (the caller reads again and merges).
+    let mut stale = health.clone();
+    stale.record(HealthSample {
+        at: t0() + minutes(2),
+        success: false,
+    });
+    assert!(
+        matches!(
+            b.store().save_endpoint_health(&sub, &stale).await,
+            Err(PortError::ConditionFailed(_))
+        ),
+        "a save over a stale read must be refused"
+    );
+    let mut health = read;
     health.record(HealthSample {
         at: t0() + minutes(2),
         success: true,
     });
     b.store().save_endpoint_health(&sub, &health).await.expect("save again");
-    assert_eq!(b.store().endpoint_health(&sub).await.expect("read again"), health);
+    assert_eq!(
+        b.store().endpoint_health(&sub).await.expect("read again"),
+        EndpointHealth {
+            version: 2,
+            ..health.clone()
+        }
+    );
+    assert!(
+        matches!(
+            b.store().save_endpoint_health(&sub, &health).await,
+            Err(PortError::ConditionFailed(_))
+        ),
+        "the same copy saved twice: the second is over a stale read"
+    );
     assert_eq!(
         b.store().endpoint_health(&fx.sub_ids(1)[0]).await.expect("another"),
         EndpointHealth::default()

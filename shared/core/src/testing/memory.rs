@@ -500,7 +500,17 @@ impl Store for MemoryStore {
     }
     async fn save_endpoint_health(&self, sub: &SubscriptionId, health: &EndpointHealth) -> PortResult<()> {
         self.crash.act("save endpoint health")?;
-        lock(&self.data).health.insert(sub.clone(), health.clone());
+        let mut d = lock(&self.data);
+        if d.health.get(sub).map_or(0, |h| h.version) != health.version {
+            return Err(PortError::ConditionFailed(
+                "endpoint health saved since it was read".into(),
+            ));
+        }
+        let saved = EndpointHealth {
+            version: health.version + 1,
+            ..health.clone()
+        };
+        d.health.insert(sub.clone(), saved);
         Ok(())
     }
     async fn add_endpoint_stats(

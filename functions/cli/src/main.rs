@@ -5,6 +5,7 @@ mod dev_aws;
 mod dev_host;
 mod operator_cmd;
 mod policy_cmd;
+mod scheduler_cmd;
 mod storm_chart;
 mod storm_cmd;
 mod tenant_cmd;
@@ -44,6 +45,9 @@ enum Command {
     Operator(operator_cmd::OperatorCommand),
     /// Show or move seed 002's percentage rollout of the retries flag.
     Rollout(operator_cmd::RolloutArgs),
+    /// Look into the scheduler table: the items it set aside.
+    #[command(subcommand)]
+    Scheduler(scheduler_cmd::SchedulerCommand),
     /// Simulate a retry storm for a policy; exit 1 when the peak breaks the deploy gate.
     Storm(storm_cmd::StormArgs),
 }
@@ -86,6 +90,7 @@ fn main() -> ExitCode {
         Command::Tenant(cmd) => runtime().and_then(|rt| rt.block_on(tenant_cmd::run(cmd))),
         Command::Operator(cmd) => runtime().and_then(|rt| rt.block_on(operator_cmd::run(cmd))),
         Command::Rollout(args) => runtime().and_then(|rt| rt.block_on(operator_cmd::rollout(args))),
+        Command::Scheduler(cmd) => runtime().and_then(|rt| rt.block_on(scheduler_cmd::run(cmd))),
         Command::Policy(cmd) => policy_cmd::run(cmd),
         Command::Storm(args) => storm_cmd::run(args),
     };

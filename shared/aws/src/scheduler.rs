@@ -5,10 +5,12 @@
 //! |--------|---------------------------------------|--------------------------------------|
 //! | task   | due minute and shard `2026-11-30T05:07#3` | `{due}#{delivery}#{round}#{attempt}` |
 //! | cursor | `#CURSOR#3`                           | `#CURSOR`: `pending` (string set of the minutes that may hold tasks), `version` |
-//! | held   | `HELD#{subscription}`                 | `{due}#{delivery}#{round}#{attempt}` |
+//! | held   | `HELD#{subscription}`                 | `{delivery}#{round}#{attempt}` |
 //! | lease  | `#LEASE`                              | `#LEASE`: `holder`, `lease_until` (the scheduler's one-at-a-time) |
 //! | holding | `#HOLDING#3` (by subscription)       | `{subscription}`: `tenant_id` (the endpoints the scheduler tends) |
 //! | audit  | `#AUDIT`                              | `#AUDIT`: `position` (how far the audit of queued messages has got, JSON) |
+//! | tend   | `#TEND`                               | `#TEND`: `after` (the last endpoint the scheduler tended; absent: none) |
+//! | aside  | `#ASIDE`                              | `{bucket} {due_key}` of an item `due_page` could not read: `raw` (its attributes, a map), `error`, `set_aside_at` |
 //!
 //! A delivery's tasks go to one of [`SHARDS`] shards (by its id), each with its own cursor
 //! and its own partition per minute, so a burst of long retries spreads over eight keys
@@ -22,10 +24,19 @@
 //! A held attempt (its endpoint's circuit breaker is open) is a `HELD#` item, which its
 //! release queries by the endpoint, and a task due when it gives up; its endpoint is listed
 //! in a `#HOLDING#` partition (one of [`SHARDS`]) until the scheduler finds it holds none.
+//! The held item is keyed by the attempt, as on the other backends: one attempt held twice
+//! (with another give-up time) is one item. A table written before kept it at
+//! `{due}#{delivery}#{round}#{attempt}`; those items list first, and a release deletes both
+//! keys.
+//!
+//! An item in a due minute that does not decode as a task is set aside rather than failing
+//! the call: copied whole into `#ASIDE` with why and when, then deleted from its minute, so
+//! the tasks due with it go on (`SchedulerTable::set_aside` lists them for an operator).
 //!
 //! Tasks and held items carry `expires_at` (epoch seconds), the table's TTL: their due time
 //! plus the retention of the deliveries they are of, so one orphaned (its delivery gone) does
-//! not stay for ever; the cursors and the lease have none.
+//! not stay for ever; items set aside expire the retention after they were set aside; the
+//! cursors, the lease and the positions have none.
 //!
 //! A table written before the shards has one cursor, `#CURSOR`, and partitions named by the
 //! minute alone: `due` reads it as one more shard, so its tasks come due as before and it
@@ -41,7 +52,9 @@ use aws_sdk_dynamodb::Client;
 use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use hookwise_core::model::{DeliveryId, SubscriptionId, TenantId};
-use hookwise_core::ports::{AuditPosition, DeliveryTask, Holding, PortResult, ScheduledTask, SchedulerTable};
+use hookwise_core::ports::{
+    AuditPosition, DeliveryTask, DuePage, Holding, PortResult, ScheduledTask, SchedulerTable, SetAsideItem,
+};
 use hookwise_core::PortError;
 
 use crate::error::classify;
@@ -54,6 +67,8 @@ const CURSOR: &str = "#CURSOR";
 const LEASE: &str = "#LEASE";
 const HOLDING: &str = "#HOLDING";
 const AUDIT: &str = "#AUDIT";
+const TEND: &str = "#TEND";
+const ASIDE: &str = "#ASIDE";
 /// Shards of the table's keys.
 pub const SHARDS: u32 = 8;
 /// DynamoDB's limit on one `BatchWriteItem`.
@@ -187,17 +202,62 @@ fn lease_key() -> Item {
     HashMap::from([(PARTITION_KEY.to_owned(), s(LEASE)), (SORT_KEY.to_owned(), s(LEASE))])
 }
 
-/// A held attempt's key: the one due to give up soonest sorts first.
-fn held_key(sub: &SubscriptionId, item: &ScheduledTask) -> Item {
+/// A held attempt's item key: in its endpoint's partition, at `sort`.
+fn held_key(sub: &SubscriptionId, sort: String) -> Item {
     HashMap::from([
         (PARTITION_KEY.to_owned(), s(format!("HELD#{sub}"))),
-        (SORT_KEY.to_owned(), s(due_key(item))),
+        (SORT_KEY.to_owned(), s(sort)),
     ])
+}
+
+/// A held attempt's sort key: the attempt's own, so holding it again (another give-up time)
+/// replaces its item; the oldest delivery sorts first.
+fn held_sort_key(item: &ScheduledTask) -> String {
+    let task = &item.task;
+    format!("{}#{}#{}", task.delivery_id, task.round, task.attempt)
 }
 
 /// How far the audit of queued messages has got: one item.
 fn audit_key() -> Item {
     HashMap::from([(PARTITION_KEY.to_owned(), s(AUDIT)), (SORT_KEY.to_owned(), s(AUDIT))])
+}
+
+/// Where tending the breakers has got to: one item.
+fn tend_key() -> Item {
+    HashMap::from([(PARTITION_KEY.to_owned(), s(TEND)), (SORT_KEY.to_owned(), s(TEND))])
+}
+
+/// An item's partition and sort key, as its place in `#ASIDE` once set aside.
+fn aside_sort_key(item: &Item) -> String {
+    let key = |name| match item.get(name) {
+        Some(AttributeValue::S(v)) => v.clone(),
+        other => format!("{other:?}"),
+    };
+    format!("{} {}", key(PARTITION_KEY), key(SORT_KEY))
+}
+
+/// An attribute as DynamoDB JSON (`{"S": "..."}`), each type kept: what an item set aside held,
+/// shown to an operator.
+fn dynamodb_json(v: &AttributeValue) -> serde_json::Value {
+    use aws_smithy_types::base64;
+    use serde_json::json;
+    match v {
+        AttributeValue::S(x) => json!({ "S": x }),
+        AttributeValue::N(x) => json!({ "N": x }),
+        AttributeValue::B(x) => json!({ "B": base64::encode(x.as_ref()) }),
+        AttributeValue::Bool(x) => json!({ "BOOL": x }),
+        AttributeValue::Null(x) => json!({ "NULL": x }),
+        AttributeValue::Ss(x) => json!({ "SS": x }),
+        AttributeValue::Ns(x) => json!({ "NS": x }),
+        AttributeValue::Bs(x) => json!({ "BS": x.iter().map(|b| base64::encode(b.as_ref())).collect::<Vec<_>>() }),
+        AttributeValue::L(x) => json!({ "L": x.iter().map(dynamodb_json).collect::<Vec<_>>() }),
+        AttributeValue::M(x) => json!({ "M": item_json(x) }),
+        other => json!({ "?": format!("{other:?}") }),
+    }
+}
+
+fn item_json(item: &Item) -> serde_json::Map<String, serde_json::Value> {
+    item.iter().map(|(k, v)| (k.clone(), dynamodb_json(v))).collect()
 }
 
 /// An endpoint's entry in the list of those holding attempts.
@@ -295,9 +355,10 @@ impl DynamoScheduler {
         Ok((pending, version))
     }
 
-    /// A minute's tasks due at or before `until`, earliest first, at most `limit`.
-    async fn query_minute(&self, bucket: &str, until: &str, limit: usize) -> PortResult<Vec<ScheduledTask>> {
-        self.query_pages(limit, "scheduler due", |q| {
+    /// A minute's items due at or before `until`, earliest first, at most `limit`: each task,
+    /// or the item that does not decode as one and why.
+    async fn query_minute(&self, bucket: &str, until: &str, limit: usize) -> PortResult<Vec<Decoded>> {
+        self.query_items(limit, "scheduler due", |q| {
             q.key_condition_expression("#b = :b AND #k < :k")
                 .expression_attribute_names("#b", PARTITION_KEY)
                 .expression_attribute_names("#k", SORT_KEY)
@@ -306,16 +367,25 @@ impl DynamoScheduler {
                 .expression_attribute_values(":k", s(format!("{until}$")))
         })
         .await
+        .map(|items| {
+            items
+                .into_iter()
+                .map(|item| decode(&item).map_err(|error| (item, error)))
+                .collect()
+        })
     }
 
-    /// `HELD#{sub}`'s tasks, soonest to give up first, at most `limit`.
+    /// `HELD#{sub}`'s tasks, oldest delivery first, at most `limit`.
     async fn query_held(&self, sub: &SubscriptionId, limit: usize) -> PortResult<Vec<ScheduledTask>> {
-        self.query_pages(limit, "held attempts", |q| {
+        self.query_items(limit, "held attempts", |q| {
             q.key_condition_expression("#b = :b")
                 .expression_attribute_names("#b", PARTITION_KEY)
                 .expression_attribute_values(":b", s(format!("HELD#{sub}")))
         })
-        .await
+        .await?
+        .iter()
+        .map(decode)
+        .collect()
     }
 
     /// One shard of the endpoints listed as holding, by subscription id after `after`.
@@ -356,31 +426,67 @@ impl DynamoScheduler {
         Ok(found)
     }
 
-    /// Every page of a consistent query (`query` sets its condition), up to `limit` tasks.
-    async fn query_pages(
+    /// Every page of a consistent query (`query` sets its condition), up to `limit` items.
+    async fn query_items(
         &self,
         limit: usize,
         what: &str,
         query: impl Fn(QueryFluentBuilder) -> QueryFluentBuilder,
-    ) -> PortResult<Vec<ScheduledTask>> {
-        let mut tasks = Vec::new();
+    ) -> PortResult<Vec<Item>> {
+        let mut items = Vec::new();
         let mut start = None;
-        while tasks.len() < limit {
+        while items.len() < limit {
             let page = query(self.client.query().table_name(&self.table).consistent_read(true))
-                .limit((limit - tasks.len()) as i32)
+                .limit((limit - items.len()) as i32)
                 .set_exclusive_start_key(start)
                 .send()
                 .await
                 .map_err(|e| classify(what, e))?;
-            for item in page.items() {
-                tasks.push(decode(item)?);
-            }
+            items.extend(page.items.unwrap_or_default());
             start = page.last_evaluated_key.filter(|k| !k.is_empty());
             if start.is_none() {
                 break;
             }
         }
-        Ok(tasks)
+        Ok(items)
+    }
+
+    /// Copy each item that did not decode into `#ASIDE` (its attributes, why, when), then
+    /// delete it from its minute: copied first, so a failure between the two leaves it in
+    /// both, and the next tick sets it aside again over the same copy.
+    async fn set_items_aside(&self, now: DateTime<Utc>, bad: Vec<(Item, PortError)>) -> PortResult<()> {
+        const WHAT: &str = "set aside a scheduler item that does not decode";
+        let mut keys = Vec::with_capacity(bad.len());
+        for (item, error) in bad {
+            tracing::error!(key = %aside_sort_key(&item), %error,
+                "a scheduler item does not decode; it is set aside (hookwise scheduler set-aside)");
+            let record = HashMap::from([
+                (PARTITION_KEY.to_owned(), s(ASIDE)),
+                (SORT_KEY.to_owned(), s(aside_sort_key(&item))),
+                ("error".to_owned(), s(error.to_string())),
+                ("set_aside_at".to_owned(), time(now)),
+                (crate::store::TTL_ATTRIBUTE.to_owned(), expires_at(now, self.retention)),
+                ("raw".to_owned(), AttributeValue::M(item.clone())),
+            ]);
+            self.client
+                .put_item()
+                .table_name(&self.table)
+                .set_item(Some(record))
+                .send()
+                .await
+                .map_err(|e| classify(WHAT, e))?;
+            keys.push(HashMap::from([
+                (
+                    PARTITION_KEY.to_owned(),
+                    item.get(PARTITION_KEY).cloned().unwrap_or_else(|| s("")),
+                ),
+                (
+                    SORT_KEY.to_owned(),
+                    item.get(SORT_KEY).cloned().unwrap_or_else(|| s("")),
+                ),
+            ]));
+        }
+        self.delete_all(keys).await
     }
 
     async fn forget_minutes(&self, shard: Shard, empty: Vec<String>, version: u64) -> PortResult<()> {
@@ -485,10 +591,10 @@ impl SchedulerTable for DynamoScheduler {
         Ok(())
     }
 
-    async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>> {
+    async fn due_page(&self, now: DateTime<Utc>, until: DateTime<Utc>, limit: u32) -> PortResult<DuePage> {
         let limit = limit as usize;
         if limit == 0 {
-            return Ok(Vec::new());
+            return Ok(DuePage::default());
         }
         let cursors: Vec<(Shard, (Vec<String>, u64))> = futures::stream::iter(Shard::all())
             .map(|shard| async move { Ok::<_, PortError>((shard, self.cursor(shard).await?)) })
@@ -503,6 +609,7 @@ impl SchedulerTable for DynamoScheduler {
             .collect();
         minutes.sort();
         let mut due: Vec<(Shard, ScheduledTask)> = Vec::new();
+        let mut bad: Vec<(Item, PortError)> = Vec::new();
         let mut empty: HashMap<Shard, Vec<String>> = HashMap::new();
         // Oldest minute first, a few queries in flight, in order; a minute's shards together.
         let until_key = &until_key;
@@ -517,15 +624,25 @@ impl SchedulerTable for DynamoScheduler {
             if due.len() >= limit && minute_done.as_ref() != Some(&minute) {
                 break;
             }
-            let tasks = tasks?;
-            // Every task of a minute before `until`'s is due: none found means none there.
-            if tasks.is_empty() && minute < last {
+            let items = tasks?;
+            // Every task of a minute before `until`'s is due: none found means none there
+            // (what did not decode is set aside below, before the minute is forgotten).
+            if minute < last && items.iter().all(Result::is_err) {
                 empty.entry(shard).or_default().push(minute.clone());
             }
-            due.extend(tasks.into_iter().map(|t| (shard, t)));
+            for item in items {
+                match item {
+                    Ok(task) => due.push((shard, task)),
+                    Err(item) => bad.push(item),
+                }
+            }
             minute_done = Some(minute);
         }
         drop(results);
+        let set_aside = bad.len();
+        if !bad.is_empty() {
+            self.set_items_aside(now, bad).await?;
+        }
         for (shard, minutes) in empty {
             let version = cursors.iter().find(|(s, _)| *s == shard).map_or(0, |(_, (_, v))| *v);
             self.forget_minutes(shard, minutes, version).await?;
@@ -538,7 +655,43 @@ impl SchedulerTable for DynamoScheduler {
                 unsharded.insert(due_key(task));
             }
         }
-        Ok(due.into_iter().map(|(_, t)| t).collect())
+        Ok(DuePage {
+            tasks: due.into_iter().map(|(_, t)| t).collect(),
+            set_aside,
+        })
+    }
+
+    async fn set_aside(&self, after: Option<&str>, limit: u32) -> PortResult<Vec<SetAsideItem>> {
+        const WHAT: &str = "list the scheduler items set aside";
+        let items = self
+            .query_items(limit as usize, WHAT, |q| {
+                let q = q
+                    .expression_attribute_names("#b", PARTITION_KEY)
+                    .expression_attribute_values(":b", s(ASIDE));
+                match after {
+                    Some(after) => q
+                        .key_condition_expression("#b = :b AND #k > :after")
+                        .expression_attribute_names("#k", SORT_KEY)
+                        .expression_attribute_values(":after", s(after)),
+                    None => q.key_condition_expression("#b = :b"),
+                }
+            })
+            .await?;
+        items
+            .iter()
+            .map(|item| {
+                let raw = match item.get("raw") {
+                    Some(AttributeValue::M(raw)) => serde_json::Value::Object(item_json(raw)).to_string(),
+                    _ => String::new(),
+                };
+                Ok(SetAsideItem {
+                    key: get_s(item, SORT_KEY)?.to_owned(),
+                    set_aside_at: time_attr(item, "set_aside_at")?,
+                    error: get_s(item, "error")?.to_owned(),
+                    raw,
+                })
+            })
+            .collect()
     }
 
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
@@ -561,7 +714,7 @@ impl SchedulerTable for DynamoScheduler {
     }
 
     async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
-        let record = task_attributes(held_key(sub, item), item, self.retention);
+        let record = task_attributes(held_key(sub, held_sort_key(item)), item, self.retention);
         self.client
             .put_item()
             .table_name(&self.table)
@@ -617,8 +770,11 @@ impl SchedulerTable for DynamoScheduler {
     }
 
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
-        let mut keys: Vec<Item> = items.iter().map(|i| held_key(sub, i)).collect();
-        keys.dedup();
+        // Each at its key, and at the one a build before held it at (its give-up time first):
+        // such an item lists first, and goes with its release.
+        let sort_keys: std::collections::BTreeSet<String> =
+            items.iter().flat_map(|i| [held_sort_key(i), due_key(i)]).collect();
+        let keys = sort_keys.into_iter().map(|k| held_key(sub, k)).collect();
         self.delete_all(keys).await
     }
 
@@ -676,7 +832,46 @@ impl SchedulerTable for DynamoScheduler {
             .map_err(|e| classify(WHAT, e))?;
         Ok(())
     }
+
+    async fn tend_position(&self) -> PortResult<Option<SubscriptionId>> {
+        const WHAT: &str = "read where tending the breakers got to";
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(tend_key()))
+            .consistent_read(true)
+            .send()
+            .await
+            .map_err(|e| classify(WHAT, e))?;
+        match out.item.as_ref().and_then(|item| item.get("after")) {
+            None => Ok(None),
+            Some(AttributeValue::S(after)) => SubscriptionId::parse(after)
+                .map(Some)
+                .map_err(|e| corrupt("after", e.to_string())),
+            Some(_) => Err(corrupt("after", "not a string")),
+        }
+    }
+
+    async fn save_tend_position(&self, after: Option<&SubscriptionId>) -> PortResult<()> {
+        const WHAT: &str = "save where tending the breakers got to";
+        let mut item = tend_key();
+        if let Some(after) = after {
+            item.insert("after".into(), s(after.as_str()));
+        }
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map_err(|e| classify(WHAT, e))?;
+        Ok(())
+    }
 }
+
+/// A minute's item: its task, or the item and why it does not decode as one.
+type Decoded = Result<ScheduledTask, (Item, PortError)>;
 
 #[cfg(test)]
 mod tests {

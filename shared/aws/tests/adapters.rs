@@ -1,6 +1,7 @@
 //! What the contract suite does not cover: SES v2 mail reaching moto, the request counter,
-//! how SDK errors map to retryable or permanent, and the scheduler table never skipping a
-//! minute.
+//! how SDK errors map to retryable or permanent, the scheduler table never skipping a
+//! minute, the held items an older build keyed by their give-up time, and its setting aside
+//! an item that does not decode.
 
 mod support;
 
@@ -326,6 +327,188 @@ async fn given_a_task_in_a_minute_no_tick_looked_at_then_a_later_tick_finds_it_o
         return;
     };
     scheduler_never_skips_a_minute(&ddb, &moto).await;
+}
+
+/// An item in a due minute that does not decode (here, a `due` that is no time) is set
+/// aside: the task beside it comes due, the item is listed as set aside, with why and what it
+/// held, and is gone from its minute; a minute that held only such an item is forgotten.
+#[tokio::test]
+async fn given_an_attempt_an_older_build_held_at_its_give_up_time_then_it_lists_first_and_its_release_deletes_it() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+        return;
+    };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
+    let env = support::env(&moto, &dynamodb, None).await;
+    let scheduler = &env.adapters.scheduler;
+    let (ddb, table) = (&env.clients.dynamodb, scheduler.table_name());
+    let t0 = Utc.with_ymd_and_hms(2031, 1, 1, 8, 0, 0).unwrap();
+    let sub = hookwise_core::model::SubscriptionId::parse("sub_01KZZZZZZZZZZZZZZZZZZZZZZY").unwrap();
+    let tenant = hookwise_core::model::TenantId::parse("ten_01KZZZZZZZZZZZZZZZZZZZZZZY").unwrap();
+    // The older build's item: made as this build makes it, then moved to the key that build
+    // gave it, its give-up time first.
+    let old = task(t0 + Duration::hours(5));
+    scheduler.hold(&tenant, &sub, &old).await.expect("hold");
+    let bucket = AttributeValue::S(format!("HELD#{sub}"));
+    let found = ddb
+        .query()
+        .table_name(table)
+        .key_condition_expression("#b = :b")
+        .expression_attribute_names("#b", "bucket")
+        .expression_attribute_values(":b", bucket.clone())
+        .send()
+        .await
+        .expect("query");
+    let [item] = found.items() else {
+        panic!("one held item: {found:?}")
+    };
+    let mut item = item.clone();
+    ddb.delete_item()
+        .table_name(table)
+        .key("bucket", bucket.clone())
+        .key("due_key", item["due_key"].clone())
+        .send()
+        .await
+        .expect("delete");
+    let by_due = format!(
+        "{}#{}#{}#{}",
+        old.due.format("%Y-%m-%dT%H:%M:%S%.9fZ"),
+        old.task.delivery_id,
+        old.task.round,
+        old.task.attempt
+    );
+    item.insert("due_key".into(), AttributeValue::S(by_due));
+    ddb.put_item()
+        .table_name(table)
+        .set_item(Some(item))
+        .send()
+        .await
+        .expect("put");
+    // Held since by this build: an older delivery's id sorts after the older build's key.
+    let new = ScheduledTask {
+        task: DeliveryTask {
+            delivery_id: DeliveryId::generate(t0 - Duration::days(1), &mut rand::rng()),
+            ..task(t0).task
+        },
+        due: t0 + Duration::hours(1),
+    };
+    scheduler.hold(&tenant, &sub, &new).await.expect("hold");
+
+    assert_eq!(
+        scheduler.held(&sub, 10).await.expect("held"),
+        vec![old.clone(), new.clone()]
+    );
+    scheduler
+        .release(&sub, std::slice::from_ref(&old))
+        .await
+        .expect("release");
+    assert_eq!(scheduler.held(&sub, 10).await.expect("held"), vec![new.clone()]);
+    scheduler.release(&sub, &[new]).await.expect("release");
+    assert!(scheduler.held(&sub, 10).await.expect("held").is_empty());
+}
+
+#[tokio::test]
+async fn given_an_item_that_does_not_decode_in_a_due_minute_then_it_is_set_aside_and_the_task_beside_it_comes_due() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+        return;
+    };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
+    let env = support::env(&moto, &dynamodb, None).await;
+    let scheduler = &env.adapters.scheduler;
+    let (ddb, table) = (&env.clients.dynamodb, scheduler.table_name());
+    let attr = |v: &str| AttributeValue::S(v.to_owned());
+    let t0 = Utc.with_ymd_and_hms(2031, 1, 1, 8, 0, 0).unwrap();
+    let good = task(t0 + Duration::seconds(30));
+    scheduler.schedule(&good).await.expect("schedule");
+    // The good task's partition: its minute and shard.
+    let scan = ddb.scan().table_name(table).send().await.expect("scan");
+    let bucket = scan
+        .items()
+        .iter()
+        .find(|i| i.get("delivery_id") == Some(&attr(good.task.delivery_id.as_str())))
+        .and_then(|i| i.get("bucket"))
+        .and_then(|b| b.as_s().ok())
+        .expect("the task's item")
+        .clone();
+    let garbage_key = "2031-01-01T08:00:10.000000000Z#del_garbage#0#2";
+    ddb.put_item()
+        .table_name(table)
+        .item("bucket", attr(&bucket))
+        .item("due_key", attr(garbage_key))
+        .item("due", attr("not a time"))
+        .item("delivery_id", attr("del_garbage"))
+        .send()
+        .await
+        .expect("an item that does not decode");
+    // A minute holding nothing else, listed by the unsharded cursor as an older build would.
+    let lone_minute = "2031-01-01T08:03";
+    ddb.put_item()
+        .table_name(table)
+        .item("bucket", attr(lone_minute))
+        .item("due_key", attr("2031-01-01T08:03:00.000000000Z#x"))
+        .send()
+        .await
+        .expect("a lone item that does not decode");
+    ddb.put_item()
+        .table_name(table)
+        .item("bucket", attr("#CURSOR"))
+        .item("due_key", attr("#CURSOR"))
+        .item("pending", AttributeValue::Ss(vec![lone_minute.into()]))
+        .item("version", AttributeValue::N("1".into()))
+        .send()
+        .await
+        .expect("the unsharded cursor");
+
+    let now = t0 + Duration::hours(1);
+    let page = scheduler.due_page(now, now, 10).await.expect("due");
+    assert_eq!(page.tasks, vec![good.clone()], "the task comes due all the same");
+    assert_eq!(page.set_aside, 2);
+    let aside = scheduler.set_aside(None, 10).await.expect("list");
+    let keys: Vec<_> = aside.iter().map(|a| a.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        [
+            format!("{bucket} {garbage_key}").as_str(),
+            "2031-01-01T08:03 2031-01-01T08:03:00.000000000Z#x"
+        ]
+    );
+    assert_eq!(aside[0].set_aside_at, now);
+    assert!(aside[0].error.contains("due"), "why: {}", aside[0].error);
+    assert!(
+        aside[0].raw.contains(r#""due":{"S":"not a time"}"#),
+        "what it held: {}",
+        aside[0].raw
+    );
+    assert_eq!(scheduler.set_aside(Some(keys[0]), 10).await.expect("after").len(), 1);
+    let left = ddb
+        .get_item()
+        .table_name(table)
+        .key("bucket", attr(&bucket))
+        .key("due_key", attr(garbage_key))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("read its old place");
+    assert!(left.item().is_none(), "gone from its minute");
+
+    let again = scheduler.due_page(now, now, 10).await.expect("due again");
+    assert_eq!((again.tasks, again.set_aside), (vec![good], 0), "set aside once");
+    let cursor = ddb
+        .get_item()
+        .table_name(table)
+        .key("bucket", attr("#CURSOR"))
+        .key("due_key", attr("#CURSOR"))
+        .consistent_read(true)
+        .send()
+        .await
+        .expect("read the unsharded cursor");
+    let pending = cursor.item().and_then(|i| i.get("pending"));
+    assert!(pending.is_none(), "the emptied minute is forgotten: {pending:?}");
 }
 
 #[test]

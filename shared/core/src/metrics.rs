@@ -31,7 +31,8 @@ pub const HELD: &str = "Held";
 pub const BREAKER_OPENED: &str = "BreakerOpened";
 pub const RELEASED: &str = "Released";
 /// Writes the delivery path makes best effort, failed and only logged: a circuit breaker's
-/// change, an endpoint's health. A steady count is a store (or a permission) failing.
+/// change, an endpoint's health; and scheduler tick phases that failed (the tick went on to
+/// the next). A steady count is a store (or a permission) failing.
 pub const BEST_EFFORT_FAILURES: &str = "BestEffortFailures";
 /// Messages given back to the queue on an infrastructure failure.
 pub const REDELIVERED: &str = "Redelivered";
@@ -55,6 +56,10 @@ pub const RETRIES_MOVED: &str = "RetriesMoved";
 /// kept from its lease.
 pub const TICKS: &str = "Ticks";
 pub const REQUEUED: &str = "Requeued";
+/// Items of the scheduler table that could not be read as tasks, set aside out of the way
+/// of the tasks due with them (`hookwise scheduler set-aside` lists them): any is a defect,
+/// or an item written by hand, that an operator looks at.
+pub const SCHEDULER_ITEMS_SET_ASIDE: &str = "SchedulerItemsSetAside";
 
 /// Records nothing.
 pub struct NoMetrics;

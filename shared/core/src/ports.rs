@@ -424,20 +424,56 @@ pub struct AuditPosition {
     pub after: Option<String>,
 }
 
+/// What [`SchedulerTable::due_page`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DuePage {
+    /// The items due, earliest first.
+    pub tasks: Vec<ScheduledTask>,
+    /// Items among them that could not be read, set aside ([`SchedulerTable::set_aside`]).
+    pub set_aside: usize,
+}
+
+/// An item of the scheduler table that could not be read as a task, moved out of the way
+/// of the tasks due with it ([`SchedulerTable::due_page`]) and kept for an operator
+/// (`hookwise scheduler set-aside`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetAsideItem {
+    /// Where it was, in the backend's own terms (DynamoDB: its partition and sort key;
+    /// SQLite: its row's key); the listing's order and its `after`.
+    pub key: String,
+    /// When it was set aside.
+    pub set_aside_at: DateTime<Utc>,
+    /// Why it could not be read.
+    pub error: String,
+    /// What it held, as stored (DynamoDB: its attributes as DynamoDB JSON; SQLite: the
+    /// row's document).
+    pub raw: String,
+}
+
 /// Retries due later than the queue can delay, kept until they are near.
 #[async_trait]
 pub trait SchedulerTable: Send + Sync {
     async fn schedule(&self, item: &ScheduledTask) -> PortResult<()>;
-    /// Items due at or before `until`, earliest first.
-    async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>>;
+    /// Items due at or before `until`, earliest first, at most `limit`. An item found there
+    /// that cannot be read as a task is set aside (listed by [`Self::set_aside`], stamped
+    /// `now`, gone from where it was) and counted, and the rest is returned: one bad item
+    /// never stops the others.
+    async fn due_page(&self, now: DateTime<Utc>, until: DateTime<Utc>, limit: u32) -> PortResult<DuePage>;
+    /// The tasks of [`Self::due_page`], what it sets aside stamped with the wall clock (for
+    /// tests and tools; the scheduler counts what is set aside).
+    async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>> {
+        Ok(self.due_page(Utc::now(), until, limit).await?.tasks)
+    }
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()>;
+    /// The items [`Self::due_page`] set aside, by key: at most `limit`, those after `after`.
+    async fn set_aside(&self, after: Option<&str>, limit: u32) -> PortResult<Vec<SetAsideItem>>;
 
     /// Park an attempt held by `sub`'s open circuit breaker until it is released, and
-    /// schedule it at `item.due` (when it gives up if still held). The same attempt held
-    /// twice is held once. From then `sub` (of `tenant`) is listed by [`Self::holding`] until
+    /// schedule it at `item.due` (when it gives up if still held). The same attempt (delivery,
+    /// round, attempt) held twice is held once, at the later call's `due`. From then `sub` (of `tenant`) is listed by [`Self::holding`] until
     /// [`Self::stop_holding`], so the scheduler tends every endpoint that holds anything.
     async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()>;
-    /// Up to `limit` of `sub`'s held attempts, the one due to give up soonest first.
+    /// Up to `limit` of `sub`'s held attempts, by attempt: the oldest delivery first.
     async fn held(&self, sub: &SubscriptionId, limit: u32) -> PortResult<Vec<ScheduledTask>>;
     /// No longer held (their scheduled copies stay, and find them moved on when due).
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()>;
@@ -458,6 +494,12 @@ pub trait SchedulerTable: Send + Sync {
     async fn audit_position(&self) -> PortResult<Option<AuditPosition>>;
     /// Store it (only the tick holding the lease writes it).
     async fn save_audit_position(&self, position: &AuditPosition) -> PortResult<()>;
+
+    /// The last endpoint the scheduler tended ([`Self::holding`]'s order), so the next tick
+    /// goes on after it; `None`: from the first.
+    async fn tend_position(&self) -> PortResult<Option<SubscriptionId>>;
+    /// Store it (only the tick holding the lease writes it).
+    async fn save_tend_position(&self, after: Option<&SubscriptionId>) -> PortResult<()>;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -3,11 +3,11 @@
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use hookwise_core::model::{SubscriptionId, TenantId};
-use hookwise_core::ports::{AuditPosition, Holding, PortResult, ScheduledTask, SchedulerTable};
+use hookwise_core::ports::{AuditPosition, DuePage, Holding, PortResult, ScheduledTask, SchedulerTable, SetAsideItem};
 use hookwise_core::PortError;
 use rusqlite::{params, OptionalExtension};
 
-use crate::{db_err, from_json, nanos, to_json, LocalBackend};
+use crate::{db_err, from_json, from_nanos, nanos, to_json, LocalBackend};
 
 #[async_trait]
 impl SchedulerTable for LocalBackend {
@@ -28,19 +28,77 @@ impl SchedulerTable for LocalBackend {
         .await
     }
 
-    async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>> {
-        let until = nanos(until);
-        self.with_conn("read due retries", move |conn| {
-            let mut stmt = conn
+    async fn due_page(&self, now: DateTime<Utc>, until: DateTime<Utc>, limit: u32) -> PortResult<DuePage> {
+        const WHAT: &str = "read due retries";
+        let (now, until) = (nanos(now), nanos(until));
+        self.with_conn(WHAT, move |conn| {
+            let err = |e| db_err(WHAT, e);
+            let rows = conn
                 .prepare_cached(
-                    "SELECT doc FROM scheduled WHERE due <= ?1 ORDER BY due, delivery_id, round, attempt LIMIT ?2",
+                    "SELECT due, delivery_id, round, attempt, doc FROM scheduled WHERE due <= ?1
+                     ORDER BY due, delivery_id, round, attempt LIMIT ?2",
                 )
-                .map_err(|e| db_err("read due retries", e))?;
-            let docs = stmt
-                .query_map(params![until, limit], |row| row.get::<_, String>(0))
-                .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-                .map_err(|e| db_err("read due retries", e))?;
-            docs.iter().map(|d| from_json("scheduled task", d)).collect()
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![until, limit], |row| {
+                        Ok((
+                            row.get::<_, i64>(0)?,
+                            row.get::<_, String>(1)?,
+                            row.get::<_, i64>(2)?,
+                            row.get::<_, i64>(3)?,
+                            row.get::<_, String>(4)?,
+                        ))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(err)?;
+            let mut page = DuePage::default();
+            for (due, id, round, attempt, doc) in rows {
+                match from_json::<ScheduledTask>("scheduled task", &doc) {
+                    Ok(task) => page.tasks.push(task),
+                    // Out of the way of the rest, kept for an operator, in this transaction.
+                    Err(error) => {
+                        let key = format!("{due:020}#{id}#{round}#{attempt}");
+                        conn.prepare_cached(
+                            "INSERT OR REPLACE INTO scheduled_aside (key, set_aside_at, error, doc)
+                             VALUES (?1, ?2, ?3, ?4)",
+                        )
+                        .and_then(|mut s| s.execute(params![key, now, error.to_string(), doc]))
+                        .map_err(err)?;
+                        conn.prepare_cached(
+                            "DELETE FROM scheduled WHERE due = ?1 AND delivery_id = ?2 AND round = ?3 AND attempt = ?4",
+                        )
+                        .and_then(|mut s| s.execute(params![due, id, round, attempt]))
+                        .map_err(err)?;
+                        page.set_aside += 1;
+                    }
+                }
+            }
+            Ok(page)
+        })
+        .await
+    }
+
+    async fn set_aside(&self, after: Option<&str>, limit: u32) -> PortResult<Vec<SetAsideItem>> {
+        const WHAT: &str = "list the scheduled rows set aside";
+        let after = after.unwrap_or_default().to_owned();
+        self.with_read(WHAT, move |conn| {
+            let rows = conn
+                .prepare_cached(
+                    "SELECT key, set_aside_at, error, doc FROM scheduled_aside WHERE key > ?1 ORDER BY key LIMIT ?2",
+                )
+                .and_then(|mut stmt| {
+                    stmt.query_map(params![after, limit], |row| {
+                        Ok(SetAsideItem {
+                            key: row.get(0)?,
+                            set_aside_at: from_nanos(row.get(1)?),
+                            error: row.get(2)?,
+                            raw: row.get(3)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()
+                })
+                .map_err(|e| db_err(WHAT, e))?;
+            Ok(rows)
         })
         .await
     }
@@ -149,7 +207,7 @@ impl SchedulerTable for LocalBackend {
             let err = |e| db_err("read held attempts", e);
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT doc FROM held WHERE subscription_id = ?1 ORDER BY due, delivery_id, round, attempt LIMIT ?2",
+                    "SELECT doc FROM held WHERE subscription_id = ?1 ORDER BY delivery_id, round, attempt LIMIT ?2",
                 )
                 .map_err(err)?;
             let docs = stmt
@@ -235,5 +293,96 @@ impl SchedulerTable for LocalBackend {
             Ok(())
         })
         .await
+    }
+
+    async fn tend_position(&self) -> PortResult<Option<SubscriptionId>> {
+        const WHAT: &str = "read where tending the breakers got to";
+        let doc: Option<String> = self
+            .with_conn(WHAT, move |conn| {
+                conn.prepare_cached("SELECT doc FROM audit_position WHERE name = 'tend'")
+                    .and_then(|mut s| s.query_row([], |row| row.get(0)).optional())
+                    .map_err(|e| db_err(WHAT, e))
+            })
+            .await?;
+        Ok(doc
+            .map(|doc| from_json::<Option<SubscriptionId>>(WHAT, &doc))
+            .transpose()?
+            .flatten())
+    }
+
+    async fn save_tend_position(&self, after: Option<&SubscriptionId>) -> PortResult<()> {
+        const WHAT: &str = "save where tending the breakers got to";
+        let doc = to_json(WHAT, &after)?;
+        self.with_conn(WHAT, move |conn| {
+            conn.prepare_cached(
+                "INSERT INTO audit_position (name, doc) VALUES ('tend', ?1) \
+                 ON CONFLICT (name) DO UPDATE SET doc = excluded.doc",
+            )
+            .and_then(|mut s| s.execute(params![doc]))
+            .map_err(|e| db_err(WHAT, e))?;
+            Ok(())
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hookwise_core::model::DeliveryId;
+    use hookwise_core::ports::DeliveryTask;
+
+    use super::*;
+
+    fn task(due: DateTime<Utc>) -> ScheduledTask {
+        ScheduledTask {
+            task: DeliveryTask {
+                delivery_id: DeliveryId::generate(due, &mut rand::rng()),
+                round: 0,
+                attempt: 2,
+                queued_at: None,
+                slot: None,
+                tenant_id: None,
+                held_until: None,
+                redrives: 0,
+            },
+            due,
+        }
+    }
+
+    #[tokio::test]
+    async fn given_a_row_whose_document_does_not_parse_beside_a_task_then_the_task_is_due_and_the_row_is_set_aside() {
+        let backend = LocalBackend::open_in_memory().unwrap();
+        let t0: DateTime<Utc> = "2031-01-01T08:00:00Z".parse().unwrap();
+        let good = task(t0 + chrono::Duration::seconds(30));
+        backend.schedule(&good).await.unwrap();
+        let due = nanos(t0);
+        backend
+            .with_conn("put a broken row", move |conn| {
+                conn.execute(
+                    "INSERT INTO scheduled (due, delivery_id, round, attempt, doc) VALUES (?1, 'del_x', 0, 2, '{\"due\": ')",
+                    params![due],
+                )
+                .map_err(|e| db_err("put a broken row", e))
+            })
+            .await
+            .unwrap();
+
+        let now = t0 + chrono::Duration::minutes(1);
+        let page = backend.due_page(now, now, 10).await.unwrap();
+        assert_eq!(
+            page,
+            DuePage {
+                tasks: vec![good.clone()],
+                set_aside: 1
+            }
+        );
+        let aside = backend.set_aside(None, 10).await.unwrap();
+        assert_eq!(aside.len(), 1, "{aside:?}");
+        assert_eq!(aside[0].key, format!("{due:020}#del_x#0#2"));
+        assert_eq!((aside[0].set_aside_at, aside[0].raw.as_str()), (now, "{\"due\": "));
+        assert!(aside[0].error.contains("decode"), "{}", aside[0].error);
+        // Gone from the schedule: the next read finds only the task.
+        assert_eq!(backend.due_page(now, now, 10).await.unwrap().set_aside, 0);
+        assert!(backend.set_aside(Some(&aside[0].key), 10).await.unwrap().is_empty());
     }
 }

@@ -188,7 +188,18 @@ CREATE TABLE IF NOT EXISTS leases (
     until   INTEGER NOT NULL
 ) WITHOUT ROWID;
 
--- Where the audit of queued messages has got to (`SchedulerTable::audit_position`): one row.
+-- Scheduled rows `SchedulerTable::due_page` could not read, moved out of the way
+-- (`SchedulerTable::set_aside`): `key` the row's key, `doc` what it held. (Added at version
+-- 8, as `event_types`: `IF NOT EXISTS` gives it to a data dir from before.)
+CREATE TABLE IF NOT EXISTS scheduled_aside (
+    key           TEXT PRIMARY KEY,
+    set_aside_at  INTEGER NOT NULL,
+    error         TEXT NOT NULL,
+    doc           TEXT NOT NULL
+) WITHOUT ROWID;
+
+-- Where the audit of queued messages has got to (`SchedulerTable::audit_position`): the row
+-- `first attempts`; and where tending the breakers has (`SchedulerTable::tend_position`): `tend`.
 CREATE TABLE IF NOT EXISTS audit_position (
     name  TEXT PRIMARY KEY,
     doc   TEXT NOT NULL

@@ -42,6 +42,10 @@ use crate::state::{self, seconds};
 pub const CIRCUIT_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 /// Held attempts released per page.
 const RELEASE_PAGE: u32 = 500;
+/// Pages of a disabled or deleted subscription's held attempts let go of in one tending: a
+/// few endpoints with large held sets cannot fill the tick while others wait for theirs (the
+/// scheduler tends them round, `Services::tend_breakers`, and the next round lets go of more).
+const LET_GO_PAGES: usize = 2;
 /// How long a page's release is claimed for: another release waits that long for it to be
 /// queued and un-parked (so two never queue one page twice), and then takes it on (its
 /// releaser died).
@@ -392,8 +396,8 @@ impl Services {
     }
 
     /// The breaker is open with no probe on its way (it has just opened, or its probe failed,
-    /// or the one on its way found its attempt made): queue the held attempt due to give up
-    /// soonest, to arrive at the probe time and be the probe, then name it on the breaker,
+    /// or the one on its way found its attempt made): queue the first held attempt (the
+    /// oldest delivery's), to arrive at the probe time and be the probe, then name it on the breaker,
     /// then un-park it. None held: the next attempt to come is queued so instead
     /// (`Admission::Candidate`). Whatever step fails, a message is on its way or the attempt
     /// is still parked, where the scheduler's tick finds the probe overdue.
@@ -414,8 +418,9 @@ impl Services {
         Ok(())
     }
 
-    /// The held attempt due to give up soonest, of those not given up yet: one whose give-up
-    /// time has passed made its last attempt then (its scheduled copy), and is un-parked here.
+    /// The first held attempt (the oldest delivery's) of those not given up yet: one whose
+    /// give-up time has passed made its last attempt then (its scheduled copy), and is
+    /// un-parked here.
     async fn first_held(&self, sub: &SubscriptionId) -> Result<Option<ScheduledTask>> {
         let now = self.now();
         loop {
@@ -565,11 +570,11 @@ impl Services {
     ///   just before the closing): they are released as on a closing.
     /// - A release whose next page is due: the page.
     /// - Open, or half open, past the probe time by [`PROBE_GRACE`] (the probe's message was
-    ///   lost, or its claim's writer died): the held attempt soonest to give up is queued now,
+    ///   lost, or its claim's writer died): the first held attempt is queued now,
     ///   to be the probe.
     ///
     /// A disabled or deleted subscription's held attempts are queued a page at a time until
-    /// `until`.
+    /// `until`, a few pages at most (`LET_GO_PAGES`).
     pub(crate) async fn tend_breaker(&self, holding: &Holding, until: Instant) -> Result<()> {
         let scheduler = &self.ports.scheduler;
         let sub_id = &holding.subscription_id;
@@ -650,10 +655,10 @@ impl Services {
     }
 
     /// Queue what a disabled or deleted subscription's breaker held, a page at a time until
-    /// `until` (one page at least): each is settled on arrival (dead, its owner told), with
-    /// no POST.
+    /// `until` (one page at least) and [`LET_GO_PAGES`] at most: each is settled on arrival
+    /// (dead, its owner told), with no POST.
     async fn let_go_of_held(&self, sub: &SubscriptionId, until: Instant) -> Result<()> {
-        loop {
+        for _ in 0..LET_GO_PAGES {
             let page = self.ports.scheduler.held(sub, RELEASE_PAGE).await?;
             if page.is_empty() {
                 return Ok(());
@@ -664,8 +669,9 @@ impl Services {
             tracing::info!(subscription_id = %sub, settled = page.len(),
                 "held attempts of a disabled or deleted subscription queued to be settled");
             if Instant::now() >= until {
-                return Ok(());
+                break;
             }
         }
+        Ok(())
     }
 }

@@ -111,10 +111,12 @@ macro_rules! store_contract_tests {
             scheduled_items_come_due_earliest_first,
             removed_scheduled_items_are_no_longer_due,
             a_circuit_is_written_only_over_the_version_read,
-            held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_are_also_scheduled,
+            held_attempts_are_found_by_endpoint_oldest_delivery_first_one_item_an_attempt_and_also_scheduled,
             endpoints_that_held_an_attempt_are_listed_in_id_order_until_let_go,
             the_scheduler_lease_is_one_holders_until_it_expires_or_is_given_back,
             the_audits_position_round_trips,
+            the_tending_position_round_trips,
+            due_tasks_set_nothing_aside_and_none_is_listed,
             the_deployments_settings_are_written_only_over_the_copy_read,
             a_portal_session_is_created_once_read_by_id_and_revoked,
             an_event_type_is_created_once_per_scope_and_read_back_exactly,
@@ -1526,6 +1528,32 @@ pub async fn the_audits_position_round_trips(b: &dyn ContractBackend) {
     }
 }
 
+pub async fn the_tending_position_round_trips(b: &dyn ContractBackend) {
+    assert_eq!(b.scheduler().tend_position().await.expect("read"), None);
+    let subs = Fixture::new().sub_ids(2);
+    for after in [Some(&subs[0]), Some(&subs[1]), None, Some(&subs[0])] {
+        b.scheduler().save_tend_position(after).await.expect("save");
+        assert_eq!(b.scheduler().tend_position().await.expect("read").as_ref(), after);
+    }
+}
+
+/// Tasks that read back are never set aside. (Each backend's own tests put an item that
+/// cannot be read beside them: only they can write one.)
+pub async fn due_tasks_set_nothing_aside_and_none_is_listed(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let item = scheduled(&mut fx, t0() + minutes(1));
+    b.scheduler().schedule(&item).await.expect("schedule");
+    let page = b.scheduler().due_page(t0(), t0() + minutes(5), 10).await.expect("due");
+    assert_eq!(
+        page,
+        DuePage {
+            tasks: vec![item],
+            set_aside: 0
+        }
+    );
+    assert!(b.scheduler().set_aside(None, 10).await.expect("list").is_empty());
+}
+
 /// The deployment's settings are one value: written over the copy read, refused over a stale
 /// one. (A backend shared by several tests may have them written already.)
 pub async fn the_deployments_settings_are_written_only_over_the_copy_read(b: &dyn ContractBackend) {
@@ -2489,7 +2517,7 @@ pub async fn a_circuit_is_written_only_over_the_version_read(b: &dyn ContractBac
     assert_eq!(store.circuit(&sub).await.expect("read"), Some(closed));
 }
 
-pub async fn held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_are_also_scheduled(
+pub async fn held_attempts_are_found_by_endpoint_oldest_delivery_first_one_item_an_attempt_and_also_scheduled(
     b: &dyn ContractBackend,
 ) {
     let mut fx = Fixture::new();
@@ -2502,6 +2530,15 @@ pub async fn held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_ar
     let late = item(t0() + minutes(50));
     let soon = item(t0() + minutes(20) + chrono::Duration::milliseconds(7));
     let other = item(t0() + minutes(10));
+    // `late`'s attempt held again with another give-up time (an attempt redone after its
+    // first hold): still one item, at the later call's time.
+    let again = ScheduledTask {
+        due: t0() + minutes(40),
+        task: DeliveryTask {
+            held_until: Some(t0() + minutes(40)),
+            ..late.task.clone()
+        },
+    };
     let tenant = fx.tenant().id;
     let scheduler = b.scheduler();
     scheduler.hold(&tenant, &subs[0], &late).await.expect("hold");
@@ -2510,12 +2547,16 @@ pub async fn held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_ar
         .hold(&tenant, &subs[0], &soon)
         .await
         .expect("holding twice is once");
+    scheduler.hold(&tenant, &subs[0], &again).await.expect("hold again");
     scheduler.hold(&tenant, &subs[1], &other).await.expect("hold");
+    let mut oldest_first = vec![soon.clone(), again.clone()];
+    oldest_first.sort_by_key(|i| i.task.delivery_id.clone());
     assert_eq!(
         scheduler.held(&subs[0], 10).await.expect("held"),
-        vec![soon.clone(), late.clone()]
+        oldest_first,
+        "one item an attempt, the oldest delivery first"
     );
-    assert_eq!(scheduler.held(&subs[0], 1).await.expect("held"), vec![soon.clone()]);
+    assert_eq!(scheduler.held(&subs[0], 1).await.expect("held"), oldest_first[..1]);
     // Each is due, with its give-up time, when it gives up.
     assert_eq!(
         scheduler.due(t0() + minutes(30), 10).await.expect("due"),
@@ -2525,13 +2566,16 @@ pub async fn held_attempts_are_found_by_endpoint_soonest_to_give_up_first_and_ar
         .release(&subs[0], std::slice::from_ref(&soon))
         .await
         .expect("release");
-    assert_eq!(scheduler.held(&subs[0], 10).await.expect("held"), vec![late.clone()]);
+    assert_eq!(scheduler.held(&subs[0], 10).await.expect("held"), vec![again.clone()]);
     assert_eq!(scheduler.held(&subs[1], 10).await.expect("held"), vec![other.clone()]);
     scheduler
         .release(&subs[0], &[soon, late])
         .await
         .expect("releasing twice is fine");
-    assert!(scheduler.held(&subs[0], 10).await.expect("held").is_empty());
+    assert!(
+        scheduler.held(&subs[0], 10).await.expect("held").is_empty(),
+        "released by its attempt, whatever give-up time it was read with"
+    );
 }
 
 pub async fn endpoints_that_held_an_attempt_are_listed_in_id_order_until_let_go(b: &dyn ContractBackend) {

@@ -626,6 +626,11 @@ impl Store for MemoryStore {
     }
 }
 
+/// Whether two held items are of one attempt (a held attempt's key on every backend).
+fn same_attempt(a: &ScheduledTask, b: &ScheduledTask) -> bool {
+    (&a.task.delivery_id, a.task.round, a.task.attempt) == (&b.task.delivery_id, b.task.round, b.task.attempt)
+}
+
 /// A process dying at a chosen point, shared by every in-memory port of a [`Harness`]: once
 /// armed with `k`, the next `k` things it does that others see (a write to the store, a
 /// queue or the scheduler table, a POST, an email) happen, and every one after them fails,
@@ -791,6 +796,15 @@ impl DeliveryQueue for MemoryQueue {
     }
 }
 
+/// An item of a [`MemoryScheduler`] that cannot be read as a task (as another backend's
+/// row whose document does not parse): `due_page` sets it aside once it is due.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableItem {
+    pub due: DateTime<Utc>,
+    pub key: String,
+    pub raw: String,
+}
+
 #[derive(Default)]
 pub struct MemoryScheduler {
     /// While set, `held` answers this long after its read, and `release` writes this long
@@ -806,6 +820,13 @@ pub struct MemoryScheduler {
     pub lease: Mutex<Option<(String, DateTime<Utc>)>>,
     /// Where the audit of queued messages has got to.
     pub audit: Mutex<Option<AuditPosition>>,
+    /// The last endpoint the scheduler tended.
+    pub tend: Mutex<Option<SubscriptionId>>,
+    /// Items in the table that cannot be read, and those `due_page` set aside.
+    pub unreadable: Mutex<Vec<UnreadableItem>>,
+    pub aside: Mutex<Vec<SetAsideItem>>,
+    /// The next this many `due_page` calls fail (retryable), as a throttled table would.
+    pub failing_dues: std::sync::atomic::AtomicU32,
     pub crash: Arc<CrashPoint>,
 }
 
@@ -829,11 +850,46 @@ impl SchedulerTable for MemoryScheduler {
         }
         Ok(())
     }
-    async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>> {
+    async fn due_page(&self, now: DateTime<Utc>, until: DateTime<Utc>, limit: u32) -> PortResult<DuePage> {
+        if take_one(&self.failing_dues) {
+            return Err(PortError::retryable("scheduler due", "throttled (failing_dues)"));
+        }
+        let unreadable: Vec<UnreadableItem> = lock(&self.unreadable)
+            .iter()
+            .filter(|i| i.due <= until)
+            .cloned()
+            .collect();
+        if !unreadable.is_empty() {
+            self.crash.act("set aside")?;
+            lock(&self.unreadable).retain(|i| !unreadable.contains(i));
+            let mut aside = lock(&self.aside);
+            for item in &unreadable {
+                aside.retain(|a| a.key != item.key);
+                aside.push(SetAsideItem {
+                    key: item.key.clone(),
+                    set_aside_at: now,
+                    error: "cannot be read as a task (MemoryScheduler::unreadable)".into(),
+                    raw: item.raw.clone(),
+                });
+            }
+        }
         let mut due: Vec<_> = lock(&self.items).iter().filter(|i| i.due <= until).cloned().collect();
         due.sort_by_key(|i| i.due);
         due.truncate(limit as usize);
-        Ok(due)
+        Ok(DuePage {
+            tasks: due,
+            set_aside: unreadable.len(),
+        })
+    }
+    async fn set_aside(&self, after: Option<&str>, limit: u32) -> PortResult<Vec<SetAsideItem>> {
+        let mut aside: Vec<SetAsideItem> = lock(&self.aside)
+            .iter()
+            .filter(|a| after.is_none_or(|after| a.key.as_str() > after))
+            .cloned()
+            .collect();
+        aside.sort_by(|a, b| a.key.cmp(&b.key));
+        aside.truncate(limit as usize);
+        Ok(aside)
     }
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()> {
         self.crash.act("remove scheduled")?;
@@ -842,16 +898,11 @@ impl SchedulerTable for MemoryScheduler {
     }
     async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
         self.crash.act("hold")?;
-        let same = |(s, i): &(SubscriptionId, ScheduledTask)| {
-            s == sub
-                && (&i.task.delivery_id, i.task.round, i.task.attempt)
-                    == (&item.task.delivery_id, item.task.round, item.task.attempt)
-        };
         {
             let mut held = lock(&self.held);
-            held.retain(|h| !same(h));
+            held.retain(|(s, i)| !(s == sub && same_attempt(i, item)));
             held.push((sub.clone(), item.clone()));
-            held.sort_by_key(|(_, i)| i.due);
+            held.sort_by_key(|(_, i)| (i.task.delivery_id.clone(), i.task.round, i.task.attempt));
         }
         // Parked, then listed (as the other backends): see `Services::tend_breaker`.
         lock(&self.holding).insert(sub.clone(), tenant.clone());
@@ -871,7 +922,9 @@ impl SchedulerTable for MemoryScheduler {
     async fn release(&self, sub: &SubscriptionId, items: &[ScheduledTask]) -> PortResult<()> {
         self.crash.act("release")?;
         self.take_time().await;
-        lock(&self.held).retain(|(s, i)| !(s == sub && items.contains(i)));
+        // By attempt, as every backend keys a held attempt: whatever give-up time it was read
+        // with.
+        lock(&self.held).retain(|(s, i)| !(s == sub && items.iter().any(|r| same_attempt(i, r))));
         Ok(())
     }
     async fn holding(&self, after: Option<&SubscriptionId>, limit: u32) -> PortResult<Vec<Holding>> {
@@ -917,6 +970,14 @@ impl SchedulerTable for MemoryScheduler {
     async fn save_audit_position(&self, position: &AuditPosition) -> PortResult<()> {
         self.crash.act("save the audit's position")?;
         *lock(&self.audit) = Some(position.clone());
+        Ok(())
+    }
+    async fn tend_position(&self) -> PortResult<Option<SubscriptionId>> {
+        Ok(lock(&self.tend).clone())
+    }
+    async fn save_tend_position(&self, after: Option<&SubscriptionId>) -> PortResult<()> {
+        self.crash.act("save the tending's position")?;
+        *lock(&self.tend) = after.cloned();
         Ok(())
     }
 }

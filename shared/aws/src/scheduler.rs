@@ -29,9 +29,10 @@
 //! `{due}#{delivery}#{round}#{attempt}`; those items list first, and a release deletes both
 //! keys.
 //!
-//! An item in a due minute that does not decode as a task is set aside rather than failing
-//! the call: copied whole into `#ASIDE` with why and when, then deleted from its minute, so
-//! the tasks due with it go on (`SchedulerTable::set_aside` lists them for an operator).
+//! An item in a due minute or a `HELD#` partition that does not decode as a task is set
+//! aside rather than failing the call: copied whole into `#ASIDE` with why and when, then
+//! deleted from where it was, so the tasks beside it go on (`SchedulerTable::set_aside` lists
+//! them for an operator; only those of a due minute are counted in the tick's report).
 //!
 //! Tasks and held items carry `expires_at` (epoch seconds), the table's TTL: their due time
 //! plus the retention of the deliveries they are of, so one orphaned (its delivery gone) does
@@ -376,16 +377,27 @@ impl DynamoScheduler {
     }
 
     /// `HELD#{sub}`'s tasks, oldest delivery first, at most `limit`.
+    /// One that does not decode is set aside, as in a due minute: it would otherwise stop its
+    /// endpoint's tending for good.
     async fn query_held(&self, sub: &SubscriptionId, limit: usize) -> PortResult<Vec<ScheduledTask>> {
-        self.query_items(limit, "held attempts", |q| {
-            q.key_condition_expression("#b = :b")
-                .expression_attribute_names("#b", PARTITION_KEY)
-                .expression_attribute_values(":b", s(format!("HELD#{sub}")))
-        })
-        .await?
-        .iter()
-        .map(decode)
-        .collect()
+        let items = self
+            .query_items(limit, "held attempts", |q| {
+                q.key_condition_expression("#b = :b")
+                    .expression_attribute_names("#b", PARTITION_KEY)
+                    .expression_attribute_values(":b", s(format!("HELD#{sub}")))
+            })
+            .await?;
+        let (mut tasks, mut bad) = (Vec::new(), Vec::new());
+        for item in items {
+            match decode(&item) {
+                Ok(task) => tasks.push(task),
+                Err(error) => bad.push((item, error)),
+            }
+        }
+        if !bad.is_empty() {
+            self.set_items_aside(Utc::now(), bad).await?;
+        }
+        Ok(tasks)
     }
 
     /// One shard of the endpoints listed as holding, by subscription id after `after`.

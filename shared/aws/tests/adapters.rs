@@ -410,6 +410,43 @@ async fn given_an_attempt_an_older_build_held_at_its_give_up_time_then_it_lists_
 }
 
 #[tokio::test]
+async fn given_a_held_item_that_does_not_decode_then_it_is_set_aside_and_the_attempt_held_beside_it_is_listed() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+        return;
+    };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
+    let env = support::env(&moto, &dynamodb, None).await;
+    let scheduler = &env.adapters.scheduler;
+    let t0 = Utc.with_ymd_and_hms(2031, 1, 1, 8, 0, 0).unwrap();
+    let sub = hookwise_core::model::SubscriptionId::parse("sub_01KZZZZZZZZZZZZZZZZZZZZZZX").unwrap();
+    let tenant = hookwise_core::model::TenantId::parse("ten_01KZZZZZZZZZZZZZZZZZZZZZZX").unwrap();
+    let good = task(t0 + Duration::hours(1));
+    scheduler.hold(&tenant, &sub, &good).await.expect("hold");
+    env.clients
+        .dynamodb
+        .put_item()
+        .table_name(scheduler.table_name())
+        .item("bucket", AttributeValue::S(format!("HELD#{sub}")))
+        .item("due_key", AttributeValue::S("del_garbage#0#2".into()))
+        .item("due", AttributeValue::S("not a time".into()))
+        .send()
+        .await
+        .expect("an item that does not decode");
+
+    assert_eq!(scheduler.held(&sub, 10).await.expect("held"), vec![good.clone()]);
+    let aside = scheduler.set_aside(None, 10).await.expect("list");
+    assert_eq!(
+        aside.iter().map(|a| a.key.as_str()).collect::<Vec<_>>(),
+        [format!("HELD#{sub} del_garbage#0#2").as_str()]
+    );
+    assert_eq!(scheduler.held(&sub, 10).await.expect("held"), vec![good]);
+    assert_eq!(scheduler.set_aside(None, 10).await.expect("list").len(), 1, "once");
+}
+
+#[tokio::test]
 async fn given_an_item_that_does_not_decode_in_a_due_minute_then_it_is_set_aside_and_the_task_beside_it_comes_due() {
     use aws_sdk_dynamodb::types::AttributeValue;
     let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {

@@ -883,16 +883,19 @@ impl Store for LocalBackend {
             },
         )?;
         self.with_conn("save endpoint health", move |conn| {
-            // Over the version read only (0: none, or one saved before versions were kept).
+            // Over the version read only (0: none, or one saved before versions were kept), or
+            // over this very save (again, its answer lost: it writes the same).
             let sql = match read {
                 0 => {
                     "INSERT INTO endpoint_health (subscription_id, doc) VALUES (?1, ?2)
                      ON CONFLICT (subscription_id) DO UPDATE SET doc = excluded.doc
-                       WHERE coalesce(json_extract(endpoint_health.doc, '$.version'), 0) = ?3"
+                       WHERE coalesce(json_extract(endpoint_health.doc, '$.version'), 0) = ?3
+                          OR endpoint_health.doc = excluded.doc"
                 }
                 _ => {
                     "UPDATE endpoint_health SET doc = ?2
-                     WHERE subscription_id = ?1 AND coalesce(json_extract(doc, '$.version'), 0) = ?3"
+                     WHERE subscription_id = ?1
+                       AND (coalesce(json_extract(doc, '$.version'), 0) = ?3 OR doc = ?2)"
                 }
             };
             let written = conn

@@ -8,7 +8,7 @@ use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, SendOutcome, Store};
 use hookwise_core::services::{
     Config, DeliverOutcome, KeyRef, NewEvent, NewSubscription, Services, TenantPatch, DISABLE_NOTICE_CLAIM,
-    EARLY_COPY_LAG,
+    EARLY_COPY_LAG, EARLY_SKEW,
 };
 use hookwise_core::signing;
 use hookwise_core::testing::memory::{run_until_waiting, status_outcome, Harness, ScriptedSender};
@@ -412,6 +412,39 @@ async fn given_a_retrys_message_before_its_time_then_it_goes_back_until_then_and
         .await
         .unwrap();
     assert_eq!(attempts[1].started_at, at);
+}
+
+/// The message meant for a retry's time, come a moment early (its host's clock behind the
+/// one that queued it), is the only one: it goes back to arrive at that time, and the attempt
+/// is made then, not a lag later.
+#[tokio::test]
+async fn given_a_retrys_only_message_a_moment_before_its_time_then_the_attempt_is_made_at_its_time() {
+    let h = Harness::new(ScriptedSender::always(500));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], Some(vec![60])))
+        .await
+        .unwrap();
+    h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let first = h.queue.take_visible().pop().unwrap();
+    let DeliverOutcome::Retrying { at } = h.services.deliver(&first).await.unwrap() else {
+        panic!("the first attempt fails");
+    };
+    // The retry's one message, handed over 1.5 s before its time.
+    assert_eq!(h.queue.messages().len(), 1);
+    let (retry, _) = h.queue.take_at(0);
+    h.clock.set(at - Duration::milliseconds(1_500));
+
+    assert_eq!(h.services.deliver(&retry).await.unwrap(), DeliverOutcome::Early { at });
+    let back = h.queue.messages();
+    assert_eq!(back.len(), 1, "{back:?}");
+    assert!(
+        back[0].1 >= at && back[0].1 <= at + EARLY_SKEW,
+        "back at its time, not a lag later: {back:?} (due {at})"
+    );
+    h.clock.set(back[0].1);
+    h.services.deliver_batch(&h.queue.take_visible()).await;
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "attempted at its time");
 }
 
 /// Answers 200, but only once `go` is notified: a second worker's POST of the same attempt,

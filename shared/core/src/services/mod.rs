@@ -32,7 +32,7 @@ pub use breaker::CIRCUIT_TTL;
 pub use catalogue::{Catalogue, EventTypePatch, NewEventType};
 pub use consume::{Disposition, QueueRole};
 pub use dead_letter::DeadLetterReport;
-pub use deliver::{DeliverOutcome, DISABLE_NOTICE_CLAIM, EARLY_COPY_LAG, WRITE_WINDOW};
+pub use deliver::{DeliverOutcome, DISABLE_NOTICE_CLAIM, EARLY_COPY_LAG, EARLY_SKEW, WRITE_WINDOW};
 pub use events::{EventWithDeliveries, Ingested, NewEvent, MAX_BATCH, MAX_PAYLOAD_BYTES, PING};
 pub use lookups::HEALTH_SAVE_EVERY;
 pub use notices::DIGEST_LISTED;

@@ -116,6 +116,44 @@ async fn given_an_idempotency_key_when_sent_twice_then_one_event_and_one_deliver
     assert_eq!(log.len(), 1, "{log:?}");
 }
 
+/// The first try's messages lost (it died between queueing and storing, and its messages
+/// were dropped as for a delivery never stored), the client's retry with its key, seconds
+/// later, queues the first attempt again: it is made now, not at the audit's horizon.
+#[tokio::test]
+async fn given_a_first_try_whose_messages_were_lost_then_the_keyed_retry_queues_its_first_attempts_again() {
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, new_sub("https://a.example.com/", &["*"], None))
+        .await
+        .unwrap();
+    let first = h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("key-1".into()))
+        .await
+        .unwrap();
+    assert_eq!(h.queue.take_visible().len(), 1, "the first try's message, lost");
+
+    h.clock.advance(Duration::seconds(3));
+    let again = h
+        .services
+        .ingest(&tenant, event("invoice.paid"), Some("key-1".into()))
+        .await
+        .unwrap();
+    assert!(!again.created);
+    h.drain_now().await;
+    let requests = h.sender.requests.lock().unwrap().len();
+    assert_eq!(requests, 1, "made on the retry, once");
+    let (delivery, _) = h.services.get_delivery(&tenant, &first.deliveries[0].id).await.unwrap();
+    assert_eq!(delivery.status, DeliveryStatus::Delivered);
+    // A retry once it is delivered queues nothing more.
+    h.services
+        .ingest(&tenant, event("invoice.paid"), Some("key-1".into()))
+        .await
+        .unwrap();
+    assert!(h.queue.messages().is_empty());
+}
+
 #[tokio::test]
 async fn given_an_endpoint_failing_twice_then_it_is_delivered_on_the_third_attempt_with_each_attempt_recorded() {
     let h = Harness::new(ScriptedSender::new(|_, n| {

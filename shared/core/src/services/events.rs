@@ -32,6 +32,11 @@ pub const PING: &str = "hookwise.ping";
 
 /// An event and one delivery to each subscription given. Ids derived from the event's and
 /// the subscription's: a re-run of the same ingest names, and queues, the same deliveries.
+/// How long a first attempt may wait for the message its ingest queued before a retry of
+/// that ingest queues it again (`queue_first_again`): a queue hands a message over within
+/// moments, and a worker takes a stored delivery's first message within a second.
+const FIRST_MESSAGE_GRACE: chrono::Duration = chrono::Duration::seconds(2);
+
 pub(super) fn plan<'a>(event: Event, subscriptions: impl Iterator<Item = &'a Subscription>) -> (Event, Vec<Delivery>) {
     let deliveries = subscriptions
         .map(|s| Delivery::new(DeliveryId::for_event(&event.id, &s.id), &event, s.id.clone()))
@@ -344,11 +349,45 @@ impl Services {
             .into());
         }
         let deliveries = self.ports.store.event_deliveries(&tenant.id, id).await?;
+        self.queue_first_again(&deliveries).await;
         Ok(Ingested {
             event: stored,
             deliveries,
             created: false,
         })
+    }
+
+    /// A client sends an event again when its first try's answer did not come: that try may
+    /// have died between queueing and storing, its messages dropped meanwhile as for a
+    /// delivery never stored. So the first attempts of the stored event still waiting, past
+    /// [`FIRST_MESSAGE_GRACE`], for the message queued before them are queued again now (and
+    /// moved, as the audit moves them, so the sweep looks after them if that message is lost
+    /// too), rather than at the audit's horizon. A first message still on its way makes a
+    /// second copy, settled by the delivery's state. Not where one database holds the store
+    /// and the queue: nothing queued there is lost. Best effort: the audit is still there.
+    async fn queue_first_again(&self, deliveries: &[Delivery]) {
+        if self.ports.store_with_queue.is_some() {
+            return;
+        }
+        let now = self.now();
+        let waiting: Vec<Delivery> = deliveries
+            .iter()
+            .filter(|d| d.awaits_first_message() && now - d.created_at >= FIRST_MESSAGE_GRACE)
+            .cloned()
+            .collect();
+        if waiting.is_empty() {
+            return;
+        }
+        match self.requeue(&waiting).await {
+            Ok(queued) => tracing::warn!(
+                queued,
+                "a retried ingest found first attempts still waiting for their message; queued again"
+            ),
+            Err(error) => {
+                self.metrics.count(crate::metrics::BEST_EFFORT_FAILURES, 1);
+                tracing::warn!(%error, "could not queue a retried ingest's waiting first attempts again; the audit will");
+            }
+        }
     }
 
     pub async fn get_event(&self, tenant: &Tenant, id: &EventId) -> Result<EventWithDeliveries> {

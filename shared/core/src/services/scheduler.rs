@@ -522,7 +522,7 @@ impl Services {
     /// the two duplicates a message rather than stranding the delivery again), so it is not
     /// looked at again until its message has had `requeue_wait` to get through. How many
     /// were marked (not one that moved on meanwhile).
-    async fn requeue(&self, deliveries: &[Delivery]) -> Result<usize> {
+    pub(super) async fn requeue(&self, deliveries: &[Delivery]) -> Result<usize> {
         let wait = Duration::from_std(self.config.requeue_wait).unwrap_or(Duration::minutes(30));
         let now = self.now();
         let tasks: Vec<_> = deliveries.iter().map(|d| (next_task(d), 0)).collect();

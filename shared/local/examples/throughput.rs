@@ -142,8 +142,19 @@ async fn deliver(b: LocalBackend, msg: hookwise_local::Received, tenant_id: Tena
     })
     .await
     .unwrap();
-    health.record(HealthSample { at, success: true });
-    b.save_endpoint_health(&sub_id, &health).await.unwrap();
+    // Saved over the version read, as `Services` saves it: another worker's save in between
+    // makes it read and merge again.
+    let sample = HealthSample { at, success: true };
+    loop {
+        health.merge(&[sample]);
+        match b.save_endpoint_health(&sub_id, &health).await {
+            Ok(()) => break,
+            Err(hookwise_core::PortError::ConditionFailed(_)) => {
+                health = b.endpoint_health(&sub_id).await.unwrap();
+            }
+            Err(e) => panic!("save endpoint health: {e}"),
+        }
+    }
     b.ack(&msg.receipt).await.unwrap();
 }
 

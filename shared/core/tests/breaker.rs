@@ -1232,3 +1232,67 @@ async fn given_a_deleted_subscription_holding_thousands_then_a_tick_lets_go_of_t
     h.services.run_scheduler().await.unwrap();
     assert_eq!(left(&big).await, 0, "the next tick lets go of the rest");
 }
+
+/// Released attempts pass the breaker as plain attempts. Released by another process (its
+/// breaker turned off there), then the subscription deleted there too: this process, its copy
+/// of the subscription still within the lookup's time to live, must not POST them to the
+/// deleted subscription's endpoint; they die unattempted.
+#[tokio::test]
+async fn given_released_attempts_of_a_subscription_another_process_deleted_then_none_is_posted() {
+    use rand::SeedableRng;
+    let (sender, _up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    let breaker = CircuitBreaker {
+        failure_threshold: 1,
+        probe_interval_seconds: 5,
+        ..CircuitBreaker::on()
+    };
+    let sub = h
+        .services
+        .create_subscription(&tenant, subscription(vec![600; 5], None, breaker))
+        .await
+        .unwrap()
+        .subscription;
+    for _ in 0..3 {
+        h.services.ingest(&tenant, event(), None).await.unwrap();
+    }
+    h.drain_now().await;
+    let posts = |h: &Harness| h.sender.requests.lock().unwrap().len();
+    assert_eq!(posts(&h), 1, "the first failure opens the breaker; the rest are held");
+    let other = hookwise_core::services::Services::new(
+        h.services.ports().clone(),
+        Default::default(),
+        rand::rngs::StdRng::seed_from_u64(9),
+    );
+    other
+        .update_subscription(
+            &tenant,
+            &sub.id,
+            patch(serde_json::json!({"circuit_breaker": {"enabled": false}})),
+        )
+        .await
+        .unwrap();
+    assert!(h.scheduler.held.lock().unwrap().is_empty(), "released there");
+    other.delete_subscription(&tenant, &sub.id).await.unwrap();
+
+    // Within the lookup's 30 s: the released attempt, and the probe queued when the breaker
+    // opened (at the probe time, 5 s).
+    h.run_for(Duration::seconds(20), Duration::seconds(1)).await;
+    assert_eq!(posts(&h), 1, "no POST to a deleted subscription's endpoint");
+    let mut states: Vec<_> = deliveries(&h, &tenant)
+        .await
+        .iter()
+        .map(|d| (d.status, d.attempts))
+        .collect();
+    states.sort_by_key(|(_, attempts)| *attempts);
+    assert_eq!(
+        states,
+        [
+            (DeliveryStatus::Dead, 0),
+            (DeliveryStatus::Dead, 0),
+            (DeliveryStatus::Retrying, 1)
+        ],
+        "the held died unattempted"
+    );
+}

@@ -214,12 +214,10 @@ impl Services {
         let mut waited = false;
         let (circuit, probe) = loop {
             let gate = self.gate(&sub, task, failures, gives_up_at).await?;
-            // The breaker's work on a copy of the subscription this process kept: a DELETE or
-            // a disabling in another process stops it now, not once the copy expires.
-            let breakers_work = match &gate {
-                Gate::Attempt { probe, .. } => *probe,
-                Gate::Hold | Gate::ProbeAt { .. } => task.held_until.is_some(),
-            };
+            // The breaker's work on a copy of the subscription this process kept (a probe, an
+            // attempt it held: released, or to be held again): a DELETE or a disabling in
+            // another process stops it now, not once the copy expires.
+            let breakers_work = task.held_until.is_some() || matches!(gate, Gate::Attempt { probe: true, .. });
             if breakers_work {
                 if let Some(why) = self.no_longer_active(&sub).await? {
                     self.forget_subscription(&sub.tenant_id, &sub.id);
@@ -383,8 +381,9 @@ impl Services {
     }
 
     /// Why `sub`, read now from the store, takes no more attempts (deleted, or disabled), or
-    /// `None` while it is active. Asked before a probe's POST and before a released attempt is
-    /// held again: the copy this process keeps may be up to its time to live old.
+    /// `None` while it is active. Asked before a probe's POST and before an attempt the breaker
+    /// held is made or held again: the copy this process keeps may be up to its time to live
+    /// old.
     async fn no_longer_active(&self, sub: &Subscription) -> Result<Option<&'static str>> {
         let stored = self.ports.store.get_subscription(&sub.tenant_id, &sub.id).await?;
         Ok(match stored {

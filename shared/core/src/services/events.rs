@@ -4,6 +4,7 @@
 use futures::StreamExt;
 use serde::Deserialize;
 
+use super::deliver::EARLY_COPY_LAG;
 use super::Services;
 use crate::error::{Error, PortError, Result, ValidationError};
 use crate::model::*;
@@ -32,11 +33,6 @@ pub const PING: &str = "hookwise.ping";
 
 /// An event and one delivery to each subscription given. Ids derived from the event's and
 /// the subscription's: a re-run of the same ingest names, and queues, the same deliveries.
-/// How long a first attempt may wait for the message its ingest queued before a retry of
-/// that ingest queues it again (`queue_first_again`): a queue hands a message over within
-/// moments, and a worker takes a stored delivery's first message within a second.
-const FIRST_MESSAGE_GRACE: chrono::Duration = chrono::Duration::seconds(2);
-
 pub(super) fn plan<'a>(event: Event, subscriptions: impl Iterator<Item = &'a Subscription>) -> (Event, Vec<Delivery>) {
     let deliveries = subscriptions
         .map(|s| Delivery::new(DeliveryId::for_event(&event.id, &s.id), &event, s.id.clone()))
@@ -357,28 +353,27 @@ impl Services {
         })
     }
 
-    /// A client sends an event again when its first try's answer did not come: that try may
-    /// have died between queueing and storing, its messages dropped meanwhile as for a
-    /// delivery never stored. So the first attempts of the stored event still waiting, past
-    /// [`FIRST_MESSAGE_GRACE`], for the message queued before them are queued again now (and
-    /// moved, as the audit moves them, so the sweep looks after them if that message is lost
-    /// too), rather than at the audit's horizon. A first message still on its way makes a
-    /// second copy, settled by the delivery's state. Not where one database holds the store
-    /// and the queue: nothing queued there is lost. Best effort: the audit is still there.
+    /// A client sends an event again when its first try's answer did not come, and that try
+    /// may have lost its messages (a crash, a purge, a message dropped as for a delivery not
+    /// stored while the try's writes were slow). So each first attempt of the stored event
+    /// still waiting for the message queued before it gets a copy, queued to arrive
+    /// [`EARLY_COPY_LAG`] after the delivery's creation (and the delivery moved, as the audit
+    /// moves it, so the sweep looks after it if that copy is lost too): made then, not at the
+    /// audit's horizon. Where the first message got through, the attempt is recorded by then
+    /// and the copy is stale; it costs a receive. Not where one database holds the store and
+    /// the queue: nothing queued there is lost. Best effort: the audit is still there.
     async fn queue_first_again(&self, deliveries: &[Delivery]) {
         if self.ports.store_with_queue.is_some() {
             return;
         }
         let now = self.now();
-        let waiting: Vec<Delivery> = deliveries
-            .iter()
-            .filter(|d| d.awaits_first_message() && now - d.created_at >= FIRST_MESSAGE_GRACE)
-            .cloned()
-            .collect();
-        if waiting.is_empty() {
+        let waiting: Vec<Delivery> = deliveries.iter().filter(|d| d.awaits_first_message()).cloned().collect();
+        let Some(oldest) = waiting.iter().map(|d| d.created_at).min() else {
             return;
-        }
-        match self.requeue(&waiting).await {
+        };
+        let max_delay = i64::from(self.ports.queue.max_delay_seconds());
+        let delay = (oldest + EARLY_COPY_LAG - now).num_seconds().clamp(0, max_delay) as u32;
+        match self.requeue(&waiting, delay).await {
             Ok(queued) => tracing::warn!(
                 queued,
                 "a retried ingest found first attempts still waiting for their message; queued again"

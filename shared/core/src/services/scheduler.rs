@@ -434,7 +434,7 @@ impl Services {
         let grace = Duration::from_std(self.config.sweep_grace).unwrap_or(Duration::minutes(5));
         loop {
             let overdue = self.ports.store.overdue_deliveries(self.now() - grace, PAGE).await?;
-            *swept += self.requeue(&overdue).await?;
+            *swept += self.requeue(&overdue, 0).await?;
             if overdue.len() < PAGE as usize {
                 return Ok(());
             }
@@ -495,7 +495,7 @@ impl Services {
                 .store
                 .awaiting_queued_message(position.from..position.to, position.after.as_deref(), PAGE)
                 .await?;
-            *requeued += self.requeue(&page.deliveries).await?;
+            *requeued += self.requeue(&page.deliveries, 0).await?;
             position = match page.next {
                 Some(next) => AuditPosition {
                     after: Some(next),
@@ -518,14 +518,14 @@ impl Services {
         Ok(())
     }
 
-    /// Queue each delivery's next attempt now, then mark it (queue first: a crash between
-    /// the two duplicates a message rather than stranding the delivery again), so it is not
-    /// looked at again until its message has had `requeue_wait` to get through. How many
-    /// were marked (not one that moved on meanwhile).
-    pub(super) async fn requeue(&self, deliveries: &[Delivery]) -> Result<usize> {
+    /// Queue each delivery's next attempt, to arrive after `delay` seconds, then mark it
+    /// (queue first: a crash between the two duplicates a message rather than stranding the
+    /// delivery again), so it is not looked at again until its message has had
+    /// `requeue_wait` to get through. How many were marked (not one that moved on meanwhile).
+    pub(super) async fn requeue(&self, deliveries: &[Delivery], delay: u32) -> Result<usize> {
         let wait = Duration::from_std(self.config.requeue_wait).unwrap_or(Duration::minutes(30));
         let now = self.now();
-        let tasks: Vec<_> = deliveries.iter().map(|d| (next_task(d), 0)).collect();
+        let tasks: Vec<_> = deliveries.iter().map(|d| (next_task(d), delay)).collect();
         self.ports.queue.enqueue(&tasks).await?;
         let changes: Vec<_> = deliveries.iter().map(|d| requeued(d, now, now + wait)).collect();
         let marked: Vec<bool> = futures::stream::iter(changes)

@@ -72,9 +72,9 @@ pub const WRITE_WINDOW: chrono::Duration = chrono::Duration::seconds(30);
 /// has been handled when it comes.
 pub const EARLY_COPY_LAG: chrono::Duration = chrono::Duration::seconds(90);
 
-/// How early a message may come and still be taken for the one meant for its attempt's time
+/// How early a message may come and still be the one meant for its attempt's time
 /// (`too_early`): hosts' clocks disagree by about this much, and a queue's delay is whole
-/// seconds. It goes back to arrive at that time, not after [`EARLY_COPY_LAG`].
+/// seconds. It goes back to arrive this long after that time, not [`EARLY_COPY_LAG`] after.
 pub const EARLY_SKEW: chrono::Duration = chrono::Duration::seconds(5);
 
 /// How long a first attempt's message that finds no delivery is looked at again in the
@@ -616,12 +616,13 @@ impl Services {
     /// unattempted, to arrive [`EARLY_COPY_LAG`] after that time. The message meant for then is
     /// on its way too, and is handled first: the copy, stale by then, costs a receive, and two
     /// workers never POST one attempt at once. Should that message have been lost, the copy
-    /// makes the attempt, late by the lag. One early by [`EARLY_SKEW`] or less is taken for the
+    /// makes the attempt, late by the lag. One early by [`EARLY_SKEW`] or less may be the
     /// message meant for then (another host's clock, a delay's rounding): it goes back to
-    /// arrive at that time.
+    /// arrive that long after the time, late by seconds if it was, and after the attempt of
+    /// the message meant for then if not.
     async fn too_early(&self, task: &DeliveryTask, at: DateTime<Utc>) -> Result<DeliverOutcome> {
         let back_at = match at - self.now() <= EARLY_SKEW {
-            true => at,
+            true => at + EARLY_SKEW,
             false => at + EARLY_COPY_LAG,
         };
         self.schedule_attempt(task.clone(), back_at).await?;

@@ -367,7 +367,11 @@ impl Services {
             return;
         }
         let now = self.now();
-        let waiting: Vec<Delivery> = deliveries.iter().filter(|d| d.awaits_first_message()).cloned().collect();
+        let waiting: Vec<Delivery> = deliveries
+            .iter()
+            .filter(|d| d.awaits_first_message())
+            .cloned()
+            .collect();
         let Some(oldest) = waiting.iter().map(|d| d.created_at).min() else {
             return;
         };

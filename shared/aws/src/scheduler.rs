@@ -377,27 +377,34 @@ impl DynamoScheduler {
     }
 
     /// `HELD#{sub}`'s tasks, oldest delivery first, at most `limit`.
-    /// One that does not decode is set aside, as in a due minute: it would otherwise stop its
-    /// endpoint's tending for good.
+    /// One that does not decode is set aside, as in a due minute (it would otherwise stop its
+    /// endpoint's tending for good), and the page read again without it: a short page still
+    /// means the partition's end.
     async fn query_held(&self, sub: &SubscriptionId, limit: usize) -> PortResult<Vec<ScheduledTask>> {
-        let items = self
-            .query_items(limit, "held attempts", |q| {
-                q.key_condition_expression("#b = :b")
-                    .expression_attribute_names("#b", PARTITION_KEY)
-                    .expression_attribute_values(":b", s(format!("HELD#{sub}")))
-            })
-            .await?;
-        let (mut tasks, mut bad) = (Vec::new(), Vec::new());
-        for item in items {
-            match decode(&item) {
-                Ok(task) => tasks.push(task),
-                Err(error) => bad.push((item, error)),
+        loop {
+            let items = self
+                .query_items(limit, "held attempts", |q| {
+                    q.key_condition_expression("#b = :b")
+                        .expression_attribute_names("#b", PARTITION_KEY)
+                        .expression_attribute_values(":b", s(format!("HELD#{sub}")))
+                })
+                .await?;
+            let read = items.len();
+            let (mut tasks, mut bad) = (Vec::new(), Vec::new());
+            for item in items {
+                match decode(&item) {
+                    Ok(task) => tasks.push(task),
+                    Err(error) => bad.push((item, error)),
+                }
+            }
+            if bad.is_empty() {
+                return Ok(tasks);
+            }
+            self.set_items_aside(Utc::now(), bad).await?;
+            if read < limit {
+                return Ok(tasks);
             }
         }
-        if !bad.is_empty() {
-            self.set_items_aside(Utc::now(), bad).await?;
-        }
-        Ok(tasks)
     }
 
     /// One shard of the endpoints listed as holding, by subscription id after `after`.
@@ -464,11 +471,11 @@ impl DynamoScheduler {
     }
 
     /// Copy each item that did not decode into `#ASIDE` (its attributes, why, when), then
-    /// delete it from its minute: copied first, so a failure between the two leaves it in
-    /// both, and the next tick sets it aside again over the same copy.
+    /// delete it from where it was, one by one, so what is done stays done: copied first, so a
+    /// failure between the two leaves it in both, and the next call sets it aside again over
+    /// the same copy.
     async fn set_items_aside(&self, now: DateTime<Utc>, bad: Vec<(Item, PortError)>) -> PortResult<()> {
         const WHAT: &str = "set aside a scheduler item that does not decode";
-        let mut keys = Vec::with_capacity(bad.len());
         for (item, error) in bad {
             tracing::error!(key = %aside_sort_key(&item), %error,
                 "a scheduler item does not decode; it is set aside (hookwise scheduler set-aside)");
@@ -487,7 +494,7 @@ impl DynamoScheduler {
                 .send()
                 .await
                 .map_err(|e| classify(WHAT, e))?;
-            keys.push(HashMap::from([
+            let key = HashMap::from([
                 (
                     PARTITION_KEY.to_owned(),
                     item.get(PARTITION_KEY).cloned().unwrap_or_else(|| s("")),
@@ -496,9 +503,10 @@ impl DynamoScheduler {
                     SORT_KEY.to_owned(),
                     item.get(SORT_KEY).cloned().unwrap_or_else(|| s("")),
                 ),
-            ]));
+            ]);
+            self.delete_all(vec![key]).await?;
         }
-        self.delete_all(keys).await
+        Ok(())
     }
 
     async fn forget_minutes(&self, shard: Shard, empty: Vec<String>, version: u64) -> PortResult<()> {
@@ -633,13 +641,16 @@ impl SchedulerTable for DynamoScheduler {
             .buffered(CONCURRENCY);
         let mut minute_done: Option<String> = None;
         while let Some((minute, shard, tasks)) = results.next().await {
-            if due.len() >= limit && minute_done.as_ref() != Some(&minute) {
+            // What is set aside counts: a page of them is a call's work too.
+            if due.len() + bad.len() >= limit && minute_done.as_ref() != Some(&minute) {
                 break;
             }
             let items = tasks?;
             // Every task of a minute before `until`'s is due: none found means none there
-            // (what did not decode is set aside below, before the minute is forgotten).
-            if minute < last && items.iter().all(Result::is_err) {
+            // (what did not decode is set aside below, before the minute is forgotten; a full
+            // page of those may have more behind it).
+            let only_bad = items.len() < limit && items.iter().all(Result::is_err);
+            if minute < last && (items.is_empty() || only_bad) {
                 empty.entry(shard).or_default().push(minute.clone());
             }
             for item in items {

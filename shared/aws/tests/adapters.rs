@@ -436,7 +436,8 @@ async fn given_a_held_item_that_does_not_decode_then_it_is_set_aside_and_the_att
         .await
         .expect("an item that does not decode");
 
-    assert_eq!(scheduler.held(&sub, 10).await.expect("held"), vec![good.clone()]);
+    // The item that does not decode lists first: a page of one is the good one, not none.
+    assert_eq!(scheduler.held(&sub, 1).await.expect("held"), vec![good.clone()]);
     let aside = scheduler.set_aside(None, 10).await.expect("list");
     assert_eq!(
         aside.iter().map(|a| a.key.as_str()).collect::<Vec<_>>(),
@@ -444,6 +445,51 @@ async fn given_a_held_item_that_does_not_decode_then_it_is_set_aside_and_the_att
     );
     assert_eq!(scheduler.held(&sub, 10).await.expect("held"), vec![good]);
     assert_eq!(scheduler.set_aside(None, 10).await.expect("list").len(), 1, "once");
+}
+
+/// A page of a minute's items that all fail to decode may have tasks behind it: the minute
+/// is not forgotten, and its tasks come due on the next call.
+#[tokio::test]
+async fn given_a_full_page_of_items_that_do_not_decode_before_a_task_then_the_task_still_comes_due() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+        return;
+    };
+    let Some(moto) = support::endpoint(support::MOTO_URL) else {
+        return;
+    };
+    let env = support::env(&moto, &dynamodb, None).await;
+    let scheduler = &env.adapters.scheduler;
+    let (ddb, table) = (&env.clients.dynamodb, scheduler.table_name());
+    let attr = |v: &str| AttributeValue::S(v.to_owned());
+    let t0 = Utc.with_ymd_and_hms(2031, 1, 1, 8, 0, 0).unwrap();
+    let good = task(t0 + Duration::seconds(30));
+    scheduler.schedule(&good).await.expect("schedule");
+    let scan = ddb.scan().table_name(table).send().await.expect("scan");
+    let bucket = scan
+        .items()
+        .iter()
+        .find(|i| i.get("delivery_id") == Some(&attr(good.task.delivery_id.as_str())))
+        .and_then(|i| i.get("bucket"))
+        .and_then(|b| b.as_s().ok())
+        .expect("the task's item")
+        .clone();
+    for i in 0..4 {
+        ddb.put_item()
+            .table_name(table)
+            .item("bucket", attr(&bucket))
+            .item("due_key", attr(&format!("2031-01-01T08:00:0{i}.000000000Z#del_garbage#0#2")))
+            .item("due", attr("not a time"))
+            .send()
+            .await
+            .expect("an item that does not decode");
+    }
+
+    let now = t0 + Duration::hours(1);
+    let page = scheduler.due_page(now, now, 4).await.expect("due");
+    assert_eq!((page.tasks.len(), page.set_aside), (0, 4), "a page's worth set aside");
+    let page = scheduler.due_page(now, now, 4).await.expect("due again");
+    assert_eq!((page.tasks, page.set_aside), (vec![good], 0), "the minute was kept");
 }
 
 #[tokio::test]

@@ -20,8 +20,9 @@ pub enum SchedulerCommand {
     /// The items the scheduler set aside because they could not be read as retries, oldest
     /// key first: one line each, `<set aside at>  <key>  <why>  <what it held>` (on DynamoDB
     /// its attributes as DynamoDB JSON). They expire the deliveries' retention after they were
-    /// set aside on AWS; a delivery they were a retry of is re-queued by the sweep once
-    /// overdue.
+    /// set aside on AWS. A retry one was is queued again once overdue, by the sweep or (on AWS,
+    /// for a retry due within 20 minutes of its delivery's creation) the audit of queued
+    /// messages; locally, such a retry waits for a replay.
     SetAside {
         #[command(flatten)]
         on: Backend,

@@ -329,9 +329,8 @@ async fn given_a_task_in_a_minute_no_tick_looked_at_then_a_later_tick_finds_it_o
     scheduler_never_skips_a_minute(&ddb, &moto).await;
 }
 
-/// An item in a due minute that does not decode (here, a `due` that is no time) is set
-/// aside: the task beside it comes due, the item is listed as set aside, with why and what it
-/// held, and is gone from its minute; a minute that held only such an item is forgotten.
+/// A held attempt an older build keyed by its give-up time lists before those keyed by their
+/// attempt, and a release of it deletes it.
 #[tokio::test]
 async fn given_an_attempt_an_older_build_held_at_its_give_up_time_then_it_lists_first_and_its_release_deletes_it() {
     use aws_sdk_dynamodb::types::AttributeValue;
@@ -478,7 +477,10 @@ async fn given_a_full_page_of_items_that_do_not_decode_before_a_task_then_the_ta
         ddb.put_item()
             .table_name(table)
             .item("bucket", attr(&bucket))
-            .item("due_key", attr(&format!("2031-01-01T08:00:0{i}.000000000Z#del_garbage#0#2")))
+            .item(
+                "due_key",
+                attr(&format!("2031-01-01T08:00:0{i}.000000000Z#del_garbage#0#2")),
+            )
             .item("due", attr("not a time"))
             .send()
             .await
@@ -492,6 +494,9 @@ async fn given_a_full_page_of_items_that_do_not_decode_before_a_task_then_the_ta
     assert_eq!((page.tasks, page.set_aside), (vec![good], 0), "the minute was kept");
 }
 
+/// An item in a due minute that does not decode (here, a `due` that is no time) is set
+/// aside: the task beside it comes due, the item is listed as set aside, with why and what it
+/// held, and is gone from its minute; a minute that held only such an item is forgotten.
 #[tokio::test]
 async fn given_an_item_that_does_not_decode_in_a_due_minute_then_it_is_set_aside_and_the_task_beside_it_comes_due() {
     use aws_sdk_dynamodb::types::AttributeValue;

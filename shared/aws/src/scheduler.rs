@@ -331,16 +331,7 @@ impl DynamoScheduler {
 
     /// A shard's minutes that may hold tasks, and its cursor's version.
     async fn cursor(&self, shard: Shard) -> PortResult<(Vec<String>, u64)> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(shard.cursor_key()))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| classify("read scheduler cursor", e))?;
-        let Some(item) = out.item else {
+        let Some(item) = self.read_item(shard.cursor_key(), "read scheduler cursor").await? else {
             return Ok((Vec::new(), 0));
         };
         let mut pending = match item.get("pending") {
@@ -487,13 +478,7 @@ impl DynamoScheduler {
                 (crate::store::TTL_ATTRIBUTE.to_owned(), expires_at(now, self.retention)),
                 ("raw".to_owned(), AttributeValue::M(item.clone())),
             ]);
-            self.client
-                .put_item()
-                .table_name(&self.table)
-                .set_item(Some(record))
-                .send()
-                .await
-                .map_err(|e| classify(WHAT, e))?;
+            self.write_item(record, WHAT).await?;
             let key = HashMap::from([
                 (
                     PARTITION_KEY.to_owned(),
@@ -529,6 +514,31 @@ impl DynamoScheduler {
             Ok(_) | Err(PortError::ConditionFailed(_)) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// One item by its key, read strongly consistent.
+    async fn read_item(&self, key: Item, what: &str) -> PortResult<Option<Item>> {
+        self.client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .consistent_read(true)
+            .send()
+            .await
+            .map(|out| out.item)
+            .map_err(|e| classify(what, e))
+    }
+
+    /// One item written whole, over what was there.
+    async fn write_item(&self, item: Item, what: &str) -> PortResult<()> {
+        self.client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .send()
+            .await
+            .map(|_| ())
+            .map_err(|e| classify(what, e))
     }
 
     async fn delete_all(&self, keys: Vec<Item>) -> PortResult<()> {
@@ -587,13 +597,7 @@ impl SchedulerTable for DynamoScheduler {
     async fn schedule(&self, item: &ScheduledTask) -> PortResult<()> {
         let shard = Shard::of(&item.task);
         let record = task_attributes(key(shard, item), item, self.retention);
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(record))
-            .send()
-            .await
-            .map_err(|e| classify("schedule task", e))?;
+        self.write_item(record, "schedule task").await?;
         // After the task is written, so a tick that misses the minute's new task is one
         // whose cursor update then fails on the version.
         self.client
@@ -738,35 +742,17 @@ impl SchedulerTable for DynamoScheduler {
 
     async fn hold(&self, tenant: &TenantId, sub: &SubscriptionId, item: &ScheduledTask) -> PortResult<()> {
         let record = task_attributes(held_key(sub, held_sort_key(item)), item, self.retention);
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(record))
-            .send()
-            .await
-            .map_err(|e| classify("hold an attempt", e))?;
+        self.write_item(record, "hold an attempt").await?;
         // After the held item: an endpoint found holding none is let go, then looked at
         // again, so a hold between the two is seen. Read first (a strongly consistent read),
         // written only if missing: a storm's holds read one item rather than write it.
         let listed = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(holding_key(sub)))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| classify("read an endpoint's holding entry", e))?;
-        if listed.item.is_none() {
+            .read_item(holding_key(sub), "read an endpoint's holding entry")
+            .await?;
+        if listed.is_none() {
             let mut entry = holding_key(sub);
             entry.insert("tenant_id".into(), s(tenant.as_str()));
-            self.client
-                .put_item()
-                .table_name(&self.table)
-                .set_item(Some(entry))
-                .send()
-                .await
-                .map_err(|e| classify("list an endpoint as holding", e))?;
+            self.write_item(entry, "list an endpoint as holding").await?;
         }
         self.schedule(item).await
     }
@@ -826,16 +812,9 @@ impl SchedulerTable for DynamoScheduler {
 
     async fn audit_position(&self) -> PortResult<Option<AuditPosition>> {
         const WHAT: &str = "read the audit's position";
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(audit_key()))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| classify(WHAT, e))?;
-        let Some(item) = out.item else { return Ok(None) };
+        let Some(item) = self.read_item(audit_key(), WHAT).await? else {
+            return Ok(None);
+        };
         serde_json::from_str(get_s(&item, "position")?)
             .map_err(|e| corrupt(WHAT, e.to_string()))
             .map(Some)
@@ -846,28 +825,14 @@ impl SchedulerTable for DynamoScheduler {
         let mut item = audit_key();
         let doc = serde_json::to_string(position).map_err(|e| corrupt(WHAT, e.to_string()))?;
         item.insert("position".into(), s(doc));
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .map_err(|e| classify(WHAT, e))?;
-        Ok(())
+        self.write_item(item, WHAT).await
     }
 
     async fn tend_position(&self) -> PortResult<Option<SubscriptionId>> {
-        const WHAT: &str = "read where tending the breakers got to";
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(tend_key()))
-            .consistent_read(true)
-            .send()
-            .await
-            .map_err(|e| classify(WHAT, e))?;
-        match out.item.as_ref().and_then(|item| item.get("after")) {
+        let item = self
+            .read_item(tend_key(), "read where tending the breakers got to")
+            .await?;
+        match item.as_ref().and_then(|item| item.get("after")) {
             None => Ok(None),
             Some(AttributeValue::S(after)) => SubscriptionId::parse(after)
                 .map(Some)
@@ -877,19 +842,11 @@ impl SchedulerTable for DynamoScheduler {
     }
 
     async fn save_tend_position(&self, after: Option<&SubscriptionId>) -> PortResult<()> {
-        const WHAT: &str = "save where tending the breakers got to";
         let mut item = tend_key();
         if let Some(after) = after {
             item.insert("after".into(), s(after.as_str()));
         }
-        self.client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(item))
-            .send()
-            .await
-            .map_err(|e| classify(WHAT, e))?;
-        Ok(())
+        self.write_item(item, "save where tending the breakers got to").await
     }
 }
 

@@ -269,57 +269,58 @@ impl SchedulerTable for LocalBackend {
     }
 
     async fn audit_position(&self) -> PortResult<Option<AuditPosition>> {
-        const WHAT: &str = "read the audit's position";
-        let doc: Option<String> = self
-            .with_conn(WHAT, move |conn| {
-                conn.prepare_cached("SELECT doc FROM audit_position WHERE name = 'first attempts'")
-                    .and_then(|mut s| s.query_row([], |row| row.get(0)).optional())
-                    .map_err(|e| db_err(WHAT, e))
-            })
-            .await?;
-        doc.map(|doc| from_json(WHAT, &doc)).transpose()
+        self.position("first attempts", "read the audit's position").await
     }
 
     async fn save_audit_position(&self, position: &AuditPosition) -> PortResult<()> {
-        const WHAT: &str = "save the audit's position";
-        let doc = to_json(WHAT, position)?;
-        self.with_conn(WHAT, move |conn| {
-            conn.prepare_cached(
-                "INSERT INTO audit_position (name, doc) VALUES ('first attempts', ?1) \
-                 ON CONFLICT (name) DO UPDATE SET doc = excluded.doc",
-            )
-            .and_then(|mut s| s.execute(params![doc]))
-            .map_err(|e| db_err(WHAT, e))?;
-            Ok(())
-        })
-        .await
+        self.save_position("first attempts", position, "save the audit's position")
+            .await
     }
 
     async fn tend_position(&self) -> PortResult<Option<SubscriptionId>> {
-        const WHAT: &str = "read where tending the breakers got to";
-        let doc: Option<String> = self
-            .with_conn(WHAT, move |conn| {
-                conn.prepare_cached("SELECT doc FROM audit_position WHERE name = 'tend'")
-                    .and_then(|mut s| s.query_row([], |row| row.get(0)).optional())
-                    .map_err(|e| db_err(WHAT, e))
-            })
-            .await?;
-        Ok(doc
-            .map(|doc| from_json::<Option<SubscriptionId>>(WHAT, &doc))
-            .transpose()?
-            .flatten())
+        let after: Option<Option<SubscriptionId>> =
+            self.position("tend", "read where tending the breakers got to").await?;
+        Ok(after.flatten())
     }
 
     async fn save_tend_position(&self, after: Option<&SubscriptionId>) -> PortResult<()> {
-        const WHAT: &str = "save where tending the breakers got to";
-        let doc = to_json(WHAT, &after)?;
-        self.with_conn(WHAT, move |conn| {
+        self.save_position("tend", &after, "save where tending the breakers got to")
+            .await
+    }
+}
+
+impl LocalBackend {
+    /// The position saved as `name` in `audit_position`, if any.
+    async fn position<T: serde::de::DeserializeOwned>(
+        &self,
+        name: &'static str,
+        what: &'static str,
+    ) -> PortResult<Option<T>> {
+        let doc: Option<String> = self
+            .with_conn(what, move |conn| {
+                conn.prepare_cached("SELECT doc FROM audit_position WHERE name = ?1")
+                    .and_then(|mut s| s.query_row([name], |row| row.get(0)).optional())
+                    .map_err(|e| db_err(what, e))
+            })
+            .await?;
+        doc.map(|doc| from_json(what, &doc)).transpose()
+    }
+
+    /// Save `position` as `name` in `audit_position`, over what was there.
+    async fn save_position<T: serde::Serialize>(
+        &self,
+        name: &'static str,
+        position: &T,
+        what: &'static str,
+    ) -> PortResult<()> {
+        let doc = to_json(what, position)?;
+        self.with_conn(what, move |conn| {
             conn.prepare_cached(
-                "INSERT INTO audit_position (name, doc) VALUES ('tend', ?1) \
+                "INSERT INTO audit_position (name, doc) VALUES (?1, ?2) \
                  ON CONFLICT (name) DO UPDATE SET doc = excluded.doc",
             )
-            .and_then(|mut s| s.execute(params![doc]))
-            .map_err(|e| db_err(WHAT, e))?;
+            .and_then(|mut s| s.execute(params![name, doc]))
+            .map_err(|e| db_err(what, e))?;
             Ok(())
         })
         .await

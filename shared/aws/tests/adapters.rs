@@ -30,6 +30,35 @@ fn task(at: chrono::DateTime<Utc>) -> ScheduledTask {
     }
 }
 
+/// The emulators' clients and adapters, or `None` (the test passes over) where DynamoDB Local
+/// or moto is not running.
+async fn dynamodb_env() -> Option<support::Env> {
+    let dynamodb = support::endpoint(support::DYNAMODB_LOCAL_URL)?;
+    let moto = support::endpoint(support::MOTO_URL)?;
+    Some(support::env(&moto, &dynamodb, None).await)
+}
+
+/// The scheduler table's partition (minute and shard) `task` was scheduled in.
+async fn partition_of(env: &support::Env, task: &ScheduledTask) -> String {
+    let table = env.adapters.scheduler.table_name();
+    let scan = env
+        .clients
+        .dynamodb
+        .scan()
+        .table_name(table)
+        .send()
+        .await
+        .expect("scan");
+    let id = aws_sdk_dynamodb::types::AttributeValue::S(task.task.delivery_id.to_string());
+    scan.items()
+        .iter()
+        .find(|i| i.get("delivery_id") == Some(&id))
+        .and_then(|i| i.get("bucket"))
+        .and_then(|b| b.as_s().ok())
+        .expect("the task's item")
+        .clone()
+}
+
 #[tokio::test]
 async fn given_a_verified_sender_when_the_mailer_sends_then_moto_records_the_email() {
     let Some(moto) = support::endpoint(support::MOTO_URL) else {
@@ -255,13 +284,9 @@ async fn scheduler_never_skips_a_minute(dynamodb_url: &str, moto_url: &str) {
 /// were due; the lease, the cursors and the list of endpoints holding attempts never.
 #[tokio::test]
 async fn given_a_task_and_a_held_attempt_then_each_expires_its_retention_after_it_is_due() {
-    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+    let Some(env) = dynamodb_env().await else {
         return;
     };
-    let Some(moto) = support::endpoint(support::MOTO_URL) else {
-        return;
-    };
-    let env = support::env(&moto, &dynamodb, None).await;
     let scheduler = &env.adapters.scheduler;
     let t0 = Utc.with_ymd_and_hms(2031, 1, 1, 8, 0, 0).unwrap();
     let scheduled = task(t0 + Duration::minutes(20));
@@ -334,13 +359,9 @@ async fn given_a_task_in_a_minute_no_tick_looked_at_then_a_later_tick_finds_it_o
 #[tokio::test]
 async fn given_an_attempt_an_older_build_held_at_its_give_up_time_then_it_lists_first_and_its_release_deletes_it() {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+    let Some(env) = dynamodb_env().await else {
         return;
     };
-    let Some(moto) = support::endpoint(support::MOTO_URL) else {
-        return;
-    };
-    let env = support::env(&moto, &dynamodb, None).await;
     let scheduler = &env.adapters.scheduler;
     let (ddb, table) = (&env.clients.dynamodb, scheduler.table_name());
     let t0 = Utc.with_ymd_and_hms(2031, 1, 1, 8, 0, 0).unwrap();
@@ -411,13 +432,9 @@ async fn given_an_attempt_an_older_build_held_at_its_give_up_time_then_it_lists_
 #[tokio::test]
 async fn given_a_held_item_that_does_not_decode_then_it_is_set_aside_and_the_attempt_held_beside_it_is_listed() {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+    let Some(env) = dynamodb_env().await else {
         return;
     };
-    let Some(moto) = support::endpoint(support::MOTO_URL) else {
-        return;
-    };
-    let env = support::env(&moto, &dynamodb, None).await;
     let scheduler = &env.adapters.scheduler;
     let t0 = Utc.with_ymd_and_hms(2031, 1, 1, 8, 0, 0).unwrap();
     let sub = hookwise_core::model::SubscriptionId::parse("sub_01KZZZZZZZZZZZZZZZZZZZZZZX").unwrap();
@@ -451,28 +468,16 @@ async fn given_a_held_item_that_does_not_decode_then_it_is_set_aside_and_the_att
 #[tokio::test]
 async fn given_a_full_page_of_items_that_do_not_decode_before_a_task_then_the_task_still_comes_due() {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+    let Some(env) = dynamodb_env().await else {
         return;
     };
-    let Some(moto) = support::endpoint(support::MOTO_URL) else {
-        return;
-    };
-    let env = support::env(&moto, &dynamodb, None).await;
     let scheduler = &env.adapters.scheduler;
     let (ddb, table) = (&env.clients.dynamodb, scheduler.table_name());
     let attr = |v: &str| AttributeValue::S(v.to_owned());
     let t0 = Utc.with_ymd_and_hms(2031, 1, 1, 8, 0, 0).unwrap();
     let good = task(t0 + Duration::seconds(30));
     scheduler.schedule(&good).await.expect("schedule");
-    let scan = ddb.scan().table_name(table).send().await.expect("scan");
-    let bucket = scan
-        .items()
-        .iter()
-        .find(|i| i.get("delivery_id") == Some(&attr(good.task.delivery_id.as_str())))
-        .and_then(|i| i.get("bucket"))
-        .and_then(|b| b.as_s().ok())
-        .expect("the task's item")
-        .clone();
+    let bucket = partition_of(&env, &good).await;
     for i in 0..4 {
         ddb.put_item()
             .table_name(table)
@@ -500,13 +505,9 @@ async fn given_a_full_page_of_items_that_do_not_decode_before_a_task_then_the_ta
 #[tokio::test]
 async fn given_an_item_that_does_not_decode_in_a_due_minute_then_it_is_set_aside_and_the_task_beside_it_comes_due() {
     use aws_sdk_dynamodb::types::AttributeValue;
-    let Some(dynamodb) = support::endpoint(support::DYNAMODB_LOCAL_URL) else {
+    let Some(env) = dynamodb_env().await else {
         return;
     };
-    let Some(moto) = support::endpoint(support::MOTO_URL) else {
-        return;
-    };
-    let env = support::env(&moto, &dynamodb, None).await;
     let scheduler = &env.adapters.scheduler;
     let (ddb, table) = (&env.clients.dynamodb, scheduler.table_name());
     let attr = |v: &str| AttributeValue::S(v.to_owned());
@@ -514,15 +515,7 @@ async fn given_an_item_that_does_not_decode_in_a_due_minute_then_it_is_set_aside
     let good = task(t0 + Duration::seconds(30));
     scheduler.schedule(&good).await.expect("schedule");
     // The good task's partition: its minute and shard.
-    let scan = ddb.scan().table_name(table).send().await.expect("scan");
-    let bucket = scan
-        .items()
-        .iter()
-        .find(|i| i.get("delivery_id") == Some(&attr(good.task.delivery_id.as_str())))
-        .and_then(|i| i.get("bucket"))
-        .and_then(|b| b.as_s().ok())
-        .expect("the task's item")
-        .clone();
+    let bucket = partition_of(&env, &good).await;
     let garbage_key = "2031-01-01T08:00:10.000000000Z#del_garbage#0#2";
     ddb.put_item()
         .table_name(table)

@@ -1107,11 +1107,10 @@ async fn another_process_delivered_once(
     (h, b, up, tenant, sub)
 }
 
-/// A subscription deleted by another process while its breaker holds attempts: this process,
-/// its copy still within the lookup's time to live, neither probes the deleted endpoint nor
-/// holds the attempts again; they die unattempted.
-#[tokio::test]
-async fn given_a_subscription_deleted_by_another_process_while_held_then_no_probe_is_posted_and_none_is_held_again() {
+/// An endpoint failing (503), its breaker opened by the first of three deliveries (threshold
+/// 1, probe every 5 s) and holding the other two; and a second `Services` on the same ports:
+/// another process, with caches of its own.
+async fn two_held_and_another_process() -> (Harness, Tenant, Subscription, hookwise_core::services::Services) {
     use rand::SeedableRng;
     let (sender, _up) = switchable();
     let h = Harness::new(sender);
@@ -1131,13 +1130,23 @@ async fn given_a_subscription_deleted_by_another_process_while_held_then_no_prob
         h.services.ingest(&tenant, event(), None).await.unwrap();
     }
     h.drain_now().await;
-    let posts = |h: &Harness| h.sender.requests.lock().unwrap().len();
-    assert_eq!(posts(&h), 1, "the first failure opens the breaker; the rest are held");
+    let posts = h.sender.requests.lock().unwrap().len();
+    assert_eq!(posts, 1, "the first failure opens the breaker; the rest are held");
     let other = hookwise_core::services::Services::new(
         h.services.ports().clone(),
         Default::default(),
         rand::rngs::StdRng::seed_from_u64(9),
     );
+    (h, tenant, sub, other)
+}
+
+/// A subscription deleted by another process while its breaker holds attempts: this process,
+/// its copy still within the lookup's time to live, neither probes the deleted endpoint nor
+/// holds the attempts again; they die unattempted.
+#[tokio::test]
+async fn given_a_subscription_deleted_by_another_process_while_held_then_no_probe_is_posted_and_none_is_held_again() {
+    let (h, tenant, sub, other) = two_held_and_another_process().await;
+    let posts = |h: &Harness| h.sender.requests.lock().unwrap().len();
     other.delete_subscription(&tenant, &sub.id).await.unwrap();
 
     // Within the lookup's 30 s: the probe time (5 s) comes, and the tick lets go of the held.
@@ -1239,32 +1248,8 @@ async fn given_a_deleted_subscription_holding_thousands_then_a_tick_lets_go_of_t
 /// deleted subscription's endpoint; they die unattempted.
 #[tokio::test]
 async fn given_released_attempts_of_a_subscription_another_process_deleted_then_none_is_posted() {
-    use rand::SeedableRng;
-    let (sender, _up) = switchable();
-    let h = Harness::new(sender);
-    let (tenant, _) = h.tenant("owner@example.com").await;
-    let breaker = CircuitBreaker {
-        failure_threshold: 1,
-        probe_interval_seconds: 5,
-        ..CircuitBreaker::on()
-    };
-    let sub = h
-        .services
-        .create_subscription(&tenant, subscription(vec![600; 5], None, breaker))
-        .await
-        .unwrap()
-        .subscription;
-    for _ in 0..3 {
-        h.services.ingest(&tenant, event(), None).await.unwrap();
-    }
-    h.drain_now().await;
+    let (h, tenant, sub, other) = two_held_and_another_process().await;
     let posts = |h: &Harness| h.sender.requests.lock().unwrap().len();
-    assert_eq!(posts(&h), 1, "the first failure opens the breaker; the rest are held");
-    let other = hookwise_core::services::Services::new(
-        h.services.ports().clone(),
-        Default::default(),
-        rand::rngs::StdRng::seed_from_u64(9),
-    );
     other
         .update_subscription(
             &tenant,

@@ -43,7 +43,7 @@ enum Command {
     /// Manage the deployment's operator keys (they act for any tenant).
     #[command(subcommand)]
     Operator(operator_cmd::OperatorCommand),
-    /// Show or move seed 002's percentage rollout of the retries flag.
+    /// Show or move the percentage rollout of the retries flag.
     Rollout(operator_cmd::RolloutArgs),
     /// Look into the scheduler table: the items it set aside.
     #[command(subcommand)]

@@ -41,7 +41,7 @@ pub enum OperatorCommand {
     },
 }
 
-/// `hookwise rollout`: show seed 002's rollout, or move it.
+/// `hookwise rollout`: show the retries rollout, or move it.
 #[derive(Args)]
 pub struct RolloutArgs {
     #[command(flatten)]

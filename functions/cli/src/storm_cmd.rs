@@ -26,7 +26,7 @@ use crate::storm_chart;
 
 #[derive(clap::Args)]
 pub struct StormArgs {
-    /// Seed 003's YAML policy file (see infra/storm/ and docs/storm.md).
+    /// The YAML policy file (see infra/storm/ and docs/storm.md).
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// Seed of the random streams (same seed, same storm).
@@ -61,7 +61,7 @@ pub struct StormArgs {
     #[arg(long, value_name = "N")]
     rate_limit: Option<u32>,
     /// The endpoint's circuit breaker with a subscription's defaults (circuit_breaker): on or
-    /// off (the default here: the policy alone, as seed 003 models it).
+    /// off (the default here: the policy alone).
     #[arg(long, value_name = "on|off")]
     breaker: Option<String>,
     /// One JSON object on stdout instead of a table.

@@ -33,7 +33,7 @@ pub enum TenantCommand {
         /// Without it, one is made (`ten_...`).
         #[arg(long)]
         id: Option<String>,
-        /// Seed 002's per-account flag: on, off, or as the rollout decides (`hookwise rollout`).
+        /// The per-account retries flag: on, off, or as the rollout decides (`hookwise rollout`).
         #[arg(long, value_enum, default_value_t = Retries::Rollout)]
         retries: Retries,
     },
@@ -59,7 +59,7 @@ pub enum TenantCommand {
         #[command(flatten)]
         out: Output,
         tenant: String,
-        /// Seed 002's per-account flag: off, a failed first attempt is final; rollout, as
+        /// The per-account retries flag: off, a failed first attempt is final; rollout, as
         /// `hookwise rollout` decides for this tenant.
         #[arg(long, value_enum)]
         retries: Option<Retries>,

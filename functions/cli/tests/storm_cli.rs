@@ -125,7 +125,7 @@ fn given_seed003s_own_example_when_run_then_its_gate_fails_as_the_model_says() {
     let out = hookwise(&[
         "storm",
         "--config",
-        &repo_file("infra/storm/seed003-example.yaml"),
+        &repo_file("infra/storm/fast-backoff-example.yaml"),
         "--json",
     ]);
     assert_eq!(out.status.code(), Some(1));

@@ -459,10 +459,10 @@ pub trait SchedulerTable: Send + Sync {
     /// `now`, gone from where it was) and counted, and the rest is returned: one bad item
     /// never stops the others.
     async fn due_page(&self, now: DateTime<Utc>, until: DateTime<Utc>, limit: u32) -> PortResult<DuePage>;
-    /// The tasks of [`Self::due_page`], what it sets aside stamped with the wall clock (for
-    /// tests and tools; the scheduler counts what is set aside).
+    /// The tasks of [`Self::due_page`], what it sets aside stamped `until` (for tests and
+    /// tools; the scheduler counts what is set aside, at its clock's time).
     async fn due(&self, until: DateTime<Utc>, limit: u32) -> PortResult<Vec<ScheduledTask>> {
-        Ok(self.due_page(Utc::now(), until, limit).await?.tasks)
+        Ok(self.due_page(until, until, limit).await?.tasks)
     }
     async fn remove(&self, items: &[ScheduledTask]) -> PortResult<()>;
     /// The items [`Self::due_page`] set aside, by key: at most `limit`, those after `after`.

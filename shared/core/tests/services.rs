@@ -2248,39 +2248,9 @@ async fn given_more_subscriptions_than_a_page_then_they_are_listed_page_by_page_
     );
 }
 
-/// What a recorder was given, by name.
-#[derive(Default)]
-struct Recorded {
-    counts: std::sync::Mutex<std::collections::BTreeMap<&'static str, u64>>,
-    times: std::sync::Mutex<std::collections::BTreeMap<&'static str, usize>>,
-    flushes: std::sync::atomic::AtomicU32,
-}
-
-impl hookwise_core::metrics::Recorder for Recorded {
-    fn count(&self, name: &'static str, n: u64) {
-        *self.counts.lock().unwrap().entry(name).or_default() += n;
-    }
-    fn time(&self, name: &'static str, _: std::time::Duration) {
-        *self.times.lock().unwrap().entry(name).or_default() += 1;
-    }
-    fn flush(&self) {
-        self.flushes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    }
-}
-
-/// The harness with its services' metrics recorded.
-fn recording(h: Harness) -> (Harness, std::sync::Arc<Recorded>) {
-    let recorded = std::sync::Arc::new(Recorded::default());
-    let h = Harness {
-        services: h.services.with_metrics(recorded.clone()),
-        ..h
-    };
-    (h, recorded)
-}
-
 #[tokio::test]
 async fn given_a_breaker_write_failing_then_the_delivery_goes_on_and_the_failure_is_counted() {
-    let (h, recorded) = recording(Harness::new(ScriptedSender::always(500)));
+    let (h, recorded) = Harness::new(ScriptedSender::always(500)).recording();
     let (tenant, _) = h.tenant("owner@example.com").await;
     let mut sub = new_sub("https://down.example.com/", &["*"], None);
     sub.circuit_breaker = Some(hookwise_core::circuit::CircuitBreaker {
@@ -2312,7 +2282,7 @@ async fn given_a_breaker_write_failing_then_the_delivery_goes_on_and_the_failure
 
 #[tokio::test]
 async fn given_ses_refusing_an_owners_email_then_the_failure_is_counted_and_the_next_try_sends_it() {
-    let (h, recorded) = recording(Harness::new(ScriptedSender::always(500)));
+    let (h, recorded) = Harness::new(ScriptedSender::always(500)).recording();
     let (tenant, _) = h.tenant("owner@example.com").await;
     h.mailer
         .refusing_once
@@ -2345,7 +2315,7 @@ async fn given_ses_refusing_an_owners_email_then_the_failure_is_counted_and_the_
 #[tokio::test]
 async fn given_a_recorder_then_deliveries_by_outcome_their_latency_queue_lag_and_dead_letters_are_recorded() {
     use hookwise_core::metrics::*;
-    let (h, recorded) = recording(Harness::new(ScriptedSender::new(|url, _| {
+    let (h, recorded) = Harness::recording(Harness::new(ScriptedSender::new(|url, _| {
         status_outcome(if url.contains("down") { 500 } else { 200 })
     })));
     let (tenant, _) = h.tenant("owner@example.com").await;
@@ -2940,7 +2910,7 @@ async fn disabled_after_an_hour(h: &Harness, tenant: &Tenant) -> Subscription {
 #[tokio::test]
 async fn given_another_tick_holding_the_lease_then_a_tick_does_nothing_until_the_lease_expires() {
     use hookwise_core::ports::SchedulerTable;
-    let (h, recorded) = recording(Harness::with_config(ScriptedSender::always(500), Config::default(), 60));
+    let (h, recorded) = Harness::with_config(ScriptedSender::always(500), Config::default(), 60).recording();
     let ticks = || {
         recorded
             .counts

@@ -222,7 +222,6 @@ impl Services {
         self.phase_done(Phase::Emails, done, &mut report);
         let SchedulerReport {
             moved,
-            tended,
             requeued,
             audited,
             emails,
@@ -231,16 +230,7 @@ impl Services {
             ..
         } = report;
         if moved + requeued + audited + emails + set_aside + failed > 0 {
-            tracing::info!(
-                moved,
-                tended,
-                requeued,
-                audited,
-                emails,
-                set_aside,
-                failed,
-                "scheduler tick"
-            );
+            tracing::info!(?report, "scheduler tick");
         }
         self.metrics.count(metrics::RETRIES_MOVED, moved as u64);
         self.metrics.count(metrics::REQUEUED, (requeued + audited) as u64);
@@ -545,9 +535,7 @@ impl Services {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
     use std::sync::atomic::Ordering::SeqCst;
-    use std::sync::{Arc, Mutex};
 
     use chrono::{DateTime, Utc};
     use serde_json::json;
@@ -559,30 +547,6 @@ mod tests {
     use crate::ports::{Clock, DeliveryTask, SchedulerTable};
     use crate::services::{NewEvent, NewSubscription};
     use crate::testing::memory::{Harness, ScriptedSender, UnreadableItem};
-
-    /// The counts a tick recorded, by name.
-    #[derive(Default)]
-    struct Counts(Mutex<BTreeMap<&'static str, u64>>);
-
-    impl metrics::Recorder for Counts {
-        fn count(&self, name: &'static str, n: u64) {
-            *self.0.lock().unwrap().entry(name).or_default() += n;
-        }
-        fn time(&self, _: &'static str, _: std::time::Duration) {}
-        fn flush(&self) {}
-    }
-
-    impl Counts {
-        fn of(&self, name: &str) -> u64 {
-            self.0.lock().unwrap().get(name).copied().unwrap_or(0)
-        }
-    }
-
-    fn counted(h: Harness) -> (Harness, Arc<Counts>) {
-        let counts = Arc::new(Counts::default());
-        let services = h.services.with_metrics(counts.clone());
-        (Harness { services, ..h }, counts)
-    }
 
     async fn subscription(h: &Harness, tenant: &Tenant, url: &str, schedule: Vec<u64>) -> Subscription {
         let new = NewSubscription {
@@ -632,7 +596,7 @@ mod tests {
 
     #[tokio::test]
     async fn given_moving_due_retries_failing_then_the_tick_still_tends_sweeps_and_sends_the_digests() {
-        let (h, counts) = counted(Harness::new(ScriptedSender::always(500)));
+        let (h, counts) = Harness::new(ScriptedSender::always(500)).recording();
         let (tenant, _) = h.tenant("owner@example.com").await;
         // One endpoint retries after 25 minutes (through the scheduler table: the queue
         // holds 15), the other's deliveries die at once.
@@ -670,7 +634,7 @@ mod tests {
             (1, 0, 1, 2, 1),
             "only the move failed: {report:?}"
         );
-        assert_eq!(counts.of(metrics::BEST_EFFORT_FAILURES), 1);
+        assert_eq!(counts.count_of(metrics::BEST_EFFORT_FAILURES), 1);
         assert_eq!(h.mailer.sent.lock().unwrap().len(), 2, "the digest went out");
         assert!(
             still_holding(&h).is_empty(),
@@ -683,7 +647,7 @@ mod tests {
     #[tokio::test]
     async fn given_an_item_that_cannot_be_read_due_beside_a_task_then_the_task_moves_and_the_item_is_set_aside_and_counted(
     ) {
-        let (h, counts) = counted(Harness::new(ScriptedSender::always(200)));
+        let (h, counts) = Harness::new(ScriptedSender::always(200)).recording();
         let now = h.clock.now();
         let task = ScheduledTask {
             task: DeliveryTask {
@@ -708,7 +672,7 @@ mod tests {
 
         let report = h.services.run_scheduler().await.unwrap();
         assert_eq!((report.moved, report.set_aside, report.failed), (1, 1, 0), "{report:?}");
-        assert_eq!(counts.of(metrics::SCHEDULER_ITEMS_SET_ASIDE), 1);
+        assert_eq!(counts.count_of(metrics::SCHEDULER_ITEMS_SET_ASIDE), 1);
         let aside = h.scheduler.set_aside(None, 10).await.unwrap();
         assert_eq!(aside.len(), 1);
         let at: DateTime<Utc> = h.clock.now();

@@ -1234,6 +1234,35 @@ pub async fn run_until_waiting<F: std::future::Future>(workers: &mut futures::st
     .await
 }
 
+/// A metrics recorder that keeps what it was given, by name, for a test to look at
+/// ([`Harness::recording`]).
+#[derive(Default)]
+pub struct RecordedMetrics {
+    pub counts: Mutex<std::collections::BTreeMap<&'static str, u64>>,
+    /// How many times each was timed.
+    pub times: Mutex<std::collections::BTreeMap<&'static str, usize>>,
+    pub flushes: std::sync::atomic::AtomicU32,
+}
+
+impl crate::metrics::Recorder for RecordedMetrics {
+    fn count(&self, name: &'static str, n: u64) {
+        *lock(&self.counts).entry(name).or_default() += n;
+    }
+    fn time(&self, name: &'static str, _: std::time::Duration) {
+        *lock(&self.times).entry(name).or_default() += 1;
+    }
+    fn flush(&self) {
+        self.flushes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl RecordedMetrics {
+    /// The sum counted under `name` (0: none).
+    pub fn count_of(&self, name: &str) -> u64 {
+        lock(&self.counts).get(name).copied().unwrap_or(0)
+    }
+}
+
 /// Services on in-memory ports, with handles to each port.
 pub struct Harness {
     pub services: Services,
@@ -1251,6 +1280,13 @@ pub struct Harness {
 }
 
 impl Harness {
+    /// The same harness, its services' metrics recorded.
+    pub fn recording(self) -> (Self, Arc<RecordedMetrics>) {
+        let recorded = Arc::new(RecordedMetrics::default());
+        let services = self.services.with_metrics(recorded.clone());
+        (Self { services, ..self }, recorded)
+    }
+
     /// A Lambda invocation deadline (milliseconds since the epoch) `seconds` ahead of the
     /// harness's clock.
     pub fn deadline_in(&self, seconds: i64) -> u64 {

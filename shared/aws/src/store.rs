@@ -1591,6 +1591,18 @@ impl Store for DynamoStore {
         Ok((&event.tenant_id == tenant).then_some(event))
     }
 
+    /// In one read (`BatchGetItem`, a hundred keys a request): an ingest's keyed events.
+    async fn get_events(&self, tenant: &TenantId, ids: &[EventId]) -> PortResult<Vec<Option<Event>>> {
+        let keys: Vec<Key> = ids.iter().map(event_key).collect();
+        let found = self.events(&keys, "get events").await?;
+        keys.iter()
+            .map(|key| {
+                let decoded = found.get(&key.0).map(Self::decode_event).transpose()?;
+                Ok(decoded.map(|(event, _)| event).filter(|e| &e.tenant_id == tenant))
+            })
+            .collect()
+    }
+
     async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>> {
         let Some(item) = self.event(event, "event deliveries").await? else {
             return Ok(Vec::new());

@@ -148,6 +148,15 @@ pub trait Store: Send + Sync {
     /// let the id stand for the key.
     async fn create_event(&self, event: &Event, deliveries: &[Delivery]) -> PortResult<Created>;
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>>;
+    /// The tenant's events of `ids`, in their order: `None` for one not stored (or another
+    /// tenant's). A store that can read many in one request overrides this.
+    async fn get_events(&self, tenant: &TenantId, ids: &[EventId]) -> PortResult<Vec<Option<Event>>> {
+        let mut found = Vec::with_capacity(ids.len());
+        for id in ids {
+            found.push(self.get_event(tenant, id).await?);
+        }
+        Ok(found)
+    }
     async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>>;
 
     /// By id alone: the worker reads deliveries named in queue messages.

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use chrono::Duration;
-use hookwise_core::circuit::{CircuitBreaker, CircuitState};
+use hookwise_core::circuit::{Circuit, CircuitBreaker, CircuitState};
 use hookwise_core::model::*;
 use hookwise_core::policy::{Jitter, RetryPolicy};
 use hookwise_core::ports::{Clock, DeliveryQuery, DeliveryTask, SchedulerTable, Store};
@@ -1280,4 +1280,50 @@ async fn given_released_attempts_of_a_subscription_another_process_deleted_then_
         ],
         "the held died unattempted"
     );
+}
+
+#[tokio::test]
+async fn given_a_breaker_closed_by_another_process_then_attempts_are_held_on_a_copy_at_most_a_second_old() {
+    // This process opened the breaker (five failures), holds the attempts after, and keeps
+    // its copy. Another process closes it. Within a second of this process's read, its next
+    // attempt is held on that copy: a storm's holds do not read the breaker one each. Later
+    // it reads it again, and the attempt is made.
+    let (sender, up) = switchable();
+    let h = Harness::new(sender);
+    let (tenant, sub) = subscribed(&h, vec![600; 20], CircuitBreaker::on()).await;
+    ingest(&h, &tenant, 10).await;
+    h.drain_now().await;
+    assert_eq!(circuit_state(&h, &tenant, &sub).await, CircuitState::Open);
+    // One more held, on a copy read now.
+    h.clock.advance(Duration::milliseconds(100));
+    ingest(&h, &tenant, 1).await;
+    h.drain_now().await;
+    let held = h.scheduler.held(&sub.id, 100).await.unwrap().len();
+    assert_eq!(held, 5);
+    let open = h.store.circuit(&sub.id).await.unwrap().expect("stored");
+    let closed = Circuit {
+        version: open.version + 1,
+        ..Circuit::closed(h.clock.now())
+    };
+    h.store.put_circuit(&sub.id, &closed, Some(&open)).await.unwrap();
+    up.store(true, Ordering::SeqCst);
+    let posted = || h.sender.requests.lock().unwrap().len();
+    assert_eq!(posted(), 5);
+
+    // Each message handed to this process's worker alone (no scheduler tick between).
+    let deliver_what_is_queued = || async {
+        for task in h.queue.take_visible() {
+            h.services.deliver(&task).await.unwrap();
+        }
+    };
+    h.clock.advance(Duration::milliseconds(900));
+    ingest(&h, &tenant, 1).await;
+    deliver_what_is_queued().await;
+    assert_eq!(posted(), 5, "held on the copy read 0.9 s ago");
+    assert_eq!(h.scheduler.held(&sub.id, 100).await.unwrap().len(), held + 1);
+
+    h.clock.advance(Duration::milliseconds(200));
+    ingest(&h, &tenant, 1).await;
+    deliver_what_is_queued().await;
+    assert_eq!(posted(), 6, "the breaker read again, closed: the attempt is made");
 }

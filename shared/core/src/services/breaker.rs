@@ -40,6 +40,10 @@ use crate::state::{self, seconds};
 /// How long a process keeps an endpoint's breaker state before reading it again: another
 /// process's opening or closing is seen within this.
 pub const CIRCUIT_TTL: std::time::Duration = std::time::Duration::from_secs(2);
+/// How old a kept breaker state may be for an attempt to be held on it. A hold made on a copy
+/// older than a closing waits for the scheduler's tick to release it; read again for every
+/// hold, a storm's holds would cost a read each.
+const HOLD_ON_A_READ_WITHIN: chrono::Duration = chrono::Duration::milliseconds(1000);
 /// Held attempts released per page.
 const RELEASE_PAGE: u32 = 500;
 /// Pages of a disabled or deleted subscription's held attempts let go of in one tending: a
@@ -142,6 +146,11 @@ impl Services {
             return Ok(Gate::Attempt { circuit, probe: false });
         }
         let mut circuit = self.kept_circuit(sub, false).await?;
+        let recent = self
+            .lookups
+            .circuits
+            .get(&sub.id, self.now() - HOLD_ON_A_READ_WITHIN)
+            .is_some();
         for fresh in [false, true] {
             let now = self.now();
             let attempt = (task.round, task.attempt);
@@ -169,8 +178,8 @@ impl Services {
                     return Ok(Gate::ProbeAt { at, claim });
                 }
                 Admission::WaitForProbe { at } => return Ok(Gate::ProbeAt { at, claim: None }),
-                // Held on what a fresh read says: a kept copy may be older than the closing.
-                Admission::Hold if fresh => return Ok(Gate::Hold),
+                // Held on what a recent read says: a kept copy may be older than the closing.
+                Admission::Hold if fresh || recent => return Ok(Gate::Hold),
                 Admission::Hold => {}
             }
             circuit = self.kept_circuit(sub, true).await?;

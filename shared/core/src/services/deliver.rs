@@ -644,12 +644,13 @@ impl Services {
     /// The task's delivery, or none. A first attempt's message is queued a moment before its
     /// ingest stores the delivery, and a fast queue hands it over before that: while the
     /// message is younger than [`FRESH_LOOK`], the store is looked at again a few times here
-    /// (after 5, 10, 20... ms), so that race costs milliseconds, not the queue's shortest
-    /// delay (a second: `not_stored_yet`).
+    /// (after 10, 30, 90 and 270 ms: each wait three times the last, so a busy table that
+    /// writes slowly is asked four more times, not six), so that race costs milliseconds,
+    /// not the queue's shortest delay (a second: `not_stored_yet`).
     async fn get_delivery_of(&self, task: &DeliveryTask) -> Result<Option<Delivery>> {
         let first = task.queued_at.filter(|_| task.round == 0 && task.attempt == 1);
         let started = self.now();
-        let mut wait = chrono::Duration::milliseconds(5);
+        let mut wait = chrono::Duration::milliseconds(10);
         loop {
             if let Some(delivery) = self.ports.store.get_delivery(&task.delivery_id).await? {
                 return Ok(Some(delivery));
@@ -661,7 +662,7 @@ impl Services {
                 return Ok(None);
             }
             self.ports.clock.sleep_until(now + wait).await;
-            wait = wait * 2;
+            wait = wait * 3;
         }
     }
 

@@ -18,6 +18,8 @@ pub const MAX_BATCH: usize = 100;
 pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
 /// Events of a batch written to the store at once.
 const STORE_CONCURRENCY: usize = 8;
+/// First attempts queued before their events are stored: as many as one request to SQS holds.
+const QUEUE_GROUP: usize = 10;
 
 /// `POST /v1/events`.
 #[derive(Debug, Clone, Deserialize)]
@@ -62,16 +64,12 @@ impl Services {
     }
 
     /// Up to [`MAX_BATCH`] events, each with its own result in order: one that is invalid, or
-    /// whose key was used for another body, fails alone. The subscriptions are read once;
-    /// every new delivery's first attempt is queued in one go, *then* each event is stored
-    /// with its deliveries (all or nothing, per event). Queued first, nothing stored can wait
-    /// for a message that was never sent: a worker that gets a message before its delivery is
-    /// stored copies it for a little later, for as long as an ingest may take, then leaves it
-    /// to the queue's redelivery and the dead-letter handler (`not_stored_yet`). Where one
-    /// backend holds the store and the queue ([`Ports::store_with_queue`]), each event is
-    /// written with its messages instead, all or nothing, the batch's events in one call. An
-    /// `Err` is the whole request's: an empty or oversized batch, or the subscriptions could not
-    /// be read.
+    /// whose key was used for another body, fails alone. The subscriptions are read once; a
+    /// few events at a time, their deliveries' first attempts are queued, *then* each event
+    /// is stored with its deliveries (`queue_then_write`). Where one backend holds the store
+    /// and the queue ([`Ports::store_with_queue`]), each event is written with its messages
+    /// instead, all or nothing, the batch's events in one call. An `Err` is the whole
+    /// request's: an empty or oversized batch, or the subscriptions could not be read.
     ///
     /// [`Ports::store_with_queue`]: super::Ports::store_with_queue
     #[tracing::instrument(name = "ingest", skip_all, fields(tenant_id = %tenant.id, events = batch.len()))]
@@ -171,15 +169,7 @@ impl Services {
         planned: Vec<Result<(Event, Vec<Delivery>)>>,
         now: chrono::DateTime<chrono::Utc>,
     ) -> Result<Vec<Result<Ingested>>> {
-        // A keyed event stored before (the client's retry) is answered from the store, with
-        // nothing sent and nothing written: a retry of a large fan-out does not queue its
-        // messages again. One strongly consistent read per keyed event.
-        // (The futures are built first: a closure in the stream trips the Send check.)
-        let reads: Vec<_> = planned
-            .iter()
-            .map(|plan| self.stored_before(tenant, plan.as_ref().ok().map(|(event, _)| event)))
-            .collect();
-        let seen: Vec<Option<Event>> = futures::stream::iter(reads).buffered(STORE_CONCURRENCY).collect().await;
+        let seen = self.stored_before(tenant, &planned).await;
         // Only a new event meets the catalogue: a retry of one stored before is answered from
         // the store whatever its type's schema says now (a 422 would tell the client nothing
         // was stored, and it would send it again as a new event).
@@ -196,21 +186,9 @@ impl Services {
                 }
             }
         }
-        let together = self.ports.store_with_queue.as_deref();
-        if together.is_none() {
-            if let Err(err) = self.queue_first(&planned, &seen, now).await {
-                // Nothing is stored: every event gets the error, and a retry (with or without
-                // a key) is safe.
-                tracing::warn!(error = %err, "enqueue before ingest failed; nothing was stored");
-                return Ok(planned
-                    .into_iter()
-                    .map(|p| p.and_then(|_| Err(err.copy_for("enqueue").into())))
-                    .collect());
-            }
-        }
-        let written = match together {
+        let written = match self.ports.store_with_queue.as_deref() {
             Some(both) => write_together(both, &planned, &seen, now).await,
-            None => planned.iter().map(|_| None).collect(),
+            None => self.queue_then_write(&planned, &seen).await,
         };
         Ok(futures::stream::iter(planned.into_iter().zip(seen).zip(written))
             .map(|((plan, seen), written)| async move {
@@ -218,10 +196,7 @@ impl Services {
                 if let Some(stored) = seen {
                     return self.repeated(tenant, stored, &event).await;
                 }
-                let created = match written {
-                    Some(created) => created?,
-                    None => self.ports.store.create_event(&event, &deliveries).await?,
-                };
+                let created = written.expect("every new event is written or refused")?;
                 match created {
                     Created::Existing(id) => {
                         let stored = self
@@ -244,36 +219,77 @@ impl Services {
             .await)
     }
 
-    /// Queue the first attempt of every delivery the batch is to store.
-    async fn queue_first(
+    /// A keyed event stored before (the client's retry) is answered from the store, with
+    /// nothing sent and nothing written: a retry of a large fan-out does not queue its
+    /// messages again. One read for the batch's keyed events (a strongly consistent one); a
+    /// failed read counts as none found: each write's own key check still holds.
+    async fn stored_before(&self, tenant: &Tenant, planned: &[Result<(Event, Vec<Delivery>)>]) -> Vec<Option<Event>> {
+        let keyed: Vec<(usize, EventId)> = planned
+            .iter()
+            .enumerate()
+            .filter_map(|(i, plan)| match plan {
+                Ok((event, _)) if event.idempotency_key.is_some() => Some((i, event.id.clone())),
+                _ => None,
+            })
+            .collect();
+        let mut seen: Vec<Option<Event>> = planned.iter().map(|_| None).collect();
+        if keyed.is_empty() {
+            return seen;
+        }
+        let ids: Vec<EventId> = keyed.iter().map(|(_, id)| id.clone()).collect();
+        match self.ports.store.get_events(&tenant.id, &ids).await {
+            Ok(found) => {
+                for ((i, _), event) in keyed.into_iter().zip(found) {
+                    seen[i] = event;
+                }
+            }
+            Err(error) => tracing::warn!(%error, "could not read whether the batch's keyed events were stored before"),
+        }
+        seen
+    }
+
+    /// Where the queue is not the store's: the first attempts of a few events are queued, then
+    /// those events are stored, each with its deliveries (all or nothing, per event); then the
+    /// next few. Queued first, nothing stored can wait for a message that was never sent; a
+    /// few at a time, a message waits for its own event's write, not the whole batch's (a
+    /// worker that gets a message before its delivery is stored looks again, and copies it
+    /// for a little later: `not_stored_yet`). A few that could not be queued are stored not
+    /// at all and get the error, as does every event after them: a retry, with or without a
+    /// key, is safe. What became of each event, in the batch's order (`None` for one that is
+    /// invalid or was stored before).
+    async fn queue_then_write(
         &self,
         planned: &[Result<(Event, Vec<Delivery>)>],
         seen: &[Option<Event>],
-        now: chrono::DateTime<chrono::Utc>,
-    ) -> std::result::Result<(), PortError> {
-        // One message per delivery, though a key given twice in a batch names it twice.
-        let mut named = std::collections::HashSet::new();
-        let tasks: Vec<_> = planned
-            .iter()
-            .zip(seen)
-            .filter(|(_, seen)| seen.is_none())
-            .filter_map(|(plan, _)| plan.as_ref().ok())
-            .flat_map(|(_, ds)| ds.iter())
-            .filter(|d| named.insert(&d.id))
-            .map(|d| (queued_ahead_task(d, now), 0))
-            .collect();
-        self.ports.queue.enqueue(&tasks).await
-    }
-
-    /// The stored copy of this keyed event, if it is stored already (a failed read counts as
-    /// none: the write's own key check still holds).
-    async fn stored_before(&self, tenant: &Tenant, event: Option<&Event>) -> Option<Event> {
-        match event {
-            Some(event) if event.idempotency_key.is_some() => {
-                self.ports.store.get_event(&tenant.id, &event.id).await.ok().flatten()
+    ) -> Vec<Option<std::result::Result<Created, PortError>>> {
+        let mut written: Vec<_> = planned.iter().map(|_| None).collect();
+        let mut refused: Option<PortError> = None;
+        for few in queue_groups(planned, seen) {
+            if refused.is_none() {
+                // Each stamped with when it is queued: a worker looks for its delivery only so
+                // long after that (`get_delivery_of`).
+                let now = self.now();
+                let tasks: Vec<_> = few.first_attempts.iter().map(|d| (queued_ahead_task(d, now), 0)).collect();
+                if let Err(err) = self.ports.queue.enqueue(&tasks).await {
+                    tracing::warn!(error = %err, "enqueue before ingest failed; those events and the rest of the batch were not stored");
+                    refused = Some(err);
+                }
             }
-            _ => None,
+            if let Some(err) = &refused {
+                for i in few.events {
+                    written[i] = Some(Err(err.copy_for("enqueue")));
+                }
+                continue;
+            }
+            let writes = few.events.iter().map(|&i| async move {
+                let (event, deliveries) = planned[i].as_ref().expect("a planned event");
+                (i, self.ports.store.create_event(event, deliveries).await)
+            });
+            for (i, created) in futures::future::join_all(writes).await {
+                written[i] = Some(created);
+            }
         }
+        written
     }
 
     /// The event as it will be stored, if its input is valid.
@@ -504,4 +520,36 @@ async fn write_together(
         written[*i] = results.next();
     }
     written
+}
+
+/// The batch's new events in groups whose first attempts make one queue request
+/// ([`QUEUE_GROUP`] messages; an event with more deliveries is a group of its own), in the
+/// batch's order. One message per delivery, though a key given twice in a batch names it
+/// twice.
+fn queue_groups<'a>(planned: &'a [Result<(Event, Vec<Delivery>)>], seen: &[Option<Event>]) -> Vec<QueueGroup<'a>> {
+    let mut named = std::collections::HashSet::new();
+    let mut groups: Vec<QueueGroup> = Vec::new();
+    for (i, (plan, seen)) in planned.iter().zip(seen).enumerate() {
+        let (Ok((_, deliveries)), None) = (plan, seen) else {
+            continue;
+        };
+        let first_attempts: Vec<&Delivery> = deliveries.iter().filter(|d| named.insert(&d.id)).collect();
+        match groups.last_mut() {
+            Some(last) if last.first_attempts.len() + first_attempts.len() <= QUEUE_GROUP => {
+                last.events.push(i);
+                last.first_attempts.extend(first_attempts);
+            }
+            _ => groups.push(QueueGroup {
+                events: vec![i],
+                first_attempts,
+            }),
+        }
+    }
+    groups
+}
+
+/// Events of a batch (by index) and the deliveries whose first attempts are queued for them.
+struct QueueGroup<'a> {
+    events: Vec<usize>,
+    first_attempts: Vec<&'a Delivery>,
 }

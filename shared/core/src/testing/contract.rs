@@ -86,6 +86,7 @@ macro_rules! store_contract_tests {
             a_reused_idempotency_key_returns_the_first_event_and_stores_nothing_seen,
             a_large_fan_out_is_written_whole_and_returned_whole_to_a_repeat,
             another_tenants_ids_are_not_found,
+            events_are_read_many_at_once_in_the_order_asked,
             apply_change_moves_the_delivery_and_records_the_attempt,
             apply_change_with_a_stale_expectation_fails_and_writes_nothing,
             apply_change_refuses_an_attempt_already_recorded,
@@ -965,6 +966,31 @@ pub async fn another_tenants_ids_are_not_found(b: &dyn ContractBackend) {
         ids(&b.store().list_deliveries(&a.id, &by_sub).await.expect("list").items),
         ids(&deliveries)
     );
+}
+
+pub async fn events_are_read_many_at_once_in_the_order_asked(b: &dyn ContractBackend) {
+    let mut fx = Fixture::new();
+    let a = fx.stored_tenant(b).await;
+    let other = fx.stored_tenant(b).await;
+    let subs = fx.sub_ids(1);
+    let (first, _) = fx.stored_event(b, &a.id, t0(), &subs).await;
+    let (second, _) = fx.stored_event(b, &a.id, t0() + minutes(1), &subs).await;
+    let (theirs, _) = fx.stored_event(b, &other.id, t0(), &subs).await;
+    let never = fx.event(&a.id, t0(), None);
+
+    let asked = [second.id.clone(), never.id.clone(), theirs.id.clone(), first.id.clone()];
+    assert_eq!(
+        b.store().get_events(&a.id, &asked).await.expect("get events"),
+        vec![Some(second.clone()), None, None, Some(first.clone())]
+    );
+    assert_eq!(b.store().get_events(&a.id, &[]).await.expect("none asked"), Vec::new());
+    // More than one request's worth: a hundred and one, the last one stored.
+    let mut many: Vec<EventId> = (0..100).map(|_| fx.event(&a.id, t0(), None).id).collect();
+    many.push(first.id.clone());
+    let read = b.store().get_events(&a.id, &many).await.expect("get many");
+    assert_eq!(read.len(), 101);
+    assert!(read[..100].iter().all(Option::is_none));
+    assert_eq!(read[100], Some(first));
 }
 
 pub async fn apply_change_moves_the_delivery_and_records_the_attempt(b: &dyn ContractBackend) {

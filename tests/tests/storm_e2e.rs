@@ -404,7 +404,10 @@ async fn storm_e2e_rate_limit_and_breaker_against_neither() {
     let local_arm = |arm: Arm| {
         let mut aws_sent = aws_sent.clone();
         async move {
-            aws_sent.wait_for(|sent| *sent).await.expect("the AWS arm tells when it has sent");
+            aws_sent
+                .wait_for(|sent| *sent)
+                .await
+                .expect("the AWS arm tells when it has sent");
             run(arm, Hosts::local(), None).await
         }
     };
@@ -498,7 +501,9 @@ fn print_figures(runs: &[&Figures]) {
     row(
         &mut out,
         "5 000 events sent in",
-        runs.iter().map(|r| format!("{:.1} s", r.sent_in.as_secs_f64())).collect(),
+        runs.iter()
+            .map(|r| format!("{:.1} s", r.sent_in.as_secs_f64()))
+            .collect(),
     );
     row(
         &mut out,

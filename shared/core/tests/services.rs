@@ -1640,6 +1640,103 @@ async fn given_deaths_through_a_storm_then_an_owner_gets_at_most_one_email_per_w
     assert_eq!(replayed.len(), 60, "the storm's deaths, not the one told before");
 }
 
+/// The memory queue, with the `n`th enqueue failing, and how many deliveries were stored when
+/// each enqueue came.
+struct NthEnqueueFails {
+    queue: std::sync::Arc<dyn hookwise_core::ports::DeliveryQueue>,
+    store: std::sync::Arc<dyn Store>,
+    tenant: TenantId,
+    n: usize,
+    stored_at_each: std::sync::Mutex<Vec<usize>>,
+}
+
+#[async_trait::async_trait]
+impl hookwise_core::ports::DeliveryQueue for NthEnqueueFails {
+    fn max_delay_seconds(&self) -> u32 {
+        self.queue.max_delay_seconds()
+    }
+    async fn enqueue(&self, tasks: &[(DeliveryTask, u32)]) -> hookwise_core::ports::PortResult<()> {
+        let stored = self
+            .store
+            .list_deliveries(
+                &self.tenant,
+                &DeliveryQuery {
+                    limit: 100,
+                    ..Default::default()
+                },
+            )
+            .await?
+            .items
+            .len();
+        let calls = {
+            let mut seen = self.stored_at_each.lock().unwrap();
+            seen.push(stored);
+            seen.len()
+        };
+        if calls == self.n {
+            return Err(hookwise_core::error::PortError::retryable("enqueue", "unavailable"));
+        }
+        self.queue.enqueue(tasks).await
+    }
+    async fn dead_letter(&self, tasks: &[DeliveryTask]) -> hookwise_core::ports::PortResult<()> {
+        self.queue.dead_letter(tasks).await
+    }
+}
+
+#[tokio::test]
+async fn given_a_batch_of_25_then_its_first_attempts_are_queued_ten_at_a_time_each_ten_before_it_is_stored_and_a_failed_enqueue_stores_nothing_after_it(
+) {
+    // A message waits for its own event's write, not the whole batch's: the first ten are
+    // queued, then stored, then the next ten queued... The second enqueue fails: the first
+    // ten are stored and delivered, the other fifteen get the error, stored not at all.
+    let h = Harness::new(ScriptedSender::always(200));
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", None).await;
+    let mut ports = h.services.ports().clone();
+    let queue = std::sync::Arc::new(NthEnqueueFails {
+        queue: ports.queue.clone(),
+        store: ports.store.clone(),
+        tenant: tenant.id.clone(),
+        n: 2,
+        stored_at_each: Default::default(),
+    });
+    ports.queue = queue.clone();
+    let services =
+        hookwise_core::services::Services::new(ports, Default::default(), rand::SeedableRng::seed_from_u64(3));
+    let batch = (0..25)
+        .map(|n| (event("invoice.paid"), Some(format!("k-{n}"))))
+        .collect();
+    let results = services.ingest_batch(&tenant, batch).await.unwrap();
+
+    assert_eq!(
+        *queue.stored_at_each.lock().unwrap(),
+        vec![0, 10],
+        "each ten queued before it is stored"
+    );
+    assert!(
+        results[..10].iter().all(|r| r.as_ref().is_ok_and(|i| i.created)),
+        "{results:?}"
+    );
+    assert!(
+        results[10..]
+            .iter()
+            .all(|r| r.as_ref().is_err_and(|e| e.is_retryable())),
+        "{results:?}"
+    );
+    let stored = h
+        .store
+        .list_deliveries(
+            &tenant.id,
+            &DeliveryQuery {
+                limit: 100,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(stored.items.len(), 10, "nothing after the failed enqueue is stored");
+    assert_eq!(h.drain_now().await, 10);
+}
+
 #[tokio::test]
 async fn given_a_batch_whose_enqueue_fails_then_nothing_is_stored_and_every_valid_event_gets_the_error() {
     use std::sync::atomic::Ordering;

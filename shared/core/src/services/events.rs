@@ -269,7 +269,11 @@ impl Services {
                 // Each stamped with when it is queued: a worker looks for its delivery only so
                 // long after that (`get_delivery_of`).
                 let now = self.now();
-                let tasks: Vec<_> = few.first_attempts.iter().map(|d| (queued_ahead_task(d, now), 0)).collect();
+                let tasks: Vec<_> = few
+                    .first_attempts
+                    .iter()
+                    .map(|d| (queued_ahead_task(d, now), 0))
+                    .collect();
                 if let Err(err) = self.ports.queue.enqueue(&tasks).await {
                     tracing::warn!(error = %err, "enqueue before ingest failed; those events and the rest of the batch were not stored");
                     refused = Some(err);

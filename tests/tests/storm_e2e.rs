@@ -431,7 +431,9 @@ async fn storm_e2e_rate_limit_and_breaker_against_neither() {
     );
     let mut arms = vec![&on, &jittered, &off];
     arms.extend(on_aws.as_ref());
-    print_figures(&arms);
+    let figures = figures(&arms);
+    println!("{figures}");
+    std::fs::write(artifacts().join("storm-e2e.txt"), figures).expect("figures written");
     std::fs::write(artifacts().join("storm-e2e.svg"), chart(&arms)).expect("chart written");
 
     for f in &arms {
@@ -488,7 +490,8 @@ fn artifacts() -> std::path::PathBuf {
     dir
 }
 
-fn print_figures(runs: &[&Figures]) {
+/// The arms' figures, as a table.
+fn figures(runs: &[&Figures]) -> String {
     let mut out = String::from("\nstorm end to end: 5 000 events at once, receiver down 90 s then 100 requests/s\n");
     let row = |out: &mut String, name: &str, cells: Vec<String>| {
         let _ = write!(out, "{name:<38}");
@@ -540,7 +543,7 @@ fn print_figures(runs: &[&Figures]) {
     for r in runs {
         let _ = writeln!(out, "{}: requests in each second: {:?}", r.label, r.per_second);
     }
-    println!("{out}");
+    out
 }
 
 /// Requests per second at the receiver, one line per run, as an SVG.

@@ -1591,16 +1591,22 @@ impl Store for DynamoStore {
         Ok((&event.tenant_id == tenant).then_some(event))
     }
 
-    /// In one read (`BatchGetItem`, a hundred keys a request): an ingest's keyed events.
+    /// In one read (`BatchGetItem`, a hundred keys a request): an ingest's keyed events. One
+    /// that does not decode is `None` (and logged), as if read alone and failed: the others
+    /// are still found.
     async fn get_events(&self, tenant: &TenantId, ids: &[EventId]) -> PortResult<Vec<Option<Event>>> {
         let keys: Vec<Key> = ids.iter().map(event_key).collect();
         let found = self.events(&keys, "get events").await?;
-        keys.iter()
-            .map(|key| {
-                let decoded = found.get(&key.0).map(Self::decode_event).transpose()?;
-                Ok(decoded.map(|(event, _)| event).filter(|e| &e.tenant_id == tenant))
+        Ok(keys
+            .iter()
+            .map(|key| match found.get(&key.0).map(Self::decode_event).transpose() {
+                Ok(decoded) => decoded.map(|(event, _)| event).filter(|e| &e.tenant_id == tenant),
+                Err(error) => {
+                    tracing::warn!(%error, key = %key.0, "an event item that does not decode");
+                    None
+                }
             })
-            .collect()
+            .collect())
     }
 
     async fn event_deliveries(&self, tenant: &TenantId, event: &EventId) -> PortResult<Vec<Delivery>> {

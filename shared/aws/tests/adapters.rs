@@ -804,6 +804,42 @@ impl aws_smithy_runtime_api::client::interceptors::Intercept for OperationFuse {
     }
 }
 
+/// One event item that does not decode among an ingest's keyed events: read as not found, the
+/// others found (one bad item does not make the whole batch look new).
+#[tokio::test]
+async fn given_an_event_item_that_does_not_decode_then_get_events_finds_the_others() {
+    use aws_sdk_dynamodb::types::AttributeValue;
+    use hookwise_core::model::*;
+    let Some(env) = support::dynamodb_local_env().await else {
+        return;
+    };
+    let store = &env.adapters.store;
+    let now = Utc::now();
+    let tenant = TenantId::generate(now, &mut rand::rng());
+    let sub = SubscriptionId::generate(now, &mut rand::rng());
+    let good = order_event(&tenant, now, Some("k-good"), 1);
+    stored_with_delivery(store, &good, &sub).await;
+    let bad = order_event(&tenant, now, Some("k-bad"), 2);
+    env.clients
+        .dynamodb
+        .put_item()
+        .table_name(store.table_name())
+        .item("pk", AttributeValue::S(format!("EVT#{}", bad.id)))
+        .item("sk", AttributeValue::S("#EVENT".into()))
+        .item("doc", AttributeValue::S("not an event".into()))
+        .send()
+        .await
+        .expect("an item that does not decode");
+
+    assert_eq!(
+        store
+            .get_events(&tenant, &[bad.id.clone(), good.id.clone()])
+            .await
+            .expect("read"),
+        vec![None, Some(good)]
+    );
+}
+
 /// An ingest that wrote its 150 deliveries and died before its event (the commit point).
 #[tokio::test]
 async fn given_an_ingest_that_died_before_its_event_then_none_of_its_deliveries_is_seen_and_a_retry_with_its_key_commits_them(

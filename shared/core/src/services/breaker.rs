@@ -6,10 +6,12 @@
 //! closed, and not read). Once attempts fail, its breaker is read, kept by the process for
 //! [`CIRCUIT_TTL`]; and a save of the endpoint's health that ends a stored run of failures
 //! reads it once, fresh, to close it if it was left open. It is written on each change of
-//! state and each probe. A held attempt is one read of the breaker (fresh: an attempt is
-//! never held on an old copy), a write moving the delivery's next attempt to its give-up time
-//! (so the sweep leaves it be), and its parking (`SchedulerTable::hold`); nothing more while
-//! held, however long. Its release is one message.
+//! state and each probe. A held attempt is a read of the breaker (one a second at most: an
+//! attempt is held on a copy read within [`HOLD_ON_A_READ_WITHIN`], and one held on a copy
+//! older than a closing is released by the scheduler's next tick), a write moving the
+//! delivery's next attempt to its give-up time (so the sweep leaves it be), and its parking
+//! (`SchedulerTable::hold`); nothing more while held, however long. Its release is one
+//! message.
 //!
 //! Held attempts are released, after the probe that closed the breaker, page by page: the
 //! closing call releases the first, and the first released attempt to find the release going
@@ -41,9 +43,9 @@ use crate::state::{self, seconds};
 /// process's opening or closing is seen within this.
 pub const CIRCUIT_TTL: std::time::Duration = std::time::Duration::from_secs(2);
 /// How old a kept breaker state may be for an attempt to be held on it. A hold made on a copy
-/// older than a closing waits for the scheduler's tick to release it; read again for every
-/// hold, a storm's holds would cost a read each.
-const HOLD_ON_A_READ_WITHIN: chrono::Duration = chrono::Duration::milliseconds(1000);
+/// older than a closing waits for the scheduler's next tick to release it (a minute on AWS);
+/// read again for every hold, a storm's holds would cost a read each.
+pub const HOLD_ON_A_READ_WITHIN: chrono::Duration = chrono::Duration::milliseconds(1000);
 /// Held attempts released per page.
 const RELEASE_PAGE: u32 = 500;
 /// Pages of a disabled or deleted subscription's held attempts let go of in one tending: a
@@ -576,7 +578,7 @@ impl Services {
     /// - Its subscription disabled or deleted: everything held is queued at once (each dies,
     ///   its owner told, on arrival, with no POST).
     /// - Its breaker turned off, or closed with attempts still held (held on a read from
-    ///   just before the closing): they are released as on a closing.
+    ///   up to a second before the closing): they are released as on a closing.
     /// - A release whose next page is due: the page.
     /// - Open, or half open, past the probe time by [`PROBE_GRACE`] (the probe's message was
     ///   lost, or its claim's writer died): the first held attempt is queued now,

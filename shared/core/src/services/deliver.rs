@@ -644,8 +644,9 @@ impl Services {
     /// The task's delivery, or none. A first attempt's message is queued a moment before its
     /// ingest stores the delivery, and a fast queue hands it over before that: while the
     /// message is younger than [`FRESH_LOOK`], the store is looked at again a few times here
-    /// (after 10, 30, 90 and 270 ms: each wait three times the last, so a busy table that
-    /// writes slowly is asked four more times, not six), so that race costs milliseconds,
+    /// (about 10, 40, 130 and 400 ms after the first look: each wait three times the last, so
+    /// a busy table that writes slowly is asked four more times, not six), so that race costs
+    /// milliseconds,
     /// not the queue's shortest delay (a second: `not_stored_yet`).
     async fn get_delivery_of(&self, task: &DeliveryTask) -> Result<Option<Delivery>> {
         let first = task.queued_at.filter(|_| task.round == 0 && task.attempt == 1);

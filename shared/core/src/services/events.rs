@@ -18,7 +18,8 @@ pub const MAX_BATCH: usize = 100;
 pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
 /// Events of a batch written to the store at once.
 const STORE_CONCURRENCY: usize = 8;
-/// First attempts queued before their events are stored: as many as one request to SQS holds.
+/// First attempts queued before their events are stored, and events stored after them, at a
+/// time: as many messages as one request to SQS holds.
 const QUEUE_GROUP: usize = 10;
 
 /// `POST /v1/events`.
@@ -289,7 +290,11 @@ impl Services {
                 let (event, deliveries) = planned[i].as_ref().expect("a planned event");
                 (i, self.ports.store.create_event(event, deliveries).await)
             });
-            for (i, created) in futures::future::join_all(writes).await {
+            let created: Vec<_> = futures::stream::iter(writes)
+                .buffer_unordered(STORE_CONCURRENCY)
+                .collect()
+                .await;
+            for (i, created) in created {
                 written[i] = Some(created);
             }
         }
@@ -526,10 +531,10 @@ async fn write_together(
     written
 }
 
-/// The batch's new events in groups whose first attempts make one queue request
-/// ([`QUEUE_GROUP`] messages; an event with more deliveries is a group of its own), in the
-/// batch's order. One message per delivery, though a key given twice in a batch names it
-/// twice.
+/// The batch's new events in groups whose first attempts make one queue request (at most
+/// [`QUEUE_GROUP`] messages and events; an event with more deliveries is a group of its own),
+/// in the batch's order. One message per delivery, though a key given twice in a batch names
+/// it twice.
 fn queue_groups<'a>(planned: &'a [Result<(Event, Vec<Delivery>)>], seen: &[Option<Event>]) -> Vec<QueueGroup<'a>> {
     let mut named = std::collections::HashSet::new();
     let mut groups: Vec<QueueGroup> = Vec::new();
@@ -539,7 +544,10 @@ fn queue_groups<'a>(planned: &'a [Result<(Event, Vec<Delivery>)>], seen: &[Optio
         };
         let first_attempts: Vec<&Delivery> = deliveries.iter().filter(|d| named.insert(&d.id)).collect();
         match groups.last_mut() {
-            Some(last) if last.first_attempts.len() + first_attempts.len() <= QUEUE_GROUP => {
+            Some(last)
+                if last.first_attempts.len() + first_attempts.len() <= QUEUE_GROUP
+                    && last.events.len() < QUEUE_GROUP =>
+            {
                 last.events.push(i);
                 last.first_attempts.extend(first_attempts);
             }

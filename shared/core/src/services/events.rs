@@ -286,10 +286,15 @@ impl Services {
                 }
                 continue;
             }
-            let writes = few.events.iter().map(|&i| async move {
-                let (event, deliveries) = planned[i].as_ref().expect("a planned event");
-                (i, self.ports.store.create_event(event, deliveries).await)
-            });
+            // (The futures are built first: a closure in the stream trips the `Send` check.)
+            let writes: Vec<_> = few
+                .events
+                .iter()
+                .map(|&i| async move {
+                    let (event, deliveries) = planned[i].as_ref().expect("a planned event");
+                    (i, self.ports.store.create_event(event, deliveries).await)
+                })
+                .collect();
             let created: Vec<_> = futures::stream::iter(writes)
                 .buffer_unordered(STORE_CONCURRENCY)
                 .collect()

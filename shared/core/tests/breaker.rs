@@ -1327,3 +1327,38 @@ async fn given_a_breaker_closed_by_another_process_then_attempts_are_held_on_a_c
     deliver_what_is_queued().await;
     assert_eq!(posted(), 6, "the breaker read again, closed: the attempt is made");
 }
+
+#[tokio::test]
+async fn given_a_rate_limit_turn_answered_after_it_passed_then_the_attempt_takes_the_next_turn_not_the_spent_one() {
+    // One a second. The first attempt's turn is now, answered 300 ms late: sent then, it
+    // would land 300 ms into the second the next turn begins, and two would share it. It
+    // asks again and goes at the next turn, a second on.
+    let (sender, up) = switchable();
+    up.store(true, Ordering::SeqCst);
+    let h = Harness::new(sender);
+    let (tenant, _) = h.tenant("owner@example.com").await;
+    h.services
+        .create_subscription(&tenant, subscription(vec![60], Some(1), CircuitBreaker::on()))
+        .await
+        .unwrap();
+    let t0 = h.clock.now();
+    *h.store.late_rate_answers.lock().unwrap() = Some((h.clock.clone(), Duration::milliseconds(300), 1));
+    ingest(&h, &tenant, 1).await;
+    for task in h.queue.take_visible() {
+        h.services.deliver(&task).await.unwrap();
+    }
+    let sent = h.sender.requests.lock().unwrap().clone();
+    assert_eq!(sent.len(), 1);
+    let timestamp = |r: &hookwise_core::ports::WebhookRequest| {
+        r.headers
+            .iter()
+            .find(|(n, _)| n == "webhook-timestamp")
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
+    assert_eq!(
+        timestamp(&sent[0]),
+        (t0 + Duration::seconds(1)).timestamp().to_string(),
+        "sent at the next turn"
+    );
+}

@@ -437,7 +437,7 @@ impl Services {
             return Ok(None);
         };
         let wait = chrono::Duration::from_std(rate_limit::SLOT_WAIT).unwrap_or_default();
-        let verdict = match task.slot {
+        let mut verdict = match task.slot {
             Some(slot) if slot - self.now() > wait => Verdict::Wait(slot),
             slot => {
                 let arrival = if slot.is_some() {
@@ -451,6 +451,25 @@ impl Services {
                     .await?
             }
         };
+        // A turn answered after it had passed (a busy store: a contended write tried again)
+        // is spent: sent now, it would land on the turns given after it, and a second could
+        // hold more than the rate. The send line's next turn is asked for, once, and that
+        // answer is kept however late: a store slower than the tolerance on every call costs
+        // a limited endpoint up to half its rate, never a second over its limit.
+        let tolerance = chrono::Duration::from_std(rate_limit::TOLERANCE).unwrap_or_default();
+        if let Verdict::SendAt(turn) = verdict {
+            if self.now() > turn + tolerance {
+                tracing::debug!(
+                    late_ms = (self.now() - turn).num_milliseconds(),
+                    "a rate-limit turn answered after it had passed; asking for the next"
+                );
+                verdict = self
+                    .ports
+                    .store
+                    .limit_rate(&sub.id, interval, self.now(), Arrival::FromBacklog)
+                    .await?;
+            }
+        }
         let slot = match verdict {
             Verdict::SendAt(turn) => {
                 self.ports.clock.sleep_until(turn).await;

@@ -82,6 +82,10 @@ pub struct MemoryStore {
     pub failing_audits: std::sync::atomic::AtomicU32,
     /// Lookups of API keys so far.
     pub api_key_reads: std::sync::atomic::AtomicU32,
+    /// `Some((clock, late, n))`: the next `n` rate-limit turns are answered `late` after they
+    /// were asked, on `clock`, as a busy table answers a contended write.
+    #[allow(clippy::type_complexity)]
+    pub late_rate_answers: Mutex<Option<(Arc<dyn Clock>, Duration, u32)>>,
     pub crash: Arc<CrashPoint>,
 }
 
@@ -469,10 +473,27 @@ impl Store for MemoryStore {
         arrival: crate::rate_limit::Arrival,
     ) -> PortResult<crate::rate_limit::Verdict> {
         self.crash.act("take a rate-limit turn")?;
-        let mut d = lock(&self.data);
-        let lines = d.rate_lines.get(sub).copied().unwrap_or_default();
-        let (verdict, after) = crate::rate_limit::admit(lines, interval, now, arrival);
-        d.rate_lines.insert(sub.clone(), after);
+        let verdict = {
+            let mut d = lock(&self.data);
+            let lines = d.rate_lines.get(sub).copied().unwrap_or_default();
+            let (verdict, after) = crate::rate_limit::admit(lines, interval, now, arrival);
+            d.rate_lines.insert(sub.clone(), after);
+            verdict
+        };
+        let late = {
+            let mut late = lock(&self.late_rate_answers);
+            let answer = late.as_ref().map(|(clock, by, _)| (clock.clone(), *by));
+            if let Some((_, _, n)) = late.as_mut() {
+                *n -= 1;
+                if *n == 0 {
+                    *late = None;
+                }
+            }
+            answer
+        };
+        if let Some((clock, by)) = late {
+            clock.sleep_until(now + by).await;
+        }
         Ok(verdict)
     }
     async fn circuit(&self, sub: &SubscriptionId) -> PortResult<Option<Circuit>> {

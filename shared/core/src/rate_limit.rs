@@ -19,6 +19,11 @@
 //! If late ones bunched up and the send line is full, it comes back for the send line's next
 //! turn, not the backlog's end, so no turn goes unused while attempts wait.
 //!
+//! The turn is reckoned from the `now` the attempt asked at. A store that answers more than
+//! [`TOLERANCE`] after the turn (a contended write tried again) spends it: the attempt asks
+//! once more, as it first asked, and keeps that answer (`Services::wait_for_slot`), as sent
+//! then it would land on the turns given after it.
+//!
 //! A backlog none of whose attempts has come back for [`BACKLOG_GONE`] is taken for gone
 //! (its deliveries were settled some other way): new attempts neither wait behind it nor
 //! follow its last slot.

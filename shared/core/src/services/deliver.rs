@@ -437,25 +437,24 @@ impl Services {
             return Ok(None);
         };
         let wait = chrono::Duration::from_std(rate_limit::SLOT_WAIT).unwrap_or_default();
+        let arrival = match task.slot {
+            Some(_) => Arrival::FromBacklog,
+            None => Arrival::New,
+        };
         let mut verdict = match task.slot {
             Some(slot) if slot - self.now() > wait => Verdict::Wait(slot),
-            slot => {
-                let arrival = if slot.is_some() {
-                    Arrival::FromBacklog
-                } else {
-                    Arrival::New
-                };
+            _ => {
                 self.ports
                     .store
                     .limit_rate(&sub.id, interval, self.now(), arrival)
                     .await?
             }
         };
-        // A turn answered after it had passed (a busy store: a contended write tried again)
-        // is spent: sent now, it would land on the turns given after it, and a second could
-        // hold more than the rate. The send line's next turn is asked for, once, and that
-        // answer is kept however late: a store slower than the tolerance on every call costs
-        // a limited endpoint up to half its rate, never a second over its limit.
+        // A turn answered more than the tolerance after it (a busy store: a contended write
+        // tried again) is spent: sent now, it would land on the turns given after it, and a
+        // second could hold more than the rate. It asks again, once, as it asked first (a new
+        // attempt still goes behind any backlog), and keeps that answer: a store late on
+        // every call still overshoots, less often, and costs the endpoint a turn for each.
         let tolerance = chrono::Duration::from_std(rate_limit::TOLERANCE).unwrap_or_default();
         if let Verdict::SendAt(turn) = verdict {
             if self.now() > turn + tolerance {
@@ -466,7 +465,7 @@ impl Services {
                 verdict = self
                     .ports
                     .store
-                    .limit_rate(&sub.id, interval, self.now(), Arrival::FromBacklog)
+                    .limit_rate(&sub.id, interval, self.now(), arrival)
                     .await?;
             }
         }

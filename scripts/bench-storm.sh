@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmark (not a test): `hookwise storm` against seed 003's own Python
+# Benchmark (not a test): `hookwise storm` against the reference Python simulation
 # (../shared/reference/seed_storm.py, through scripts/seed-storm-figures.py to set its window)
 # and against the seed's method written in Rust (functions/cli/examples/seed_storm.rs), on
 # one workload and window, best of the same number of runs, their figures side by side:
@@ -11,7 +11,7 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 reference="${SEED_STORM_PY:-$root/../shared/reference/seed_storm.py}"
-[ -f "$reference" ] || { echo "seed 003's reference code not found at $reference (set SEED_STORM_PY)" >&2; exit 2; }
+[ -f "$reference" ] || { echo "the reference storm simulation not found at $reference (set SEED_STORM_PY)" >&2; exit 2; }
 export SEED_STORM_PY="$reference"
 
 cargo build --release -p hookwise-cli --bin hookwise --example seed_storm >&2

@@ -2,7 +2,7 @@
 # `make bench`: every performance figure in one table, each measured side by side with its
 # baseline in this one run (these machines are shared and noisy; a ratio holds where a
 # figure alone does not). Not a test. What it runs:
-#   scripts/bench-storm.sh     the storm calculator against seed 003's Python
+#   scripts/bench-storm.sh     the storm calculator against the reference Python simulation
 #   scripts/bench-delivery.sh  `hookwise dev` end to end against a bare reqwest loop, and
 #                              its memory idle and under that load
 #   scripts/bench-latency.sh   ingest-to-first-POST latency under open-loop load, on

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Seed 003's retry-storm simulation (../shared/reference/seed_storm.py, imported as it is)
+"""The reference retry-storm simulation (../shared/reference/seed_storm.py, imported as it is)
 on a chosen N, jitter and window, printing one JSON line of figures as
 functions/cli/examples/seed_storm.rs prints them: the peak second's arrivals, every attempt,
 the arrivals within capacity and over it, and the last second with any.

@@ -35,7 +35,7 @@ sysroot="$(scripts/qemu-arm64.sh)"  # (apart from the export, so a failure stops
 export HOOKWISE_TEST_ARM64_SYSROOT="$sysroot"
 export HOOKWISE_TEST_ARM64_BUILD="$PWD/.aws-sam/build"
 
-step "Rust tests (the arm64 artifacts among them, under qemu), then the chaos suite and seed 003's storm end to end with their figures, with moto, DynamoDB Local and LocalStack's SQS running"
+step "Rust tests (the arm64 artifacts among them, under qemu), then the chaos suite and the retry storm end to end with their figures, with moto, DynamoDB Local and LocalStack's SQS running"
 scripts/aws-test-services.sh run -- scripts/localstack.sh run -- bash -c '
   cargo test --workspace --locked -- --skip chaos_ --skip storm_e2e_ &&
   cargo test --workspace --locked --test chaos -- --nocapture &&

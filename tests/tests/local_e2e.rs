@@ -646,7 +646,7 @@ async fn given_one_tenants_backlog_to_a_slow_endpoint_then_another_tenants_deliv
     assert!(p99 < Duration::from_secs(2), "B's p99 {p99:?} behind A's backlog");
 }
 
-/// Seed 002's story on the real `hookwise dev`: an operator key made with the CLI beside the
+/// The retries rollout's story on the real `hookwise dev`: an operator key made with the CLI beside the
 /// running process creates two accounts under their own ids, subscribes and sends events for
 /// each with `Hookwise-Tenant` and in one batch, and moves the rollout; each account's
 /// endpoint gets its own events only, and an account out of the rollout has no retries.

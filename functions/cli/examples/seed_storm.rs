@@ -1,4 +1,4 @@
-//! Seed 003's retry-storm simulation, its own method in Rust: one random draw per delivery
+//! The reference retry-storm simulation, its own method in Rust: one random draw per delivery
 //! per tier, a FIFO of (count, tier) cohorts, each second's arrivals capped at the capacity
 //! and the overflow sent on to the next tier, the second taken modulo the window. The same
 //! model and the same faults as `../shared/reference/seed_storm.py`, not `hookwise storm`'s

@@ -1,4 +1,4 @@
-//! `hookwise operator` (the deployment's operator keys) and `hookwise rollout` (seed 002's
+//! `hookwise operator` (the deployment's operator keys) and `hookwise rollout` (the
 //! percentage rollout of the retries flag), in a local data dir or (with `--aws`) a deployed
 //! stack's table.
 //!

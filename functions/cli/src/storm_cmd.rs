@@ -1,6 +1,6 @@
-//! `hookwise storm`: the retry-storm calculator (seed 003) and its deploy gate.
+//! `hookwise storm`: the retry-storm calculator and its deploy gate.
 //!
-//! Reads seed 003's YAML (`retry_policy: {backoff_base_seconds, max_tier, jitter,
+//! Reads the storm config's YAML (`retry_policy: {backoff_base_seconds, max_tier, jitter,
 //! consumer_capacity_rps, simulation: {...}}`), extended with a named or custom policy, new
 //! traffic, a capacity schedule, a seed and shards, and the endpoint's rate limit and circuit
 //! breaker as a subscription sets them; flags override the file. Exit 0: the
@@ -224,7 +224,7 @@ fn plan(args: &StormArgs) -> Result<Plan, ConfigError> {
             (None, Some(_), None) => return Err(bad(&format!("{P}.max_tier"), "missing")),
         }
     };
-    // A named policy keeps its own jitter unless one is given; seed 003's default is none.
+    // A named policy keeps its own jitter unless one is given; the calculator's default is none.
     let policy = match jitter {
         Some(j) => policy.with_jitter(j),
         None => policy,

@@ -1,4 +1,4 @@
-//! Endpoint health (seed 000): the decayed share of recent attempts that succeeded, and the
+//! Endpoint health: the decayed share of recent attempts that succeeded, and the
 //! multiplier the adaptive policy applies to a retry delay.
 
 use chrono::{DateTime, Utc};
@@ -81,7 +81,7 @@ impl EndpointHealth {
     }
 }
 
-/// Seed 000's adaptive step: ×0.5 when healthy (> 0.9), ×1 when degraded (> 0.5), ×2
+/// The adaptive policy's step: ×0.5 when healthy (> 0.9), ×1 when degraded (> 0.5), ×2
 /// otherwise; ×1 with no history.
 pub fn adaptive_multiplier(health: Option<f64>) -> f64 {
     match health {

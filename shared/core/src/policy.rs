@@ -18,13 +18,13 @@ pub type Seconds = f64;
 pub enum Jitter {
     /// Exactly `d`.
     None,
-    /// `d × U(1 − p, 1 + p)` (seed 002's ±10 % is `p = 0.1`).
+    /// `d × U(1 − p, 1 + p)` (±10 % is `p = 0.1`).
     Proportional(f64),
-    /// `d + U(0, p × d)` (seed 000's formula, `p = 0.1`).
+    /// `d + U(0, p × d)` (`p = 0.1` by default).
     Additive(f64),
-    /// `U(0, d)` (seed 003, AWS's "full jitter").
+    /// `U(0, d)` (AWS's "full jitter").
     Full,
-    /// `d/2 + U(0, d/2)` (seed 003, AWS's "equal jitter").
+    /// `d/2 + U(0, d/2)` (AWS's "equal jitter").
     Equal,
     /// `min(cap, U(base, 3 × previous delay))` (AWS's "decorrelated jitter").
     Decorrelated,
@@ -89,7 +89,7 @@ impl Jitter {
 pub enum Schedule {
     /// The delay before each retry, in seconds: `[60, 300]` means three attempts in all.
     Delays(Vec<u64>),
-    /// Seed 000's formula: the retry after `k` failures waits `min(base × 2^(k−1) + jitter, max)`.
+    /// The exponential formula: the retry after `k` failures waits `min(base × 2^(k−1) + jitter, max)`.
     Exponential {
         base_seconds: u64,
         max_delay_seconds: u64,
@@ -144,7 +144,7 @@ pub struct RetryContext {
 pub const POLICY_NAMES: [&str; 3] = ["standard", "ledger", "exponential"];
 
 impl RetryPolicy {
-    /// Seed 000's table: 8 attempts, after 1 min, 5 min, 30 min, 2 h, 8 h, 24 h, 48 h;
+    /// The standard table: 8 attempts, after 1 min, 5 min, 30 min, 2 h, 8 h, 24 h, 48 h;
     /// jitter `+U(0, 0.1 × d)`; adaptive.
     pub fn standard() -> Self {
         Self {
@@ -155,7 +155,7 @@ impl RetryPolicy {
         }
     }
 
-    /// Seed 002: retries after 1 min, 5 min, 30 min, 2 h, 12 h (dead ~14.6 h after the first
+    /// Retries after 1 min, 5 min, 30 min, 2 h, 12 h (dead ~14.6 h after the first
     /// attempt); ±10 % jitter; not adaptive.
     pub fn ledger() -> Self {
         Self {
@@ -166,7 +166,7 @@ impl RetryPolicy {
         }
     }
 
-    /// Seed 000's formula: base 60 s doubling, capped at 24 h, 15 attempts (~4.4 days).
+    /// The exponential formula: base 60 s doubling, capped at 24 h, 15 attempts (~4.4 days).
     pub fn exponential() -> Self {
         Self {
             name: Some("exponential"),
@@ -288,7 +288,7 @@ impl RetryPolicy {
             }
         };
         Some(match self.schedule {
-            // Seed 000 caps the jittered delay: min(base × 2^n + jitter, max_delay).
+            // The jittered delay is capped: min(base × 2^n + jitter, max_delay).
             Schedule::Exponential { max_delay_seconds, .. } => {
                 let cap = max_delay_seconds as f64;
                 DelayRange {

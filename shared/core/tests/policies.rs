@@ -23,7 +23,11 @@ fn ledger_dies_about_14_6_hours_after_the_first_attempt_not_2_6() {
     let p = RetryPolicy::ledger();
     assert_eq!(p.max_attempts(), 6);
     assert_eq!(*cumulative(&p).last().unwrap(), 52_560);
-    assert_ne!(*cumulative(&p).last().unwrap(), 9_360, "seed 002's sketch's off-by-one");
+    assert_ne!(
+        *cumulative(&p).last().unwrap(),
+        9_360,
+        "the sketched table's off-by-one"
+    );
     assert_eq!(p.jitter, Jitter::Proportional(0.1));
     assert!(!p.adaptive);
 }

@@ -1,5 +1,5 @@
 //! Many customer accounts behind one service: tenants an operator creates with ids of its
-//! choosing, the operator's keys, and seed 002's percentage rollout of the retries flag.
+//! choosing, the operator's keys, and the percentage rollout of the retries flag.
 
 use hookwise_core::model::*;
 use hookwise_core::services::{Caller, KeyRef, NewEvent, NewSubscription, NewTenant, TenantPatch};
@@ -139,7 +139,7 @@ async fn given_a_disabled_tenant_then_its_key_is_forbidden_and_the_operator_cann
     ));
 }
 
-/// Seed 002: "internal accounts first, then 10 % of customers, then everyone". Raising the
+/// The rollout's plan: "internal accounts first, then 10 % of customers, then everyone". Raising the
 /// percentage keeps in every tenant that was in; a tenant set on or off keeps its setting.
 #[tokio::test]
 async fn given_a_rollout_raised_from_10_to_50_percent_then_the_first_tenants_stay_in() {

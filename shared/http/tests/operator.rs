@@ -1,6 +1,6 @@
 //! Many customer accounts behind one service, through the API: an operator key creates and
 //! manages tenants, acts for any of them with `Hookwise-Tenant`, sends one batch for several,
-//! and moves seed 002's rollout; a tenant's key can do none of that.
+//! and moves the retries rollout; a tenant's key can do none of that.
 
 mod support;
 

@@ -24,7 +24,7 @@ pub struct Tenant {
     pub name: String,
     /// Who is told when a delivery dies, unless the subscription names someone else.
     pub owner_email: Email,
-    /// Seed 002's `webhook_retries` flag as set for this tenant: on, off, or as the
+    /// The `webhook_retries` flag as set for this tenant: on, off, or as the
     /// deployment's rollout decides ([`Deployment::retries_for`]). Off, a failed first attempt
     /// is final. (An older build stored `retries_enabled`, a bool: on or off.)
     #[serde(alias = "retries_enabled", deserialize_with = "RetriesSetting::stored")]
@@ -96,7 +96,7 @@ impl TenantStatus {
     }
 }
 
-/// A tenant's retries flag (seed 002's `webhook_retries`).
+/// A tenant's retries flag (`webhook_retries`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RetriesSetting {
@@ -132,7 +132,7 @@ impl RetriesSetting {
     }
 }
 
-/// What the deployment holds beside its tenants: the operator's keys and seed 002's rollout.
+/// What the deployment holds beside its tenants: the operator's keys and the retries rollout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Deployment {
     /// Operator keys (`hwo_`), oldest first: one, or two while a rotation is under way

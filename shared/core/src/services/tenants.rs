@@ -1,5 +1,5 @@
 //! Tenants and their API keys, and the deployment's own settings: its operator keys and
-//! seed 002's retries rollout. Changed by an operator, through `hookwise tenant`, `hookwise
+//! the retries rollout. Changed by an operator, through `hookwise tenant`, `hookwise
 //! operator` and `hookwise rollout`, or the operator routes of the API.
 //!
 //! A tenant holds one key, or two while it rotates: `rotate_api_key` adds a key beside the
@@ -184,7 +184,7 @@ impl Services {
         Ok(self.ports.store.deployment().await?)
     }
 
-    /// Seed 002's rollout: the share of the tenants that follow it whose retries are on. A
+    /// The retries rollout: the share of the tenants that follow it whose retries are on. A
     /// tenant is in while its bucket (`model::rollout_bucket`) is below the percentage, so
     /// raising it keeps in every tenant that was in.
     pub async fn set_retries_rollout(&self, percent: u8) -> Result<Deployment> {
@@ -341,7 +341,7 @@ impl Services {
         .await
     }
 
-    /// Seed 002's per-account retries flag: on, off, or as the rollout decides.
+    /// The per-account retries flag: on, off, or as the rollout decides.
     pub async fn set_tenant_retries(&self, id: &TenantId, retries: RetriesSetting) -> Result<Tenant> {
         let patch = TenantPatch {
             retries: Some(retries),

@@ -1,4 +1,4 @@
-//! Retry-storm simulation (seed 003): N deliveries fail together at t = 0; will their
+//! Retry-storm simulation: N deliveries fail together at t = 0; will their
 //! retries keep a recovering consumer down?
 //!
 //! The model, in whole seconds: a delivery that fails attempt k in second t makes attempt
@@ -59,7 +59,7 @@ impl Capacity {
     }
 }
 
-/// How the shards of a sharded dispatcher seed their jitter (seed 003's multi-shard edge case).
+/// How the shards of a sharded dispatcher seed their jitter (the multi-shard edge case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ShardSeeds {
@@ -70,7 +70,7 @@ pub enum ShardSeeds {
     Independent,
 }
 
-/// The endpoint health the adaptive policies see (seed 000's multiplier: ×0.5 healthy,
+/// The endpoint health the adaptive policies see (the adaptive multiplier: ×0.5 healthy,
 /// ×1 degraded, ×2 failing).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -104,7 +104,7 @@ pub struct StormConfig {
     /// The endpoint's rate limit, as a subscription sets it (`None`: none).
     pub rate_limit_per_second: Option<u32>,
     /// The endpoint's circuit breaker, as a subscription sets it (off unless asked for: the
-    /// calculator models the retry policy alone by default, as seed 003 does).
+    /// calculator models the retry policy alone by default).
     pub circuit_breaker: CircuitBreaker,
 }
 
@@ -113,7 +113,7 @@ pub const MAX_SHARDS: u32 = 1024;
 pub const MAX_HORIZON_SECONDS: u64 = 20_000_000;
 
 impl StormConfig {
-    /// Seed 003's parameters: retries r = 1 ..= m+1, retry r waiting b^(r−1) s, not adaptive.
+    /// The naive doubling curve's parameters: retries r = 1 ..= m+1, retry r waiting b^(r−1) s, not adaptive.
     pub fn seed_policy(base: u64, max_tier: u32, jitter: Jitter) -> Result<RetryPolicy, ValidationError> {
         if base < 1 {
             return Err(ValidationError::new(

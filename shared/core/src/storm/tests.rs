@@ -250,7 +250,7 @@ fn given_an_adaptive_policy_when_health_is_tracked_then_a_mass_failure_doubles_t
     assert_eq!(tracked.dead, 1_000);
 }
 
-/// Seed 003's outage in the calculator, as the end-to-end storm test runs it: 5 000 fail at
+/// The outage in the calculator, as the end-to-end storm test runs it: 5 000 fail at
 /// t = 0 on a consumer down for 90 s, then able to take 100 a second; retries doubling from
 /// 2 s, without jitter.
 fn outage(protected: bool) -> StormReport {

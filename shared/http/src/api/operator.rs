@@ -1,5 +1,5 @@
 //! The operator routes: tenants (create with an id of the caller's choosing, list, read,
-//! change, disable; their API keys), seed 002's rollout and the deployment's settings (who
+//! change, disable; their API keys), the retries rollout and the deployment's settings (who
 //! hears operational webhooks, whether the catalogue is strict). An operator key only
 //! (`extract::Operator`); a tenant's key gets 403. And `GET /v1/tenant`, any caller's view of
 //! the tenant it acts for.

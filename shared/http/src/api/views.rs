@@ -419,7 +419,7 @@ impl NewApiKeyView {
     }
 }
 
-/// Seed 002's rollout: the share of the tenants following it whose retries are on.
+/// The retries rollout: the share of the tenants following it whose retries are on.
 #[derive(Debug, Serialize)]
 pub struct RolloutView {
     pub retries_percent: u8,

@@ -32,7 +32,7 @@
 
 mod aws_support;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -764,6 +764,9 @@ struct Figures {
     early_deaths: usize,
     /// Retries made sooner after the attempt before them than the schedule says.
     early_retries: usize,
+    /// 2xx attempts made by a copy of the message of the failed attempt before them, handled
+    /// at the same time, the 2xx recorded over the failure ([`RetryGaps::alongside`]).
+    alongside: usize,
     notices_missing: usize,
     notices_repeated: usize,
     posts: u64,
@@ -845,9 +848,15 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
     }
     // Copies of the messages for the deliveries of a few events, beside the real ones.
     let mut injected = 0;
+    // (delivery, attempt) of each copy, as the check of retries' gaps needs them.
+    let mut copied = HashSet::new();
     for id in accepted.iter().take(5) {
         let ev = get_ok(&api, &format!("/v1/events/{id}")).await;
-        injected += backend.inject_messages(ev["deliveries"].as_array().unwrap()).await;
+        let deliveries = ev["deliveries"].as_array().unwrap();
+        injected += backend.inject_messages(deliveries).await;
+        for task in deliveries.iter().flat_map(injected_copies) {
+            copied.insert((task.delivery_id.to_string(), task.attempt));
+        }
     }
     // Faults on through most of the schedule, the deaths and their emails included.
     tokio::time::sleep(FAULT_PHASE).await;
@@ -913,6 +922,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         dead_off_schedule: 0,
         early_deaths: 0,
         early_retries: 0,
+        alongside: 0,
         notices_missing: 0,
         notices_repeated: 0,
         posts: endpoints
@@ -973,9 +983,22 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
                     story(d, hits, &key, backend, &api).await
                 );
             }
-            if attempts > 1 && early_retry(&api, d).await {
-                f.early_retries += 1;
-                eprintln!("a retry before its time: {}", story(d, hits, &key, backend, &api).await);
+            if attempts > 1 {
+                // The attempts that had a copy of their message handed out beside it: the
+                // test's own copies, and the local host's duplicate receives.
+                let faults = backend.faults_on(id);
+                let had_a_copy = |attempt: u32| {
+                    copied.contains(&(id.to_owned(), attempt))
+                        || faults
+                            .iter()
+                            .any(|f| f.starts_with("duplicate ") && f.ends_with(&format!(" attempt {attempt}")))
+                };
+                let gaps = retry_gaps(&api, d, had_a_copy).await;
+                f.alongside += gaps.alongside;
+                if gaps.early {
+                    f.early_retries += 1;
+                    eprintln!("a retry before its time: {}", story(d, hits, &key, backend, &api).await);
+                }
             }
             match d["status"].as_str().unwrap() {
                 "delivered" => f.delivered += 1,
@@ -1022,7 +1045,8 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         "chaos ({name}): {} events accepted ({} deliveries: {} delivered, {} dead), {} kill -9, {} extra queue messages\n\
          the first crash ({crash}) caught the 150-subscription ingest: sent {} times\n\
          faults injected:\n{}\
-         lost: {}  early deaths: {}  retries before their time: {}  dead without a notice: {}  with more than one: {}\n\
+         lost: {}  early deaths: {}  retries before their time: {} (2xx copies alongside a failed attempt: {})  \
+         dead without a notice: {}  with more than one: {}\n\
          by the receivers: said delivered but never answered: {}  answered but not said delivered: {}  \
          POSTs past the attempts at most: {} (bound {EXTRA_POSTS}; {} past it)\n\
          POSTs received: {} (by endpoint: {by_behaviour:?}, fan-out {}), connections dropped while down: {}\n\
@@ -1041,6 +1065,7 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         f.lost,
         f.early_deaths,
         f.early_retries,
+        f.alongside,
         f.notices_missing,
         f.notices_repeated,
         f.delivered_unanswered,
@@ -1081,7 +1106,15 @@ async fn story(d: &Value, hits: &Hits, key: &Key, backend: &impl Backend, api: &
         .as_array()
         .into_iter()
         .flatten()
-        .map(|a| format!("#{} at {}", a["attempt"], after_creation(time(&a["started_at"]))))
+        .map(|a| {
+            format!(
+                "#{} at {} for {} ms ({})",
+                a["attempt"],
+                after_creation(time(&a["started_at"])),
+                a["duration_ms"],
+                a["status_code"]
+            )
+        })
         .collect();
     format!(
         "{d}\n  its endpoint's POSTs, in s after its creation: {}\n  its attempts as recorded: {}\n  \
@@ -1092,10 +1125,21 @@ async fn story(d: &Value, hits: &Hits, key: &Key, backend: &impl Backend, api: &
     )
 }
 
-/// Whether a retry of this delivery started sooner after the end of the attempt before it
-/// (its start and its recorded duration) than the schedule's delay, whatever message carried
-/// it: the local injector hands messages out early.
-async fn early_retry(api: &Api, d: &Value) -> bool {
+/// What the gaps between a delivery's attempts in one round show.
+struct RetryGaps {
+    /// A retry started sooner after the end of the attempt before it (its start and its
+    /// recorded duration) than the schedule's delay, whatever message carried it: the local
+    /// injector hands messages out early.
+    early: bool,
+    /// 2xx attempts sooner than the delay after a failed attempt whose message had a copy
+    /// handed out beside it (`had_a_copy`: the test's own copies, the local host's duplicate
+    /// receives). Those are no retries: the copy, handled at the same time as the message,
+    /// made the same attempt, and its 2xx, whose write lost to the failure's, was recorded
+    /// over it as the round's next attempt (a 2xx is final).
+    alongside: usize,
+}
+
+async fn retry_gaps(api: &Api, d: &Value, had_a_copy: impl Fn(u32) -> bool) -> RetryGaps {
     let detail = get_ok(api, &format!("/v1/deliveries/{}", d["id"].as_str().unwrap())).await;
     let attempts = detail["attempts"].as_array().unwrap();
     let started = |a: &Value| {
@@ -1105,11 +1149,28 @@ async fn early_retry(api: &Api, d: &Value) -> bool {
             .parse::<chrono::DateTime<chrono::Utc>>()
             .unwrap()
     };
-    attempts.windows(2).filter(|p| p[0]["round"] == p[1]["round"]).any(|p| {
+    let mut gaps = RetryGaps {
+        early: false,
+        alongside: 0,
+    };
+    for p in attempts.windows(2).filter(|p| p[0]["round"] == p[1]["round"]) {
         let delay = SCHEDULE[p[0]["attempt"].as_u64().unwrap() as usize - 1];
         let took = chrono::Duration::milliseconds(p[0]["duration_ms"].as_i64().unwrap());
-        started(&p[1]) - started(&p[0]) - took < chrono::Duration::seconds(delay as i64)
-    })
+        if started(&p[1]) - started(&p[0]) - took >= chrono::Duration::seconds(delay as i64) {
+            continue;
+        }
+        match is_2xx(&p[1]) && had_a_copy(p[0]["attempt"].as_u64().unwrap() as u32) {
+            true => gaps.alongside += 1,
+            false => gaps.early = true,
+        }
+    }
+    gaps
+}
+
+fn is_2xx(attempt: &Value) -> bool {
+    attempt["status_code"]
+        .as_u64()
+        .is_some_and(|code| (200..300).contains(&code))
 }
 
 /// From a delivery's creation to its last change.

@@ -103,6 +103,13 @@ pub fn is_left_to_the_sweep(delivery: &Delivery) -> bool {
         && delivery.next_attempt_at == delivery.not_before.map(|at| at + Duration::milliseconds(1))
 }
 
+/// Whether `task` is the message of the attempt `delivery` recorded last, and that attempt's
+/// retry is the one [`leave_to_the_sweep`] left: the message, come back (or given up on by
+/// the queue), queues the retry then, not the sweep minutes later.
+pub fn retry_waits_on(delivery: &Delivery, task: &DeliveryTask) -> bool {
+    delivery.round == task.round && delivery.attempts == task.attempt && is_left_to_the_sweep(delivery)
+}
+
 /// A message for a later attempt than the one its delivery waits for, in the same round: a
 /// retry's, queued before the write that records the attempt before it, come before that
 /// write landed (or that write failed, and that attempt is to be made again).

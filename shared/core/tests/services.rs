@@ -1360,6 +1360,48 @@ async fn given_a_retry_that_could_not_be_queued_then_its_attempt_is_recorded_onc
 }
 
 #[tokio::test]
+async fn given_a_retry_that_could_not_be_queued_and_its_attempts_message_given_up_on_then_the_dead_letter_queues_the_retry(
+) {
+    // The message that was to queue the retry (above) never comes back: its receives failed
+    // until the queue moved it to the dead-letter queue. The retry still goes at its time,
+    // not once the sweep finds it overdue minutes later.
+    use hookwise_core::ports::QueueMessage;
+    use hookwise_core::services::{Disposition, QueueRole};
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(first_fails());
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![10])).await;
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let d = &ingested.deliveries[0];
+    let task = h.queue.take_visible().remove(0);
+    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
+    let message = QueueMessage {
+        message_id: "m-1".into(),
+        task: Ok(task.clone()),
+        redriven: false,
+        receive_count: 1,
+    };
+    assert_eq!(
+        h.services.handle_messages(QueueRole::Delivery, &[message], None).await,
+        vec![Disposition::Redeliver]
+    );
+    assert_eq!(h.queue.pending(), 0, "the retry was not queued");
+
+    let report = h.services.handle_dead_letters(&[task]).await.unwrap();
+    assert_eq!(report.rescheduled, 1);
+    assert_eq!(h.queue.pending(), 1, "the retry is queued");
+    h.clock.advance(Duration::seconds(9));
+    assert_eq!(h.drain_now().await, 0, "not before its time");
+    h.clock.advance(Duration::seconds(2));
+    assert_eq!(h.drain_now().await, 1);
+    let attempts = h.store.attempts(&d.id).await.unwrap();
+    assert_eq!(
+        attempts.iter().map(|a| (a.attempt, a.status_code)).collect::<Vec<_>>(),
+        vec![(1, Some(500)), (2, Some(200))]
+    );
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "one POST an attempt");
+}
+
+#[tokio::test]
 async fn given_a_dead_letter_batch_with_a_retrys_message_ahead_of_its_attempts_then_the_attempts_own_is_rescheduled() {
     // A retry's message is queued before its attempt's write; when that write never landed,
     // both may reach the dead-letter queue together, the retry's first. It must not hide the

@@ -8,7 +8,7 @@ use super::Services;
 use crate::error::{PortError, Result};
 use crate::model::*;
 use crate::ports::{DeadNotice, DeliveryTask, SendErrorKind, SendOutcome};
-use crate::state::{after_attempt, decide, is_due_attempt, next_task, AttemptContext, Decision};
+use crate::state::{after_attempt, decide, is_due_attempt, next_task, retry_waits_on, AttemptContext, Decision};
 use crate::stats::StatsCounts;
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -88,6 +88,14 @@ impl Services {
                     ..next_task(&delivery)
                 };
                 again.push((task, due, delivery));
+                continue;
+            }
+            if retry_waits_on(&delivery, task) {
+                // The queue gave up on the message of an attempt that was recorded but whose
+                // retry could not be queued: the retry goes on its schedule now, as it does
+                // when the message comes back (`resume_retry`), not minutes late by the sweep.
+                let due = delivery.next_attempt_at.unwrap_or(self.now()).max(self.now());
+                again.push((next_task(&delivery), due, delivery));
                 continue;
             }
             if delivery.status != DeliveryStatus::Dead {

@@ -570,7 +570,7 @@ impl Services {
         }
         // Queued again only where its queueing failed: a message the queue took is not lost,
         // and a second copy of one attempt is two workers POSTing it at once.
-        if d.status == DeliveryStatus::Retrying && state::is_left_to_the_sweep(&d) {
+        if state::retry_waits_on(&d, task) {
             let at = d.next_attempt_at.unwrap_or_else(|| self.now());
             self.schedule_attempt(state::next_task(&d), at).await?;
             tracing::info!(delivery_id = %d.id, attempt = task.attempt, %at,

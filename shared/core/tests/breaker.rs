@@ -461,6 +461,21 @@ async fn open_breaker_holding(h: &Harness, breaker: CircuitBreaker) -> (Tenant, 
 }
 
 #[tokio::test]
+async fn given_an_open_breaker_then_the_attempts_it_holds_read_no_event() {
+    // A storm's messages are mostly held: each read of its event would be wasted (on
+    // DynamoDB, a read per message on the table the storm's writes already load).
+    let (sender, _up) = switchable();
+    let h = Harness::new(sender);
+    let (_, sub) = open_breaker_holding(&h, CircuitBreaker::on()).await;
+    let held = h.scheduler.held(&sub.id, 100).await.unwrap().len();
+    assert_eq!(
+        h.store.event_reads.load(Ordering::SeqCst),
+        5,
+        "one read for each of the 5 attempts made, none for the {held} held"
+    );
+}
+
+#[tokio::test]
 async fn given_a_probe_in_flight_then_another_attempt_failing_does_not_open_the_breaker_again() {
     let (sender, up) = switchable();
     let h = Harness::new(sender);

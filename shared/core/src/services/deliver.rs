@@ -182,20 +182,19 @@ impl Services {
         if let Some(at) = delivery.not_before.filter(|at| *at > self.now()) {
             return self.too_early(task, at).await;
         }
-        // Independent reads, made at once (on DynamoDB, four round trips become one's wait);
-        // the subscription and the tenant usually from what this process keeps (`lookups`).
-        let (subscription, event, tenant, health, deployment) = futures::try_join!(
+        // Independent reads, made at once, usually from what this process keeps (`lookups`).
+        // The event is read only once the breaker lets the attempt through (below): a storm's
+        // messages are mostly held, and a held attempt needs no event.
+        let (subscription, tenant, health, deployment) = futures::try_join!(
             self.kept_subscription(&delivery.tenant_id, &delivery.subscription_id),
-            async { Ok(store.get_event(&delivery.tenant_id, &delivery.event_id).await?) },
             self.kept_tenant(&delivery.tenant_id),
             self.kept_health(&delivery.subscription_id),
             self.kept_deployment(),
         )?;
-        let (sub, event) = match (subscription, event) {
-            (Some(s), Some(e)) if s.status == SubscriptionStatus::Active => (s, e),
-            (Some(_), Some(_)) => return self.abandon(&delivery, task, "the subscription is disabled").await,
-            (None, _) => return self.abandon(&delivery, task, "the subscription was deleted").await,
-            (_, None) => return self.abandon(&delivery, task, "the event no longer exists").await,
+        let sub = match subscription {
+            Some(s) if s.status == SubscriptionStatus::Active => s,
+            Some(_) => return self.abandon(&delivery, task, "the subscription is disabled").await,
+            None => return self.abandon(&delivery, task, "the subscription was deleted").await,
         };
         // Before the breaker's gate and the rate limiter: a delivery that can never be signed
         // must not take a probe's turn or a slot.
@@ -212,7 +211,8 @@ impl Services {
         let gives_up_at = self.gives_up_at(&sub, &delivery, task, retries_enabled);
         let mut failures = health.consecutive_failures();
         let mut waited = false;
-        let (circuit, probe) = loop {
+        let mut event = None;
+        let (circuit, probe, event) = loop {
             let gate = self.gate(&sub, task, failures, gives_up_at).await?;
             // The breaker's work on a copy of the subscription this process kept (a probe, an
             // attempt it held: released, or to be held again): a DELETE or a disabling in
@@ -229,19 +229,31 @@ impl Services {
                 Gate::ProbeAt { at, claim } => {
                     return self.hold(&sub, &delivery, task, gives_up_at, Some((at, claim))).await
                 }
-                Gate::Attempt { circuit, probe } if waited => break (circuit, probe),
                 Gate::Attempt { circuit, probe } => {
+                    // Before the rate limiter: an attempt whose event is gone takes no slot.
+                    // (It may be the breaker's probe: the breaker names another once
+                    // `PROBE_GRACE` has passed, as for a probe whose subscription went.)
+                    let read = match event.take() {
+                        Some(read) => read,
+                        None => match store.get_event(&delivery.tenant_id, &delivery.event_id).await? {
+                            Some(read) => read,
+                            None => return self.abandon(&delivery, task, "the event no longer exists").await,
+                        },
+                    };
+                    if waited {
+                        break (circuit, probe, read);
+                    }
                     let before = self.now();
                     if let Some(slot) = self.wait_for_slot(&sub, &delivery, task).await? {
                         return Ok(DeliverOutcome::RateLimited { slot });
                     }
                     if self.now() == before || circuit.is_some() || probe {
-                        break (circuit, probe);
+                        break (circuit, probe, read);
                     }
                     // The breaker may have opened while this attempt waited for its turn
                     // (the ones before it failing): asked again, so an outage's first second
                     // costs the endpoint the threshold's failures, not a second of its rate.
-                    (waited, failures) = (true, self.kept_failures(&sub.id));
+                    (waited, failures, event) = (true, self.kept_failures(&sub.id), Some(read));
                 }
             }
         };

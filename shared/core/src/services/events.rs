@@ -16,10 +16,11 @@ pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
 pub const MAX_BATCH: usize = 100;
 /// An event's payload, as JSON: what the single-event request's body limit leaves room for.
 pub const MAX_PAYLOAD_BYTES: usize = 256 * 1024;
-/// Events of a batch written to the store at once.
+/// Events of a batch answered at once (a key stored before is read back).
 const STORE_CONCURRENCY: usize = 8;
 /// First attempts queued before their events are stored, and events stored after them, at a
-/// time: as many messages as one request to SQS holds.
+/// time: as many messages as one request to SQS holds. A group's events are written all at
+/// once: each message waits for its own event's write, and the batch for one write a group.
 const QUEUE_GROUP: usize = 10;
 
 /// `POST /v1/events`.
@@ -295,11 +296,7 @@ impl Services {
                     (i, self.ports.store.create_event(event, deliveries).await)
                 })
                 .collect();
-            let created: Vec<_> = futures::stream::iter(writes)
-                .buffer_unordered(STORE_CONCURRENCY)
-                .collect()
-                .await;
-            for (i, created) in created {
+            for (i, created) in futures::future::join_all(writes).await {
                 written[i] = Some(created);
             }
         }

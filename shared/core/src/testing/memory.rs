@@ -82,6 +82,8 @@ pub struct MemoryStore {
     pub failing_audits: std::sync::atomic::AtomicU32,
     /// Lookups of API keys so far.
     pub api_key_reads: std::sync::atomic::AtomicU32,
+    /// Reads of one event (`get_event`) so far.
+    pub event_reads: std::sync::atomic::AtomicU32,
     /// `Some((clock, late, n))`: the next `n` rate-limit turns are answered `late` after they
     /// were asked, on `clock`, as a busy table answers a contended write.
     #[allow(clippy::type_complexity)]
@@ -325,6 +327,7 @@ impl Store for MemoryStore {
         Ok(Created::New)
     }
     async fn get_event(&self, tenant: &TenantId, id: &EventId) -> PortResult<Option<Event>> {
+        self.event_reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(lock(&self.data)
             .events
             .iter()

@@ -854,8 +854,13 @@ async fn run(name: &str, backend: &impl Backend, host: &mut Host) -> Figures {
         let ev = get_ok(&api, &format!("/v1/events/{id}")).await;
         let deliveries = ev["deliveries"].as_array().unwrap();
         injected += backend.inject_messages(deliveries).await;
-        for task in deliveries.iter().flat_map(injected_copies) {
-            copied.insert((task.delivery_id.to_string(), task.attempt));
+        // Only the copies of the attempt each delivery waited for then can make it (the
+        // others are stale, or far ahead, and go back).
+        for d in deliveries {
+            let due = d["attempt_count"].as_u64().unwrap() as u32 + 1;
+            for task in injected_copies(d).into_iter().filter(|t| t.attempt == due) {
+                copied.insert((task.delivery_id.to_string(), task.attempt));
+            }
         }
     }
     // Faults on through most of the schedule, the deaths and their emails included.
@@ -1131,13 +1136,18 @@ struct RetryGaps {
     /// recorded duration) than the schedule's delay, whatever message carried it: the local
     /// injector hands messages out early.
     early: bool,
-    /// 2xx attempts sooner than the delay after a failed attempt whose message had a copy
-    /// handed out beside it (`had_a_copy`: the test's own copies, the local host's duplicate
-    /// receives). Those are no retries: the copy, handled at the same time as the message,
+    /// 2xx attempts within [`ALONGSIDE_WITHIN`] of the end of a failed attempt whose message
+    /// had a copy handed out beside it (`had_a_copy`: the test's own copies, the local host's
+    /// duplicate receives). Those are no retries: the copy, handled at the same time as the message,
     /// made the same attempt, and its 2xx, whose write lost to the failure's, was recorded
     /// over it as the round's next attempt (a 2xx is final).
     alongside: usize,
 }
+
+/// How soon after the end of a failed attempt a copy of its message may start the same
+/// attempt: it read the delivery before the failure's write landed (a moment after that
+/// end), and may then have waited up to `rate_limit::SLOT_WAIT` (a second) for its turn.
+const ALONGSIDE_WITHIN: chrono::Duration = chrono::Duration::milliseconds(1_500);
 
 async fn retry_gaps(api: &Api, d: &Value, had_a_copy: impl Fn(u32) -> bool) -> RetryGaps {
     let detail = get_ok(api, &format!("/v1/deliveries/{}", d["id"].as_str().unwrap())).await;
@@ -1154,12 +1164,15 @@ async fn retry_gaps(api: &Api, d: &Value, had_a_copy: impl Fn(u32) -> bool) -> R
         alongside: 0,
     };
     for p in attempts.windows(2).filter(|p| p[0]["round"] == p[1]["round"]) {
-        let delay = SCHEDULE[p[0]["attempt"].as_u64().unwrap() as usize - 1];
+        let attempt = p[0]["attempt"].as_u64().unwrap() as u32;
+        // Past the schedule (a 2xx recorded over the last attempt's failure): no delay.
+        let delay = SCHEDULE.get(attempt as usize - 1).copied().unwrap_or(0);
         let took = chrono::Duration::milliseconds(p[0]["duration_ms"].as_i64().unwrap());
-        if started(&p[1]) - started(&p[0]) - took >= chrono::Duration::seconds(delay as i64) {
+        let gap = started(&p[1]) - started(&p[0]) - took;
+        if delay > 0 && gap >= chrono::Duration::seconds(delay as i64) {
             continue;
         }
-        match is_2xx(&p[1]) && had_a_copy(p[0]["attempt"].as_u64().unwrap() as u32) {
+        match is_2xx(&p[1]) && had_a_copy(attempt) && gap < ALONGSIDE_WITHIN {
             true => gaps.alongside += 1,
             false => gaps.early = true,
         }

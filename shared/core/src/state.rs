@@ -110,6 +110,23 @@ pub fn retry_waits_on(delivery: &Delivery, task: &DeliveryTask) -> bool {
     delivery.round == task.round && delivery.attempts == task.attempt && is_left_to_the_sweep(delivery)
 }
 
+/// The change that records a retry [`leave_to_the_sweep`] left as queued at last (by its
+/// attempt's message, come back or given up on): its next attempt back at its time, as a
+/// retry queued before its attempt's write has it, so no later copy of that message, nor
+/// the sweep, queues it again.
+pub fn retry_queued(delivery: &Delivery, now: DateTime<Utc>) -> DeliveryChange {
+    let next = Delivery {
+        next_attempt_at: delivery.not_before,
+        updated_at: now,
+        ..delivery.clone()
+    };
+    DeliveryChange {
+        expected: Expected::of(delivery),
+        next,
+        attempt: None,
+    }
+}
+
 /// A message for a later attempt than the one its delivery waits for, in the same round: a
 /// retry's, queued before the write that records the attempt before it, come before that
 /// write landed (or that write failed, and that attempt is to be made again).

@@ -1402,6 +1402,50 @@ async fn given_a_retry_that_could_not_be_queued_and_its_attempts_message_given_u
 }
 
 #[tokio::test]
+async fn given_a_retry_queued_by_its_attempts_message_come_back_then_neither_another_copy_nor_the_dead_letter_queues_it_again(
+) {
+    // The message that queued the retry is received again (its ack failed), or given up on
+    // by the queue: the retry is on its way, and a second would be two workers POSTing it.
+    use hookwise_core::ports::QueueMessage;
+    use hookwise_core::services::{Disposition, QueueRole};
+    use std::sync::atomic::Ordering;
+    let h = Harness::new(first_fails());
+    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![10])).await;
+    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
+    let d = &ingested.deliveries[0];
+    let task = h.queue.take_visible().remove(0);
+    let message = |receive_count| QueueMessage {
+        message_id: "m-1".into(),
+        task: Ok(task.clone()),
+        redriven: false,
+        receive_count,
+    };
+    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
+    h.services
+        .handle_messages(QueueRole::Delivery, &[message(1)], None)
+        .await;
+    assert_eq!(
+        h.services
+            .handle_messages(QueueRole::Delivery, &[message(2)], None)
+            .await,
+        vec![Disposition::Done]
+    );
+    assert_eq!(h.queue.pending(), 1, "the retry is queued");
+    let stored = h.store.get_delivery(&d.id).await.unwrap().unwrap();
+    assert!(!stored.is_swept(), "and recorded queued: {stored:?}");
+
+    h.services
+        .handle_messages(QueueRole::Delivery, &[message(3)], None)
+        .await;
+    let report = h.services.handle_dead_letters(std::slice::from_ref(&task)).await.unwrap();
+    assert_eq!(report.rescheduled, 0);
+    assert_eq!(h.queue.pending(), 1, "queued once");
+    h.clock.advance(Duration::seconds(11));
+    assert_eq!(h.drain_now().await, 1);
+    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "one POST an attempt");
+}
+
+#[tokio::test]
 async fn given_a_dead_letter_batch_with_a_retrys_message_ahead_of_its_attempts_then_the_attempts_own_is_rescheduled() {
     // A retry's message is queued before its attempt's write; when that write never landed,
     // both may reach the dead-letter queue together, the retry's first. It must not hide the

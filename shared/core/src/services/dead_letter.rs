@@ -44,8 +44,10 @@ impl Services {
         let mut owners = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
         let mut to_tell = Vec::new();
-        // Attempts the queue gave up on, put back on their schedule last (below).
+        // Attempts the queue gave up on, put back on their schedule last (below), and retries
+        // whose queueing failed, whose attempt's message the queue gave up on.
         let mut again = Vec::new();
+        let mut waiting_retries = Vec::new();
         for task in tasks {
             // A copy of a message in this batch. (Another attempt's message is not: a retry's,
             // queued before its attempt's write, may come with that attempt's own.)
@@ -94,8 +96,7 @@ impl Services {
                 // The queue gave up on the message of an attempt that was recorded but whose
                 // retry could not be queued: the retry goes on its schedule now, as it does
                 // when the message comes back (`resume_retry`), not minutes late by the sweep.
-                let due = delivery.next_attempt_at.unwrap_or(self.now()).max(self.now());
-                again.push((next_task(&delivery), due, delivery));
+                waiting_retries.push(delivery);
                 continue;
             }
             if delivery.status != DeliveryStatus::Dead {
@@ -160,6 +161,14 @@ impl Services {
                 delivery_id = %delivery.id, event_id = %delivery.event_id, tenant_id = %delivery.tenant_id,
                 attempt = task.attempt, %due,
                 "the queue gave up on this delivery's message after failed receives; it is back on its schedule"
+            );
+            report.rescheduled += 1;
+        }
+        for delivery in waiting_retries {
+            self.queue_waiting_retry(&delivery).await?;
+            tracing::warn!(
+                delivery_id = %delivery.id, attempt = delivery.attempts + 1,
+                "the queue gave up on the message that was to queue this retry; it is queued now"
             );
             report.rescheduled += 1;
         }

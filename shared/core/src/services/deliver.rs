@@ -567,6 +567,25 @@ impl Services {
         }
     }
 
+    /// Queue the retry `d` waits on ([`state::retry_waits_on`]: its queueing failed), due at
+    /// its time, then record it queued ([`state::retry_queued`]), so another copy of the
+    /// message that queues it here, or the sweep, does not queue it again. That write is best
+    /// effort: should it fail, a copy may queue a second message (stale once the first is
+    /// handled, or two workers POSTing one attempt), where an error would bring this message
+    /// back to queue one for certain.
+    pub(super) async fn queue_waiting_retry(&self, d: &Delivery) -> Result<(), PortError> {
+        let at = d.next_attempt_at.unwrap_or_else(|| self.now()).max(self.now());
+        self.schedule_attempt(state::next_task(d), at).await?;
+        match self.ports.store.apply_change(&state::retry_queued(d, self.now())).await {
+            Ok(()) | Err(PortError::ConditionFailed(_)) => {}
+            Err(error) => {
+                self.metrics.count(metrics::BEST_EFFORT_FAILURES, 1);
+                tracing::warn!(%error, delivery_id = %d.id, "could not record a retry queued again as queued");
+            }
+        }
+        Ok(())
+    }
+
     /// A message that came back after its attempt was recorded (its receiver died, or
     /// failed, after the state change): queue the retry that attempt decided on (in case its
     /// queueing failed: `queue_retry_ahead`), and if the attempt was the breaker's probe, move
@@ -583,9 +602,8 @@ impl Services {
         // Queued again only where its queueing failed: a message the queue took is not lost,
         // and a second copy of one attempt is two workers POSTing it at once.
         if state::retry_waits_on(&d, task) {
-            let at = d.next_attempt_at.unwrap_or_else(|| self.now());
-            self.schedule_attempt(state::next_task(&d), at).await?;
-            tracing::info!(delivery_id = %d.id, attempt = task.attempt, %at,
+            self.queue_waiting_retry(&d).await?;
+            tracing::info!(delivery_id = %d.id, attempt = task.attempt,
                 "a message came back after its attempt was recorded; its retry is queued again");
         }
         if let Err(error) = self.probe_moved_on(&d).await {

@@ -115,16 +115,8 @@ pub fn retry_waits_on(delivery: &Delivery, task: &DeliveryTask) -> bool {
 /// retry queued before its attempt's write has it, so no later copy of that message, nor
 /// the sweep, queues it again.
 pub fn retry_queued(delivery: &Delivery, now: DateTime<Utc>) -> DeliveryChange {
-    let next = Delivery {
-        next_attempt_at: delivery.not_before,
-        updated_at: now,
-        ..delivery.clone()
-    };
-    DeliveryChange {
-        expected: Expected::of(delivery),
-        next,
-        attempt: None,
-    }
+    let at = delivery.not_before.or(delivery.next_attempt_at).unwrap_or(now);
+    requeued(delivery, now, at)
 }
 
 /// A message for a later attempt than the one its delivery waits for, in the same round: a

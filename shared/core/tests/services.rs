@@ -1311,52 +1311,67 @@ async fn given_one_owners_email_is_refused_then_the_others_are_told_and_it_is_to
     assert_eq!(to(&h).len(), 2);
 }
 
-#[tokio::test]
-async fn given_a_retry_that_could_not_be_queued_then_its_attempt_is_recorded_once_and_its_message_queues_it() {
-    use hookwise_core::ports::QueueMessage;
+/// A delivery whose attempt 1 failed and whose retry could not be queued (its queueing,
+/// before the attempt's write, failed): the attempt is recorded all the same, left to the
+/// sweep, and its message (`m-1`, received once) is to come back. The harness, the delivery
+/// and that message's task.
+async fn retry_not_queued() -> (Harness, Delivery, DeliveryTask) {
     use hookwise_core::services::{Disposition, QueueRole};
     use std::sync::atomic::Ordering;
     let h = Harness::new(first_fails());
     let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![10])).await;
     let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
-    let d = &ingested.deliveries[0];
+    let d = ingested.deliveries[0].clone();
     let task = h.queue.take_visible().remove(0);
-    let message = |receive_count| QueueMessage {
-        message_id: "m-1".into(),
-        task: Ok(task.clone()),
-        redriven: false,
-        receive_count,
-    };
-
-    // Attempt 1 fails, and queueing its retry (before the attempt's write) fails: the attempt
-    // is recorded all the same, left to the sweep, and the message comes back.
     h.queue.failing_enqueues.store(1, Ordering::SeqCst);
     assert_eq!(
         h.services
-            .handle_messages(QueueRole::Delivery, &[message(1)], None)
+            .handle_messages(QueueRole::Delivery, &[received(&task, 1)], None)
             .await,
         vec![Disposition::Redeliver]
     );
     assert_eq!(h.store.attempts(&d.id).await.unwrap().len(), 1);
     assert_eq!(h.queue.pending(), 0, "the retry was not queued");
-    let stored = h.store.get_delivery(&d.id).await.unwrap().unwrap();
-    assert!(stored.is_swept(), "the sweep looks after it meanwhile: {stored:?}");
+    (h, d, task)
+}
 
-    // Back: stale, it queues the retry; attempt 1 is not made again.
-    assert_eq!(
-        h.services
-            .handle_messages(QueueRole::Delivery, &[message(2)], None)
-            .await,
-        vec![Disposition::Done]
-    );
-    h.clock.advance(Duration::seconds(11));
-    assert_eq!(h.drain_now().await, 1);
+/// `task`'s message, received for the `receive_count`-th time.
+fn received(task: &DeliveryTask, receive_count: u32) -> hookwise_core::ports::QueueMessage {
+    hookwise_core::ports::QueueMessage {
+        message_id: "m-1".into(),
+        task: Ok(task.clone()),
+        redriven: false,
+        receive_count,
+    }
+}
+
+/// Attempts 1 (500) and 2 (200) made, one POST each.
+async fn made_once_each(h: &Harness, d: &Delivery) {
     let attempts = h.store.attempts(&d.id).await.unwrap();
     assert_eq!(
         attempts.iter().map(|a| (a.attempt, a.status_code)).collect::<Vec<_>>(),
         vec![(1, Some(500)), (2, Some(200))]
     );
     assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "one POST an attempt");
+}
+
+#[tokio::test]
+async fn given_a_retry_that_could_not_be_queued_then_its_attempt_is_recorded_once_and_its_message_queues_it() {
+    use hookwise_core::services::{Disposition, QueueRole};
+    let (h, d, task) = retry_not_queued().await;
+    let stored = h.store.get_delivery(&d.id).await.unwrap().unwrap();
+    assert!(stored.is_swept(), "the sweep looks after it meanwhile: {stored:?}");
+
+    // Back: stale, it queues the retry; attempt 1 is not made again.
+    assert_eq!(
+        h.services
+            .handle_messages(QueueRole::Delivery, &[received(&task, 2)], None)
+            .await,
+        vec![Disposition::Done]
+    );
+    h.clock.advance(Duration::seconds(11));
+    assert_eq!(h.drain_now().await, 1);
+    made_once_each(&h, &d).await;
 }
 
 #[tokio::test]
@@ -1365,27 +1380,7 @@ async fn given_a_retry_that_could_not_be_queued_and_its_attempts_message_given_u
     // The message that was to queue the retry (above) never comes back: its receives failed
     // until the queue moved it to the dead-letter queue. The retry still goes at its time,
     // not once the sweep finds it overdue minutes later.
-    use hookwise_core::ports::QueueMessage;
-    use hookwise_core::services::{Disposition, QueueRole};
-    use std::sync::atomic::Ordering;
-    let h = Harness::new(first_fails());
-    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![10])).await;
-    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
-    let d = &ingested.deliveries[0];
-    let task = h.queue.take_visible().remove(0);
-    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
-    let message = QueueMessage {
-        message_id: "m-1".into(),
-        task: Ok(task.clone()),
-        redriven: false,
-        receive_count: 1,
-    };
-    assert_eq!(
-        h.services.handle_messages(QueueRole::Delivery, &[message], None).await,
-        vec![Disposition::Redeliver]
-    );
-    assert_eq!(h.queue.pending(), 0, "the retry was not queued");
-
+    let (h, d, task) = retry_not_queued().await;
     let report = h.services.handle_dead_letters(&[task]).await.unwrap();
     assert_eq!(report.rescheduled, 1);
     assert_eq!(h.queue.pending(), 1, "the retry is queued");
@@ -1393,12 +1388,7 @@ async fn given_a_retry_that_could_not_be_queued_and_its_attempts_message_given_u
     assert_eq!(h.drain_now().await, 0, "not before its time");
     h.clock.advance(Duration::seconds(2));
     assert_eq!(h.drain_now().await, 1);
-    let attempts = h.store.attempts(&d.id).await.unwrap();
-    assert_eq!(
-        attempts.iter().map(|a| (a.attempt, a.status_code)).collect::<Vec<_>>(),
-        vec![(1, Some(500)), (2, Some(200))]
-    );
-    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "one POST an attempt");
+    made_once_each(&h, &d).await;
 }
 
 #[tokio::test]
@@ -1406,27 +1396,11 @@ async fn given_a_retry_queued_by_its_attempts_message_come_back_then_neither_ano
 ) {
     // The message that queued the retry is received again (its ack failed), or given up on
     // by the queue: the retry is on its way, and a second would be two workers POSTing it.
-    use hookwise_core::ports::QueueMessage;
     use hookwise_core::services::{Disposition, QueueRole};
-    use std::sync::atomic::Ordering;
-    let h = Harness::new(first_fails());
-    let (tenant, _) = subscribed(&h, "https://a.example.com/", Some(vec![10])).await;
-    let ingested = h.services.ingest(&tenant, event("invoice.paid"), None).await.unwrap();
-    let d = &ingested.deliveries[0];
-    let task = h.queue.take_visible().remove(0);
-    let message = |receive_count| QueueMessage {
-        message_id: "m-1".into(),
-        task: Ok(task.clone()),
-        redriven: false,
-        receive_count,
-    };
-    h.queue.failing_enqueues.store(1, Ordering::SeqCst);
-    h.services
-        .handle_messages(QueueRole::Delivery, &[message(1)], None)
-        .await;
+    let (h, d, task) = retry_not_queued().await;
     assert_eq!(
         h.services
-            .handle_messages(QueueRole::Delivery, &[message(2)], None)
+            .handle_messages(QueueRole::Delivery, &[received(&task, 2)], None)
             .await,
         vec![Disposition::Done]
     );
@@ -1435,14 +1409,18 @@ async fn given_a_retry_queued_by_its_attempts_message_come_back_then_neither_ano
     assert!(!stored.is_swept(), "and recorded queued: {stored:?}");
 
     h.services
-        .handle_messages(QueueRole::Delivery, &[message(3)], None)
+        .handle_messages(QueueRole::Delivery, &[received(&task, 3)], None)
         .await;
-    let report = h.services.handle_dead_letters(std::slice::from_ref(&task)).await.unwrap();
+    let report = h
+        .services
+        .handle_dead_letters(std::slice::from_ref(&task))
+        .await
+        .unwrap();
     assert_eq!(report.rescheduled, 0);
     assert_eq!(h.queue.pending(), 1, "queued once");
     h.clock.advance(Duration::seconds(11));
     assert_eq!(h.drain_now().await, 1);
-    assert_eq!(h.sender.requests.lock().unwrap().len(), 2, "one POST an attempt");
+    made_once_each(&h, &d).await;
 }
 
 #[tokio::test]

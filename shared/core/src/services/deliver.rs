@@ -574,7 +574,7 @@ impl Services {
     /// handled, or two workers POSTing one attempt), where an error would bring this message
     /// back to queue one for certain.
     pub(super) async fn queue_waiting_retry(&self, d: &Delivery) -> Result<(), PortError> {
-        let at = d.next_attempt_at.unwrap_or_else(|| self.now()).max(self.now());
+        let at = d.next_attempt_at.unwrap_or_else(|| self.now());
         self.schedule_attempt(state::next_task(d), at).await?;
         match self.ports.store.apply_change(&state::retry_queued(d, self.now())).await {
             Ok(()) | Err(PortError::ConditionFailed(_)) => {}
